@@ -1,0 +1,1 @@
+"""fraudmesh services: gateway, features and scorer, with the runtime they share."""

@@ -1,0 +1,34 @@
+"""Settings shared by every service: the base class each service's settings extend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    """What every gRPC server needs; each service subclasses it with its own env prefix."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address the gRPC server binds to.")
+    port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 lets the kernel choose.")
+    grace_seconds: float = Field(
+        5.0, ge=0, description="On SIGTERM: how long in-flight calls may finish before stop."
+    )
+    drain_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="On SIGTERM: how long to report NOT_SERVING before refusing new calls, "
+        "so that Envoy's health checks route around the instance first.",
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Prometheus /metrics port; unset disables it."
+    )
+    log_level: str = Field("INFO", description="Python logging level name.")
+    log_json: bool = Field(True, description="One JSON object per log line (else plain text).")
+    var_dir: Path = Field(
+        Path("var"), description="Runtime state root: data, Feast registry, models."
+    )
