@@ -1,0 +1,56 @@
+"""The feature service as a Service for the shared runtime: connect the store, warm, serve."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from fraud.v1 import features_pb2_grpc as pb_grpc
+from services.common import featurespec
+from services.features.servicer import FeatureServicer
+from services.features.settings import FeaturesSettings
+from services.features.store import OnlineFeatureReader
+
+log = logging.getLogger(__name__)
+
+WARMUP_READS = 20
+
+
+class FeaturesService:
+    """Serves the model's store-backed features from the Feast online store."""
+
+    name = "features"
+
+    def __init__(self, settings: FeaturesSettings) -> None:
+        self.settings = settings
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.read_threads, thread_name_prefix="feast-read"
+        )
+        self.servicer = FeatureServicer(featurespec.STORE_FEATURES, self.executor)
+        self.reader: OnlineFeatureReader | None = None
+
+    def register(self, server: grpc.aio.Server) -> list[str]:
+        """Adds the feature servicer."""
+        pb_grpc.add_FeatureServiceServicer_to_server(self.servicer, server)
+        return ["fraud.v1.FeatureService"]
+
+    async def start(self) -> None:
+        """Opens the Feast store and makes warm-up reads before serving."""
+        loop = asyncio.get_running_loop()
+        reader = await loop.run_in_executor(self.executor, OnlineFeatureReader, self.settings)
+        now = time.time()
+        for _ in range(WARMUP_READS):
+            await loop.run_in_executor(self.executor, reader.read, "warmup-card", "warmup-m", now)
+        self.reader = reader
+        self.servicer.read = reader.read
+        log.info("feature store ready", extra={"store": self.settings.store})
+
+    async def close(self) -> None:
+        """Closes the store and the read threads."""
+        if self.reader is not None:
+            self.reader.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)

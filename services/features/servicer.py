@@ -1,0 +1,66 @@
+"""FeatureService servicer: request proto in, online-store read, feature vector proto out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fraud.v1 import features_pb2 as pb
+from fraud.v1 import features_pb2_grpc as pb_grpc
+from services.common.errors import InvalidArgument, Unavailable
+
+# (value or None, status code, event timestamp in epoch seconds or None), one per feature.
+FeatureRead = Sequence[tuple[float | None, int, float | None]]
+Reader = Callable[[str, str, float], FeatureRead]
+
+MAX_ID_LENGTH = 128
+
+
+def _check_id(field: str, value: str) -> None:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
+
+
+class FeatureServicer(pb_grpc.FeatureServiceServicer):
+    """Reads one card's and one merchant's features; unknown entities come back MISSING."""
+
+    def __init__(self, names: Sequence[str], executor: ThreadPoolExecutor) -> None:
+        self._names = tuple(names)
+        self._executor = executor
+        self.read: Reader | None = None
+
+    async def GetFeatures(
+        self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetFeaturesResponse:
+        _check_id("card_id", request.card_id)
+        _check_id("merchant_id", request.merchant_id)
+        read = self.read
+        if read is None:
+            raise Unavailable("feature store is still connecting")
+        as_of = request.as_of.ToNanoseconds() / 1e9 if request.HasField("as_of") else time.time()
+        # The store read is synchronous (Feast); a worker thread keeps a slow store from
+        # stalling the event loop, health checks included.
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(
+            self._executor, read, request.card_id, request.merchant_id, as_of
+        )
+        response = pb.GetFeaturesResponse()
+        add = response.features.add
+        for name, (value, status, event_s) in zip(self._names, rows, strict=True):
+            feature = add(name=name, value=value if value is not None else 0.0, status=status)
+            if event_s is not None:
+                feature.event_timestamp.CopyFrom(_timestamp(event_s))
+        return response
+
+
+def _timestamp(epoch_s: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(epoch_s * 1e9))
+    return ts

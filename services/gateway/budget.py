@@ -1,0 +1,61 @@
+"""The per-request time budget: how long each step may take so the answer is on time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPolicy:
+    """How a request's budget is split (all in seconds)."""
+
+    default_s: float = 0.042
+    """Budget when the client sets no shorter deadline."""
+    reserve_s: float = 0.004
+    """Kept back for the rules fallback and for writing the answer."""
+    features_cap_s: float = 0.012
+    """Longest the feature call may take, whatever else is left."""
+    scorer_min_s: float = 0.002
+    """Below this much time the model is not tried: the rules answer instead."""
+
+
+class Budget:
+    """A deadline on an injectable monotonic clock, split by a BudgetPolicy."""
+
+    __slots__ = ("_clock", "deadline", "policy", "started", "total_s")
+
+    def __init__(
+        self,
+        policy: BudgetPolicy,
+        client_remaining_s: float | None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self._clock = clock
+        self.started = clock()
+        total = policy.default_s
+        if client_remaining_s is not None and client_remaining_s < total:
+            total = max(client_remaining_s, 0.0)
+        self.total_s = total
+        self.deadline = self.started + total
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (negative once past it)."""
+        return self.deadline - self._clock()
+
+    def elapsed(self) -> float:
+        """Seconds since the budget started."""
+        return self._clock() - self.started
+
+    def features_timeout(self) -> float:
+        """Timeout for the feature call; <= 0 means skip it and use defaults."""
+        return min(self.policy.features_cap_s, self.remaining() - self.policy.reserve_s)
+
+    def scorer_timeout(self) -> float:
+        """Timeout for the model call; 0 means too little is left, so use the rules."""
+        left = self.remaining() - self.policy.reserve_s
+        return left if left >= self.policy.scorer_min_s else 0.0

@@ -1,0 +1,47 @@
+"""Prometheus metrics of the gateway: latency, decisions, fallbacks, dependency errors."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+# Buckets resolve the 42 ms budget finely where the p99 lives.
+_LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.042, 0.05, 0.1, 0.25,
+)
+_SCORE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+class GatewayMetrics:
+    """The gateway's metric families, created once per process."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.latency = Histogram(
+            "fraudmesh_score_latency_seconds",
+            "Time from request to answer inside the gateway.",
+            buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.decisions = Counter(
+            "fraudmesh_decisions_total",
+            "Answers by decision, engine and feature source.",
+            ["decision", "scored_by", "feature_source"],
+            registry=registry,
+        )
+        self.scores = Histogram(
+            "fraudmesh_score", "Distribution of returned scores (drift watch).", ["scored_by"],
+            buckets=_SCORE_BUCKETS, registry=registry,
+        )
+        self.dependency_errors = Counter(
+            "fraudmesh_dependency_errors_total",
+            "Downstream calls that failed or were skipped, by dependency and reason.",
+            ["dependency", "reason"],
+            registry=registry,
+        )
+        self.invalid = Counter(
+            "fraudmesh_invalid_requests_total", "Requests rejected as invalid, by field.",
+            ["field"],
+            registry=registry,
+        )
+
+    def dependency_error(self, dependency: str, reason: str) -> None:
+        """Counts one failed or skipped downstream call."""
+        self.dependency_errors.labels(dependency, reason).inc()

@@ -1,0 +1,73 @@
+"""Settings of the gateway (env prefix ``FRAUD_GATEWAY_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServerSettings
+from services.gateway.budget import BudgetPolicy
+from services.gateway.validate import Limits
+
+
+class GatewaySettings(ServerSettings):
+    """Where the dependencies are, how the budget is split, what input is plausible."""
+
+    model_config = SettingsConfigDict(env_prefix="FRAUD_GATEWAY_", extra="ignore", frozen=True)
+
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port of fraud.v1.FraudScoring.")
+    features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
+    scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
+    model_root: Path | None = Field(
+        None, description="Folder of published models; default <var_dir>/models."
+    )
+    model_name: str = Field("fraud-lgbm", description="Model whose metadata drives decisions.")
+    model_version: str | None = Field(
+        None, description="Model version; unset uses the latest published version."
+    )
+    rules_path: Path | None = Field(
+        None, description="Rules fallback file; unset uses the rules shipped with the gateway."
+    )
+    budget_ms: float = Field(
+        42.0, gt=0, description="End-to-end budget when the client's deadline is not shorter."
+    )
+    reserve_ms: float = Field(
+        4.0, ge=0, description="Budget kept back for the rules fallback and the reply."
+    )
+    features_cap_ms: float = Field(12.0, gt=0, description="Longest the feature call may take.")
+    scorer_min_ms: float = Field(
+        2.0, ge=0, description="Below this much time left the model is skipped for the rules."
+    )
+    max_future_s: float = Field(300.0, ge=0, description="Tolerated clock skew ahead.")
+    max_age_s: float = Field(7 * 86_400.0, gt=0, description="Oldest transaction scored.")
+    max_amount_eur: float = Field(1_000_000.0, gt=0, description="Largest plausible amount.")
+    warmup_calls: int = Field(20, ge=0, description="Warm-up calls to each dependency at start.")
+    dependency_wait_s: float = Field(
+        10.0, ge=0, description="How long start-up waits for the dependencies to be reachable."
+    )
+
+    @property
+    def models_path(self) -> Path:
+        """The folder models are published to."""
+        return self.model_root or self.var_dir / "models"
+
+    @property
+    def budget_policy(self) -> BudgetPolicy:
+        """The budget split in seconds."""
+        return BudgetPolicy(
+            default_s=self.budget_ms / 1000,
+            reserve_s=self.reserve_ms / 1000,
+            features_cap_s=self.features_cap_ms / 1000,
+            scorer_min_s=self.scorer_min_ms / 1000,
+        )
+
+    @property
+    def limits(self) -> Limits:
+        """Input plausibility limits."""
+        return Limits(
+            max_future_s=self.max_future_s,
+            max_age_s=self.max_age_s,
+            max_amount_eur=self.max_amount_eur,
+        )

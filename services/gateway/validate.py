@@ -1,0 +1,99 @@
+"""Validation of a transaction to score; every failure names the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common import currency as iso4217
+from services.common import featurespec
+from services.common.errors import InvalidArgument
+
+MAX_ID_LENGTH = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a plausible transaction looks like."""
+
+    max_future_s: float = 300.0
+    """Clock skew tolerated for timestamps ahead of the gateway's clock."""
+    max_age_s: float = 7 * 86_400.0
+    """Oldest transaction still scored in real time."""
+    max_amount_eur: float = 1_000_000.0
+    """Largest amount (EUR equivalent) a card payment can plausibly have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A validated transaction, in plain values."""
+
+    transaction_id: str
+    card_id: str
+    merchant_id: str
+    amount_minor: int
+    currency: str
+    timestamp_s: float
+    terminal_id: str
+    card_not_present: bool
+
+
+def _check_id(field: str, value: str, required: bool = True) -> None:
+    if not value:
+        if required:
+            raise InvalidArgument(field, "is required")
+        return
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
+    if not value.isprintable():
+        raise InvalidArgument(field, "contains non-printable characters")
+
+
+def validate(
+    *,
+    transaction_id: str,
+    card_id: str,
+    merchant_id: str,
+    amount_minor: int,
+    currency: str,
+    timestamp_s: float | None,
+    terminal_id: str,
+    card_not_present: bool,
+    now_s: float,
+    limits: Limits,
+) -> Transaction:
+    """Returns the transaction if it is plausible; raises InvalidArgument naming the field."""
+    _check_id("transaction_id", transaction_id)
+    _check_id("card_id", card_id)
+    _check_id("merchant_id", merchant_id)
+    _check_id("terminal_id", terminal_id, required=False)
+    if not iso4217.is_known(currency):
+        raise InvalidArgument("currency", f"{currency!r} is not an ISO 4217 currency code")
+    if amount_minor <= 0:
+        raise InvalidArgument("amount_minor", "must be positive")
+    amount_eur = featurespec.amount_eur(amount_minor, currency)
+    if amount_eur > limits.max_amount_eur:
+        raise InvalidArgument(
+            "amount_minor",
+            f"{amount_minor} {currency} minor units (~{amount_eur:,.0f} EUR) exceeds "
+            f"the {limits.max_amount_eur:,.0f} EUR limit",
+        )
+    if timestamp_s is None:
+        raise InvalidArgument("timestamp", "is required")
+    if timestamp_s > now_s + limits.max_future_s:
+        raise InvalidArgument(
+            "timestamp", f"is {timestamp_s - now_s:.0f} s in the future (limit {limits.max_future_s:.0f} s)"
+        )
+    if timestamp_s < now_s - limits.max_age_s:
+        raise InvalidArgument(
+            "timestamp", f"is older than {limits.max_age_s / 86_400:.0f} days"
+        )
+    return Transaction(
+        transaction_id=transaction_id,
+        card_id=card_id,
+        merchant_id=merchant_id,
+        amount_minor=amount_minor,
+        currency=currency,
+        timestamp_s=timestamp_s,
+        terminal_id=terminal_id,
+        card_not_present=card_not_present,
+    )
