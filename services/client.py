@@ -1,0 +1,68 @@
+"""A small Python client of the public API, used by ``fraudmesh score`` and the demo."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+
+DECISION_NAMES = {
+    pb.DECISION_APPROVE: "APPROVE",
+    pb.DECISION_REVIEW: "REVIEW",
+    pb.DECISION_DECLINE: "DECLINE",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One transaction to send, with what a person expects of it."""
+
+    label: str
+    card_id: str
+    merchant_id: str
+    amount_minor: int
+    currency: str = "EUR"
+    card_not_present: bool = False
+    timestamp_s: float | None = None
+    expect: str = ""
+
+    def request(self) -> pb.ScoreRequest:
+        """The ScoreRequest for this sample, stamped now unless a time is set."""
+        ts = Timestamp()
+        ts.FromNanoseconds(int((self.timestamp_s or time.time()) * 1e9))
+        return pb.ScoreRequest(
+            transaction_id=f"demo-{uuid.uuid4().hex[:12]}",
+            card_id=self.card_id,
+            merchant_id=self.merchant_id,
+            amount_minor=self.amount_minor,
+            currency=self.currency,
+            timestamp=ts,
+            channel=pb.CHANNEL_CARD_NOT_PRESENT if self.card_not_present else pb.CHANNEL_CARD_PRESENT,
+        )
+
+
+def score(
+    target: str, request: pb.ScoreRequest, timeout_s: float = 0.042
+) -> pb.ScoreResponse:
+    """Sends one Score call; raises grpc.RpcError on a non-OK status."""
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=5)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=timeout_s)
+
+
+def describe(response: pb.ScoreResponse) -> str:
+    """A readable multi-line summary of a ScoreResponse."""
+    lines = [
+        f"{DECISION_NAMES.get(response.decision, 'UNSPECIFIED')}  score={response.score:.4f}  "
+        f"by={pb.ScoredBy.Name(response.scored_by).removeprefix('SCORED_BY_').lower()}  "
+        f"features={pb.FeatureSource.Name(response.feature_source).removeprefix('FEATURE_SOURCE_').lower()}  "
+        f"model={response.model_version}  {response.elapsed_ms:.2f} ms",
+    ]
+    lines += [f"  - {reason}" for reason in response.reasons]
+    return "\n".join(lines)

@@ -1,0 +1,292 @@
+"""Starts, watches and stops the mesh's processes: redis-server, the services and Envoy.
+
+Used by ``fraudmesh up`` and by the integration tests, so both run the mesh the same way.
+Every child gets its own process group and dies with its parent (PR_SET_PDEATHSIG), so
+nothing is left behind even if the parent is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common import envoy
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the parent process dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def grpc_serving(target: str, timeout_s: float = 0.5, service: str = "") -> bool:
+    """True when ``target`` answers grpc.health.v1 Check with SERVING."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_ok(url: str, timeout_s: float = 0.5) -> bool:
+    """True when ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Process:
+    """One child process of the mesh, with its readiness probe and log file."""
+
+    name: str
+    argv: list[str]
+    ready: Callable[[], bool]
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The PID while running."""
+        return self.popen.pid if self.popen is not None else None
+
+    def start(self) -> None:
+        """Starts the process with its environment, logging to ``log_path``."""
+        env = {**os.environ, **self.env}
+        out = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Blocks until the readiness probe passes; raises with the log tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.returncode()}\n{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
+
+    def returncode(self) -> int | None:
+        """Exit status once ended."""
+        return self.popen.poll() if self.popen is not None else None
+
+    def signal(self, sig: int) -> None:
+        """Sends ``sig`` to the process if it runs."""
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if it will not go; returns the exit status."""
+        if self.popen is None:
+            return None
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the process log."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Ports, store and state folder of one mesh."""
+
+    var_dir: Path = Path("var")
+    store: str = "sqlite"
+    host: str = "127.0.0.1"
+    envoy_port: int = 8080
+    admin_port: int = 9901
+    gateway_port: int = 50051
+    features_port: int = 50052
+    scorer_port: int = 50053
+    redis_port: int = 6379
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def on_free_ports(cls, **overrides: object) -> MeshConfig:
+        """A config whose every port is free now (for tests and side-by-side runs)."""
+        ports = {
+            name: free_port()
+            for name in (
+                "envoy_port",
+                "admin_port",
+                "gateway_port",
+                "features_port",
+                "scorer_port",
+                "redis_port",
+            )
+        }
+        return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    @property
+    def envoy_target(self) -> str:
+        """host:port clients call."""
+        return f"{self.host}:{self.envoy_port}"
+
+    def service_env(self) -> dict[str, str]:
+        """Environment that points every service at this mesh's ports and state."""
+        var = str(self.var_dir)
+        env = {
+            "FRAUD_GATEWAY_PORT": str(self.gateway_port),
+            "FRAUD_GATEWAY_VAR_DIR": var,
+            "FRAUD_GATEWAY_FEATURES_TARGET": f"{self.host}:{self.features_port}",
+            "FRAUD_GATEWAY_SCORER_TARGET": f"{self.host}:{self.scorer_port}",
+            "FRAUD_FEATURES_PORT": str(self.features_port),
+            "FRAUD_FEATURES_VAR_DIR": var,
+            "FRAUD_FEATURES_STORE": self.store,
+            "FRAUD_FEATURES_REDIS_CONNECTION": f"{self.host}:{self.redis_port}",
+            "FRAUD_SCORER_PORT": str(self.scorer_port),
+            "FRAUD_SCORER_VAR_DIR": var,
+        }
+        return {**env, **self.extra_env}
+
+
+class Mesh:
+    """The processes of one mesh, started in dependency order and stopped in reverse."""
+
+    def __init__(self, config: MeshConfig) -> None:
+        self.config = config
+        self.processes: dict[str, Process] = {}
+        c = config
+        logs = c.var_dir / "logs"
+        env = c.service_env()
+        if c.store == "redis":
+            self.processes["redis"] = Process(
+                "redis",
+                [
+                    "redis-server",
+                    "--port", str(c.redis_port),
+                    "--bind", c.host,
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--protected-mode", "yes",
+                ],
+                ready=lambda: tcp_open(c.host, c.redis_port),
+                log_path=logs / "redis.log",
+            )
+        for name, port in (
+            ("features", c.features_port),
+            ("scorer", c.scorer_port),
+            ("gateway", c.gateway_port),
+        ):
+            self.processes[name] = Process(
+                name,
+                [sys.executable, "-m", f"services.{name}"],
+                ready=lambda port=port: grpc_serving(f"{c.host}:{port}"),
+                env=env,
+                log_path=logs / f"{name}.log",
+            )
+        envoy_config = c.var_dir / "envoy" / f"envoy-{c.envoy_port}.yaml"
+        self.processes["envoy"] = Process(
+            "envoy",
+            envoy.envoy_command(envoy_config),
+            ready=lambda: grpc_serving(c.envoy_target),
+            log_path=logs / "envoy.log",
+        )
+        self._envoy_config = envoy_config
+
+    def start(self, timeout_s: float = 60.0, on_ready: Callable[[str], None] | None = None) -> None:
+        """Starts everything in order and waits for each to be ready; stops all on failure."""
+        c = self.config
+        self._envoy_config.parent.mkdir(parents=True, exist_ok=True)
+        self._envoy_config.write_text(
+            envoy.render_config(
+                listen_port=c.envoy_port,
+                admin_port=c.admin_port,
+                gateway_port=c.gateway_port,
+                access_log_path=str(c.var_dir / "logs" / "envoy-access.log"),
+            )
+        )
+        try:
+            for group in (("redis",), ("features", "scorer"), ("gateway",), ("envoy",)):
+                started = [self.processes[n] for n in group if n in self.processes]
+                for process in started:
+                    process.start()
+                for process in started:
+                    process.wait_ready(timeout_s)
+                    if on_ready is not None:
+                        on_ready(process.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        """Stops (if running) and starts one process, waiting until it is ready."""
+        process = self.processes[name]
+        process.stop()
+        process.start()
+        process.wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        """Stops every process, front to back: Envoy first, redis-server last."""
+        for name in ("envoy", "gateway", "features", "scorer", "redis"):
+            if name in self.processes:
+                self.processes[name].stop()
+
+    def dead(self) -> list[Process]:
+        """Processes that were started and have exited."""
+        return [p for p in self.processes.values() if p.popen is not None and not p.alive()]
