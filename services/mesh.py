@@ -164,6 +164,7 @@ class MeshConfig:
     features_port: int = 50052
     scorer_port: int = 50053
     redis_port: int = 6379
+    log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -181,6 +182,11 @@ class MeshConfig:
             )
         }
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    @property
+    def logs_path(self) -> Path:
+        """Folder of the processes' logs."""
+        return self.log_dir or self.var_dir / "logs"
 
     @property
     def envoy_target(self) -> str:
@@ -212,7 +218,7 @@ class Mesh:
         self.config = config
         self.processes: dict[str, Process] = {}
         c = config
-        logs = c.var_dir / "logs"
+        logs = c.logs_path
         env = c.service_env()
         if c.store == "redis":
             self.processes["redis"] = Process(
@@ -240,7 +246,7 @@ class Mesh:
                 env=env,
                 log_path=logs / f"{name}.log",
             )
-        envoy_config = c.var_dir / "envoy" / f"envoy-{c.envoy_port}.yaml"
+        envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.processes["envoy"] = Process(
             "envoy",
             envoy.envoy_command(envoy_config),
@@ -258,7 +264,7 @@ class Mesh:
                 listen_port=c.envoy_port,
                 admin_port=c.admin_port,
                 gateway_port=c.gateway_port,
-                access_log_path=str(c.var_dir / "logs" / "envoy-access.log"),
+                access_log_path=str(c.logs_path / "envoy-access.log"),
             )
         )
         try:

@@ -1,0 +1,165 @@
+"""The model registry: published model versions as folders of ONNX model plus metadata.
+
+Layout: ``<model_root>/<name>/<version>/`` holds ``model.onnx``, ``metadata.json`` and
+whatever else training wrote (metrics, curves). Versions are increasing integers. A
+version folder appears complete or not at all: it is written under a temporary name and
+renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MODEL_NAME = "fraud-lgbm"
+"""Name of the fraud model the services load unless told otherwise."""
+MODEL_FILE = "model.onnx"
+"""The ONNX model inside a version folder."""
+METADATA_FILE = "metadata.json"
+"""The ``ModelMetadata`` inside a version folder; written last, so it marks completeness."""
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No (such) model version is published; the message says how to get one."""
+
+
+class Thresholds(BaseModel):
+    """Decision thresholds on the fraud probability: review at or above, decline at or above."""
+
+    model_config = ConfigDict(frozen=True)
+
+    review: float = Field(ge=0.0, le=1.0, description="Score at or above which to review.")
+    decline: float = Field(ge=0.0, le=1.0, description="Score at or above which to decline.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Thresholds:
+        if self.decline < self.review:
+            raise ValueError(f"decline {self.decline} is below review {self.review}")
+        return self
+
+
+class TrainingWindow(BaseModel):
+    """The data a version was trained and evaluated on (UTC)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: datetime = Field(description="First transaction time used for training.")
+    end: datetime = Field(description="End of the data (exclusive).")
+    holdout_start: datetime = Field(description="Start of the held-out evaluation period.")
+
+
+class ModelMetadata(BaseModel):
+    """Everything a service needs to use a model version, and how it was made."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(default=DEFAULT_MODEL_NAME, description="Model name.")
+    version: str = Field(description="Increasing integer as a string; assigned by publish().")
+    feature_order: list[str] = Field(description="Input columns in order (MODEL_FEATURES).")
+    input_name: str = Field(description="ONNX input: float32 [batch, len(feature_order)].")
+    output_name: str = Field(
+        description="ONNX probability output: float32 [batch, 2], column 1 = fraud."
+    )
+    thresholds: Thresholds
+    default_features: dict[str, float] = Field(
+        description="Value of each feature when it is missing: the training population median."
+    )
+    metrics: dict[str, float] = Field(description="Holdout metrics (PR-AUC, ROC-AUC, …).")
+    training_window: TrainingWindow
+    parity_max_abs_diff: float = Field(
+        description="Largest |LightGBM − ONNX Runtime| fraud probability on the holdout."
+    )
+    created_at: datetime = Field(description="When the version was trained (UTC).")
+    lightgbm_version: str
+    onnxmltools_version: str
+    onnxruntime_version: str
+    params: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Training parameters (seed, trees, …)."
+    )
+
+    @model_validator(mode="after")
+    def _complete_defaults(self) -> ModelMetadata:
+        missing = [n for n in self.feature_order if n not in self.default_features]
+        if missing:
+            raise ValueError(f"default_features lacks {missing}")
+        return self
+
+
+def _versions(model_root: Path, name: str) -> list[int]:
+    folder = model_root / name
+    if not folder.is_dir():
+        return []
+    return sorted(
+        int(entry.name)
+        for entry in folder.iterdir()
+        if entry.name.isdigit() and (entry / METADATA_FILE).is_file()
+    )
+
+
+def latest_version(model_root: Path, name: str = DEFAULT_MODEL_NAME) -> str | None:
+    """The highest published version of ``name``, or None when there is none."""
+    versions = _versions(model_root, name)
+    return str(versions[-1]) if versions else None
+
+
+def load(
+    model_root: Path, name: str = DEFAULT_MODEL_NAME, version: str | None = None
+) -> tuple[ModelMetadata, Path]:
+    """Metadata and folder of ``version`` (default: the latest) of model ``name``."""
+    if version is None:
+        version = latest_version(model_root, name)
+        if version is None:
+            raise ModelNotFoundError(
+                f"no model {name!r} is published under {model_root}: run `fraudmesh train`"
+            )
+    folder = model_root / name / version
+    if not (folder / METADATA_FILE).is_file() or not (folder / MODEL_FILE).is_file():
+        published = ", ".join(map(str, _versions(model_root, name))) or "none"
+        raise ModelNotFoundError(
+            f"version {version!r} of model {name!r} is not published under {model_root} "
+            f"(published: {published}); run `fraudmesh train` or pick another version"
+        )
+    metadata = ModelMetadata.model_validate_json((folder / METADATA_FILE).read_text())
+    return metadata, folder
+
+
+def publish(model_root: Path, metadata: ModelMetadata, files: Mapping[str, Path]) -> Path:
+    """Publishes ``files`` (name in the folder → source path, ``model.onnx`` among them)
+    with ``metadata`` as the next version of ``metadata.name``; returns the version folder.
+
+    ``metadata.version`` is replaced by the version assigned here. Concurrent publishers
+    each get their own version: the rename into place fails for all but one of them.
+    """
+    if MODEL_FILE not in files:
+        raise ValueError(f"a model version needs {MODEL_FILE}")
+    parent = model_root / metadata.name
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".publishing-", dir=parent))
+    try:
+        for filename, source in files.items():
+            shutil.copyfile(source, staging / filename)
+        while True:
+            # Numbered after every folder, complete or not, so a stray one is skipped.
+            taken = [int(e.name) for e in parent.iterdir() if e.name.isdigit()]
+            version = str(max(taken, default=0) + 1)
+            final = metadata.model_copy(update={"version": version})
+            (staging / METADATA_FILE).write_text(final.model_dump_json(indent=2))
+            target = parent / version
+            try:
+                # rename(2) fails when the target exists (non-empty); another publisher
+                # took this number, so take the next one.
+                os.rename(staging, target)
+            except OSError:
+                if not target.exists():
+                    raise
+                continue
+            return target
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

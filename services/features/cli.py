@@ -1,0 +1,144 @@
+"""``fraudmesh features …``: simulate the data, apply the Feast repo, materialize it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.features import simulate as simulator
+from services.features import store
+from services.features.settings import FeaturesSettings, from_env
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+console = Console()
+
+ENV_PREFIX = "FRAUD_FEATURES_"
+
+
+class PresetName(enum.StrEnum):
+    """Simulator sizes (see ``simulate.PRESETS``)."""
+
+    default = "default"
+    small = "small"
+
+
+VarDirOption = Annotated[
+    Path | None,
+    typer.Option(help="State folder (data, Feast, models); default FRAUD_FEATURES_VAR_DIR or var."),
+]
+
+
+def settings_from_env(env: Mapping[str, str]) -> FeaturesSettings:
+    """Settings as a feature service started with ``env`` (on top of ours) would build them."""
+    fields: dict[str, Any] = {
+        key.removeprefix(ENV_PREFIX).lower(): value
+        for key, value in env.items()
+        if key.startswith(ENV_PREFIX)
+    }
+    return from_env(**fields)
+
+
+@app.command()
+def simulate(
+    seed: Annotated[int | None, typer.Option(help="Simulator seed (default: settings).")] = None,
+    preset: Annotated[
+        PresetName | None, typer.Option(help="Data size: default (~200k) or small (~40k).")
+    ] = None,
+    end: Annotated[
+        datetime | None,
+        typer.Option(formats=["%Y-%m-%d"], help="End of the window (UTC midnight); default today."),
+    ] = None,
+    var_dir: VarDirOption = None,
+    if_missing: Annotated[
+        bool, typer.Option(help="Do nothing when the data already exists.")
+    ] = False,
+) -> None:
+    """Simulate transactions with fraud and write the Parquet files Feast reads."""
+    settings = from_env(
+        var_dir=var_dir,
+        sim_seed=seed,
+        sim_preset=preset.value if preset else None,
+        sim_end=end.date() if end else None,
+    )
+    if if_missing and simulator.data_present(settings.data_path):
+        console.print(f"data already in {settings.data_path}; nothing to do")
+        return
+    params = simulator.preset(settings.sim_preset, seed=settings.sim_seed, end=settings.sim_end)
+    started = time.perf_counter()
+    with console.status("simulating …") as status:
+        sim = simulator.simulate(params, progress=lambda step: status.update(f"{step} …"))
+        status.update("writing Parquet …")
+        paths = simulator.write(sim, settings.data_path)
+    elapsed = time.perf_counter() - started
+    tx = sim.transactions
+    table = Table(title=f"simulated {len(tx):,} transactions in {elapsed:.1f} s")
+    table.add_column("scenario")
+    table.add_column("transactions", justify="right")
+    table.add_column("share", justify="right")
+    for scenario, count in tx["fraud_scenario"].value_counts().items():
+        table.add_row(str(scenario), f"{count:,}", f"{count / len(tx):.3%}")
+    console.print(table)
+    console.print(
+        f"window {params.start_time:%Y-%m-%d} → {params.end_time:%Y-%m-%d} (seed {params.seed}, "
+        f"{params.n_customers:,} customers, {params.n_merchants:,} merchants)"
+    )
+    for path in paths.values():
+        console.print(f"  wrote {path}")
+
+
+@app.command()
+def apply(var_dir: VarDirOption = None) -> None:
+    """Register the entities, sources, feature views and feature service in the registry."""
+    settings = from_env(var_dir=var_dir)
+    with console.status("applying the Feast repo …"):
+        store.apply(settings)
+    console.print(
+        f"applied to {settings.registry_file} (feature_store.yaml in {settings.data_path})"
+    )
+
+
+@app.command()
+def materialize(var_dir: VarDirOption = None) -> None:
+    """Load the newest features of every card and merchant into the online store."""
+    materialize_with_progress(from_env(var_dir=var_dir), console)
+
+
+def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
+    """Materializes the whole data window, showing a progress bar on ``out``."""
+    started = time.perf_counter()
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} views"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=out) as bar:
+        task = bar.add_task(f"materializing into {settings.store}", total=None)
+
+        def report(view: str, done: int, total: int) -> None:
+            label = f"materializing {view} into {settings.store}" if view else "materialized"
+            bar.update(task, description=label, completed=done, total=total)
+
+        store.materialize(settings, progress=report)
+    out.print(
+        f"online store ({settings.store}) holds the newest features of every card and merchant "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
+
+
+def materialize_into(env: Mapping[str, str], out: Console) -> None:
+    """Applies the repo and materializes into the store ``env`` configures (e.g. a fresh
+    Redis the mesh just started)."""
+    settings = settings_from_env(env)
+    store.apply(settings)
+    materialize_with_progress(settings, out)

@@ -1,0 +1,1 @@
+"""Feast definitions of the fraud features; Feast imports every module here but this one."""

@@ -1,0 +1,93 @@
+"""``fraudmesh train``: train, evaluate, export and publish a model version, with progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from services.common import registry
+from services.features.settings import from_env
+from services.scorer import train
+
+console = Console()
+
+_STEP_LABELS = {
+    "features": "point-in-time features (Feast)",
+    "train": "training LightGBM",
+    "evaluate": "evaluating on the holdout",
+    "export": "exporting to ONNX",
+    "parity": "checking LightGBM ↔ ONNX parity",
+    "publish": "publishing",
+}
+
+
+def train_command(
+    model_root: Annotated[
+        Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="LightGBM seed.")] = train.TrainParams.seed,
+    var_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="State folder (data, Feast, models); default FRAUD_FEATURES_VAR_DIR or var."
+        ),
+    ] = None,
+    if_missing: Annotated[
+        bool, typer.Option(help="Do nothing when a model version is already published.")
+    ] = False,
+) -> None:
+    """Train on Feast's point-in-time features, evaluate, export to ONNX and publish."""
+    settings = from_env(var_dir=var_dir)
+    root = model_root or settings.var_dir / "models"
+    existing = registry.latest_version(root, registry.DEFAULT_MODEL_NAME)
+    if if_missing and existing is not None:
+        console.print(f"{registry.DEFAULT_MODEL_NAME} v{existing} is already published in {root}")
+        return
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    try:
+        with Progress(*columns, console=console) as bar:
+            tasks: dict[str, TaskID] = {}
+
+            def report(step: str, done: int, total: int) -> None:
+                if step not in tasks:
+                    tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
+                bar.update(tasks[step], completed=done, total=total)
+
+            result = train.train(settings, root, train.TrainParams(seed=seed), progress=report)
+    except (train.TrainingDataError, train.ParityError) as error:
+        console.print(f"[red]training failed:[/red] {error}")
+        raise typer.Exit(1) from error
+    _print_result(result)
+
+
+def _print_result(result: train.TrainResult) -> None:
+    metrics = result.metadata.metrics
+    table = Table(title="holdout metrics")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name in sorted(metrics):
+        value = metrics[name]
+        shown = f"{value:,.0f}" if name.endswith(("_rows", "_frauds")) else f"{value:.4f}"
+        table.add_row(name, shown)
+    console.print(table)
+    for key, text in train.published_summary(result).items():
+        console.print(f"[bold]{key}[/bold]: {text}")

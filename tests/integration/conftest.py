@@ -1,0 +1,85 @@
+"""Fixtures that run the real mesh (Envoy, gateway, features, scorer, redis-server) on free ports."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pandas as pd
+import pytest
+
+from services.features import simulate
+from services.features import store as feature_store
+from services.features.settings import FeaturesSettings
+from services.mesh import Mesh, MeshConfig
+
+
+@dataclass(frozen=True)
+class Known:
+    """Entities that exist in the simulated data."""
+
+    card_id: str
+    merchant_id: str
+    amount_minor: int
+
+
+@pytest.fixture(scope="session")
+def known(prepared_env: Any) -> Known:
+    """A busy card, a merchant it uses, and a typical amount of it."""
+    tx = pd.read_parquet(prepared_env.data_dir / simulate.TRANSACTIONS_FILE)
+    tx = tx[tx["currency"] == "EUR"]
+    card = tx["card_id"].value_counts().index[0]
+    mine = tx[tx["card_id"] == card]
+    return Known(
+        card_id=str(card),
+        merchant_id=str(mine["merchant_id"].value_counts().index[0]),
+        amount_minor=int(mine["amount_minor"].median()),
+    )
+
+
+def start_mesh(prepared_env: Any, log_dir: Path, store: str = "sqlite", **env: str) -> Mesh:
+    """Starts a mesh on the prepared data; with Redis, materializes into the fresh server."""
+    config = MeshConfig.on_free_ports(
+        var_dir=prepared_env.var_dir, store=store, log_dir=log_dir, extra_env=env
+    )
+    mesh = Mesh(config)
+
+    def ready(name: str) -> None:
+        if name == "redis":
+            settings = FeaturesSettings(
+                var_dir=prepared_env.var_dir,
+                store="redis",
+                redis_connection=f"{config.host}:{config.redis_port}",
+            )
+            feature_store.materialize(settings)
+
+    mesh.start(timeout_s=120, on_ready=ready)
+    return mesh
+
+
+@pytest.fixture(scope="module")
+def mesh(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """A mesh on the embedded SQLite store, shared by a test module."""
+    m = start_mesh(prepared_env, tmp_path_factory.mktemp("mesh-logs"))
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(mesh: Mesh) -> Iterator[grpc.Channel]:
+    """A channel to the mesh's Envoy listener."""
+    with grpc.insecure_channel(mesh.config.envoy_target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        yield channel
+
+
+def go_tool(name: str) -> str:
+    """Path of a tool installed by scripts/tools.sh (PATH or GOPATH/bin); fails if absent."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path.home() / "go" / "bin"))
+    if found is None:
+        pytest.fail(f"{name} is not installed: run `make tools`")
+    return found

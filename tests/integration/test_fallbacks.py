@@ -1,0 +1,89 @@
+"""Minimal fallbacks with real processes: scorer down ⇒ rules; features down ⇒ defaults."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.mesh import Mesh
+
+from .conftest import Known, start_mesh
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def faulty(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """A mesh of its own, since these tests stop and restart its processes."""
+    m = start_mesh(prepared_env, tmp_path_factory.mktemp("fallback-logs"))
+    yield m
+    m.stop()
+
+
+def _score(mesh: Mesh, known: Known) -> pb.ScoreResponse:
+    ts = Timestamp()
+    ts.FromNanoseconds(time.time_ns())
+    request = pb.ScoreRequest(
+        transaction_id=f"f-{time.time_ns()}",
+        card_id=known.card_id,
+        merchant_id=known.merchant_id,
+        amount_minor=known.amount_minor,
+        currency="EUR",
+        timestamp=ts,
+    )
+    with grpc.insecure_channel(mesh.config.envoy_target) as channel:
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
+
+
+def _until(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_scorer_down_means_rules_then_model_again(faulty: Mesh, known: Known) -> None:
+    assert _score(faulty, known).scored_by == pb.SCORED_BY_MODEL
+    faulty.processes["scorer"].signal(signal.SIGKILL)
+    faulty.processes["scorer"].popen.wait(10)  # type: ignore[union-attr]
+    for _ in range(5):
+        response = _score(faulty, known)
+        assert response.scored_by == pb.SCORED_BY_RULES
+        assert response.model_version.startswith("rules-")
+        assert response.decision != pb.DECISION_UNSPECIFIED
+        assert any(r.startswith("rules fallback") for r in response.reasons)
+        assert response.elapsed_ms < 42.0
+    faulty.restart("scorer")
+    assert _until(lambda: _score(faulty, known).scored_by == pb.SCORED_BY_MODEL, 10.0)
+
+
+def test_features_down_means_default_features(faulty: Mesh, known: Known) -> None:
+    faulty.processes["features"].signal(signal.SIGKILL)
+    faulty.processes["features"].popen.wait(10)  # type: ignore[union-attr]
+    response = _score(faulty, known)
+    assert response.feature_source == pb.FEATURE_SOURCE_DEFAULT
+    assert response.scored_by == pb.SCORED_BY_MODEL
+    assert response.elapsed_ms < 42.0
+    faulty.restart("features")
+    assert _until(
+        lambda: _score(faulty, known).feature_source == pb.FEATURE_SOURCE_ONLINE, 10.0
+    )
+
+
+def test_sigterm_drains_and_exits_cleanly(faulty: Mesh) -> None:
+    process = faulty.processes["gateway"]
+    process.signal(signal.SIGTERM)
+    assert process.popen is not None
+    assert process.popen.wait(30) == 0
+    assert '"msg": "stopped"' in process.log_tail(10)
+    faulty.restart("gateway")

@@ -1,0 +1,260 @@
+"""The mesh end to end through Envoy, on the embedded SQLite store, with real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from fraud.v1 import features_pb2, features_pb2_grpc
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from inference import grpc_predict_v2_pb2 as v2
+from inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from services.common import featurespec
+from services.mesh import Mesh
+
+from .conftest import Known, go_tool
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _request(known: Known, **overrides: object) -> pb.ScoreRequest:
+    ts = Timestamp()
+    ts.FromNanoseconds(time.time_ns())
+    fields: dict[str, object] = {
+        "transaction_id": f"t-{time.time_ns()}",
+        "card_id": known.card_id,
+        "merchant_id": known.merchant_id,
+        "amount_minor": known.amount_minor,
+        "currency": "EUR",
+        "timestamp": ts,
+    }
+    fields.update(overrides)
+    return pb.ScoreRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_known_card_is_scored_by_the_model_with_online_features(
+    edge: grpc.Channel, known: Known
+) -> None:
+    request = _request(known)
+    response = pb_grpc.FraudScoringStub(edge).Score(request, timeout=1.0)
+    assert response.transaction_id == request.transaction_id
+    assert response.scored_by == pb.SCORED_BY_MODEL
+    assert response.feature_source == pb.FEATURE_SOURCE_ONLINE
+    assert response.decision in (pb.DECISION_APPROVE, pb.DECISION_REVIEW, pb.DECISION_DECLINE)
+    assert 0.0 <= response.score <= 1.0
+    assert response.model_version
+    assert response.reasons and response.reasons[0].startswith("model score")
+    assert 0.0 < response.elapsed_ms < 42.0
+
+
+def test_typical_payment_of_a_known_card_is_approved(edge: grpc.Channel, known: Known) -> None:
+    response = pb_grpc.FraudScoringStub(edge).Score(_request(known), timeout=1.0)
+    assert response.decision == pb.DECISION_APPROVE, response
+
+
+def test_unknown_card_is_not_an_error(edge: grpc.Channel, known: Known) -> None:
+    request = _request(known, card_id="card-never-seen")
+    response = pb_grpc.FraudScoringStub(edge).Score(request, timeout=1.0)
+    assert response.scored_by == pb.SCORED_BY_MODEL
+    assert response.feature_source == pb.FEATURE_SOURCE_PARTIAL
+    assert any("defaults" in reason for reason in response.reasons)
+
+
+def _future(seconds: int) -> Timestamp:
+    ts = Timestamp()
+    ts.FromSeconds(int(time.time()) + seconds)
+    return ts
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"transaction_id": ""}, "transaction_id"),
+        ({"card_id": ""}, "card_id"),
+        ({"merchant_id": ""}, "merchant_id"),
+        ({"amount_minor": 0}, "amount_minor"),
+        ({"amount_minor": -100}, "amount_minor"),
+        ({"amount_minor": 9_000_000_000_000}, "amount_minor"),
+        ({"currency": "ABC"}, "currency"),
+        ({"timestamp": _future(86_400)}, "timestamp"),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_field(
+    edge: grpc.Channel, known: Known, overrides: dict[str, object], field: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        pb_grpc.FraudScoringStub(edge).Score(_request(known, **overrides), timeout=1.0)
+    error = caught.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert error.details().startswith(field)  # type: ignore[attr-defined]
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    bad_request = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(bad_request)
+    assert bad_request.field_violations[0].field == field
+
+
+def test_missing_timestamp_is_invalid_argument(edge: grpc.Channel, known: Known) -> None:
+    request = _request(known)
+    request.ClearField("timestamp")
+    with pytest.raises(grpc.RpcError) as caught:
+        pb_grpc.FraudScoringStub(edge).Score(request, timeout=1.0)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert caught.value.details().startswith("timestamp")  # type: ignore[attr-defined]
+
+
+def test_health_through_envoy(edge: grpc.Channel) -> None:
+    reply = health_pb2_grpc.HealthStub(edge).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_public_api_through_envoy(edge: grpc.Channel) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(edge)
+    replies = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=2.0
+    )
+    names = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert "fraud.v1.FraudScoring" in names
+
+
+def test_grpcurl_without_protos_calls_score_through_envoy(mesh: Mesh, known: Known) -> None:
+    grpcurl = go_tool("grpcurl")
+    target = mesh.config.envoy_target
+    listed = subprocess.run(
+        [grpcurl, "-plaintext", target, "list"], capture_output=True, text=True, timeout=30
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "fraud.v1.FraudScoring" in listed.stdout.split()
+    body = {
+        "transaction_id": "grpcurl-1",
+        "card_id": known.card_id,
+        "merchant_id": known.merchant_id,
+        "amount_minor": known.amount_minor,
+        "currency": "EUR",
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    called = subprocess.run(
+        [grpcurl, "-plaintext", "-d", json.dumps(body), target, "fraud.v1.FraudScoring/Score"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert called.returncode == 0, called.stderr
+    answer = json.loads(called.stdout)
+    assert answer["transactionId"] == "grpcurl-1"
+    assert answer["decision"].startswith("DECISION_")
+    assert answer["scoredBy"] == "SCORED_BY_MODEL"
+
+
+def test_go_client_scores_through_envoy(mesh: Mesh, known: Known, tmp_path: Path) -> None:
+    binary = tmp_path / "fraudmesh-score"
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    built = subprocess.run(
+        ["go", "build", "-o", str(binary), "./clients/go/fraudmesh-score"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run(
+        [
+            str(binary),
+            "-addr", mesh.config.envoy_target,
+            "-timeout", "1s",
+            "-card-id", known.card_id,
+            "-merchant-id", known.merchant_id,
+            "-amount-minor", str(known.amount_minor),
+            "-json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    answer = json.loads(ran.stdout)
+    assert answer["decision"].startswith("DECISION_")
+    assert answer["scoredBy"] == "SCORED_BY_MODEL"
+    bad = subprocess.run(
+        [str(binary), "-addr", mesh.config.envoy_target, "-card-id", "", "-merchant-id", "m",
+         "-amount-minor", "100"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert bad.returncode != 0
+
+
+def test_feature_service_reports_present_and_missing(mesh: Mesh, known: Known) -> None:
+    target = f"{mesh.config.host}:{mesh.config.features_port}"
+    with grpc.insecure_channel(target) as channel:
+        stub = features_pb2_grpc.FeatureServiceStub(channel)
+        found = stub.GetFeatures(
+            features_pb2.GetFeaturesRequest(card_id=known.card_id, merchant_id=known.merchant_id),
+            timeout=2.0,
+        )
+        assert [f.name for f in found.features] == list(featurespec.STORE_FEATURES)
+        assert all(f.status == features_pb2.FEATURE_STATUS_PRESENT for f in found.features)
+        assert all(f.event_timestamp.seconds > 0 for f in found.features)
+        unknown = stub.GetFeatures(
+            features_pb2.GetFeaturesRequest(card_id="nobody", merchant_id="nowhere"), timeout=2.0
+        )
+        assert all(f.status == features_pb2.FEATURE_STATUS_MISSING for f in unknown.features)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetFeatures(features_pb2.GetFeaturesRequest(merchant_id="m"), timeout=2.0)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert caught.value.details().startswith("card_id")  # type: ignore[attr-defined]
+
+
+def test_scorer_speaks_open_inference_protocol_v2(mesh: Mesh) -> None:
+    target = f"{mesh.config.host}:{mesh.config.scorer_port}"
+    n = len(featurespec.MODEL_FEATURES)
+    with grpc.insecure_channel(target) as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ServerLive(v2.ServerLiveRequest(), timeout=2).live
+        assert stub.ServerReady(v2.ServerReadyRequest(), timeout=2).ready
+        meta = stub.ModelMetadata(v2.ModelMetadataRequest(name="fraud-lgbm"), timeout=2)
+        assert meta.platform == "onnxruntime_onnx"
+        assert list(meta.inputs[0].shape) == [-1, n]
+        assert stub.ModelReady(v2.ModelReadyRequest(name="fraud-lgbm"), timeout=2).ready
+        assert not stub.ModelReady(v2.ModelReadyRequest(name="other"), timeout=2).ready
+        assert stub.ServerMetadata(v2.ServerMetadataRequest(), timeout=2).name
+        rows = 3
+        request = v2.ModelInferRequest(
+            model_name="fraud-lgbm",
+            inputs=[
+                v2.ModelInferRequest.InferInputTensor(
+                    name=meta.inputs[0].name,
+                    datatype="FP32",
+                    shape=[rows, n],
+                    contents=v2.InferTensorContents(fp32_contents=[1.0] * (rows * n)),
+                )
+            ],
+        )
+        reply = stub.ModelInfer(request, timeout=2)
+        proba = next(o for o in reply.outputs if o.datatype == "FP32")
+        assert list(proba.shape) == [rows, 2]
+        values = list(proba.contents.fp32_contents)
+        assert all(abs(values[i] + values[i + 1] - 1.0) < 1e-5 for i in range(0, len(values), 2))
+        request.inputs[0].shape[1] = n + 1
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=2)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert caught.value.details().startswith("inputs[0].shape")  # type: ignore[attr-defined]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelMetadata(v2.ModelMetadataRequest(name="other"), timeout=2)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]

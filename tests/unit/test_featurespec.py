@@ -1,0 +1,180 @@
+"""The feature spec: names and order, currency conversion, defaults, scalar = vectorized."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from services.common import featurespec as fs
+
+CURRENCIES = ["EUR", "USD", "GBP", "CHF", "SEK", "JPY", "KWD", "NGN", "JOD"]
+
+
+def defaults() -> dict[str, float]:
+    """Distinctive defaults, so a test can tell which one was used."""
+    return {name: 1000.0 + i for i, name in enumerate(fs.MODEL_FEATURES)}
+
+
+def test_model_features_are_store_features_then_request_features() -> None:
+    assert fs.MODEL_FEATURES == fs.MODEL_STORE_FEATURES + fs.REQUEST_FEATURES
+    assert len(set(fs.MODEL_FEATURES)) == len(fs.MODEL_FEATURES)
+    assert fs.STORE_FEATURES == fs.CARD_FEATURES + fs.MERCHANT_FEATURES
+    assert set(fs.HELPER_FEATURES) <= set(fs.STORE_FEATURES)
+    assert not set(fs.HELPER_FEATURES) & set(fs.MODEL_FEATURES)
+
+
+@pytest.mark.parametrize(
+    ("amount_minor", "currency", "eur"),
+    [
+        (1234, "EUR", 12.34),
+        (1000, "USD", 9.2),
+        (1000, "GBP", 11.7),
+        (2500, "CHF", 26.25),
+        (10_000, "SEK", 8.7),
+        (1000, "JPY", 6.1),  # no minor unit
+        (1000, "KWD", 3.0),  # three decimals
+        (1234, "NGN", 12.34),  # valid ISO 4217, no rate: fallback rate 1.0, ISO exponent
+        (1234, "JOD", 1.234),  # fallback rate, ISO exponent 3
+        (1234, "XXZ", 12.34),  # unknown everywhere: fallback exponent 2
+    ],
+)
+def test_amount_eur(amount_minor: int, currency: str, eur: float) -> None:
+    assert fs.amount_eur(amount_minor, currency) == pytest.approx(eur)
+
+
+def test_every_rate_has_an_exponent() -> None:
+    assert set(fs.EUR_PER_UNIT) == set(fs.CURRENCY_EXPONENT)
+    for code in ("EUR", "USD", "GBP", "CHF", "SEK", "JPY"):
+        assert code in fs.EUR_PER_UNIT
+
+
+def test_missing_store_features_take_defaults() -> None:
+    d = defaults()
+    vector = fs.model_vector(
+        {},
+        amount_minor=5000,
+        currency="EUR",
+        timestamp_s=1_700_000_000.0,
+        card_not_present=True,
+        defaults=d,
+    )
+    named = dict(zip(fs.MODEL_FEATURES, vector, strict=True))
+    for name in fs.MODEL_STORE_FEATURES:
+        assert named[name] == d[name]
+    # Derived from missing inputs: their own defaults.
+    for name in ("seconds_since_last_txn", "amount_to_card_mean_7d", "geo_mismatch"):
+        assert named[name] == d[name]
+    # Derived from the transaction alone: always computed.
+    assert named["amount_eur"] == 50.0
+    assert named["hour_of_day"] == 22.0  # 2023-11-14 22:13:20 UTC
+    assert named["is_card_not_present"] == 1.0
+
+
+def test_present_store_features_and_derived_values() -> None:
+    store: dict[str, float | None] = {name: float(i + 1) for i, name in enumerate(fs.STORE_FEATURES)}
+    store.update(
+        card_last_txn_s=1_700_000_000.0 - 90.0,
+        card_amount_mean_7d=25.0,
+        card_home_country=276.0,
+        merchant_country=840.0,
+    )
+    vector = fs.model_vector(
+        store,
+        amount_minor=10_000,
+        currency="EUR",
+        timestamp_s=1_700_000_000.0,
+        card_not_present=False,
+        defaults=defaults(),
+    )
+    named = dict(zip(fs.MODEL_FEATURES, vector, strict=True))
+    for name in fs.MODEL_STORE_FEATURES:
+        assert named[name] == store[name]
+    assert named["seconds_since_last_txn"] == 90.0
+    assert named["amount_to_card_mean_7d"] == 4.0
+    assert named["geo_mismatch"] == 1.0
+    assert named["is_card_not_present"] == 0.0
+
+
+def test_nan_counts_as_missing_and_clock_skew_as_zero() -> None:
+    d = defaults()
+    store = {
+        "card_txn_count_1h": math.nan,
+        "card_last_txn_s": 1_700_000_100.0,  # after the transaction
+        "card_amount_mean_7d": 0.0,  # no usable mean
+        "card_home_country": 276.0,
+        "merchant_country": math.nan,
+    }
+    vector = fs.model_vector(
+        store,
+        amount_minor=100,
+        currency="EUR",
+        timestamp_s=1_700_000_000.0,
+        card_not_present=False,
+        defaults=d,
+    )
+    named = dict(zip(fs.MODEL_FEATURES, vector, strict=True))
+    assert named["card_txn_count_1h"] == d["card_txn_count_1h"]
+    assert named["seconds_since_last_txn"] == 0.0
+    assert named["amount_to_card_mean_7d"] == d["amount_to_card_mean_7d"]
+    assert named["geo_mismatch"] == d["geo_mismatch"]
+
+
+def _sample(n: int, seed: int) -> pd.DataFrame:
+    """Random transactions with store features, about a fifth of each missing."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame(
+        {
+            name: np.where(rng.random(n) < 0.2, np.nan, rng.lognormal(2.0, 1.5, n))
+            for name in fs.STORE_FEATURES
+        }
+    )
+    countries = np.array([276.0, 250.0, 840.0, 392.0])
+    for name in ("card_home_country", "merchant_country"):
+        frame[name] = np.where(rng.random(n) < 0.2, np.nan, rng.choice(countries, n))
+    frame["card_amount_mean_7d"] = np.where(
+        rng.random(n) < 0.05, 0.0, frame["card_amount_mean_7d"]
+    )
+    timestamp_s = 1_790_000_000.0 + rng.integers(0, 90 * 86_400, n)
+    frame["timestamp_s"] = timestamp_s
+    frame["card_last_txn_s"] = np.where(
+        rng.random(n) < 0.2, np.nan, timestamp_s - rng.integers(-60, 40 * 86_400, n)
+    )
+    frame["amount_minor"] = rng.integers(1, 5_000_000, n)
+    frame["currency"] = rng.choice(CURRENCIES, n)
+    frame["card_not_present"] = rng.random(n) < 0.3
+    return frame
+
+
+def test_vectorized_frame_equals_model_vector_row_by_row() -> None:
+    sample = _sample(3000, seed=1)
+    raw = fs.model_frame(sample)
+    d = fs.population_defaults(raw)
+    frame = fs.model_frame(sample, d)
+    assert list(frame.columns) == list(fs.MODEL_FEATURES)
+    assert not frame.isna().any().any()
+    store_columns = sample[list(fs.STORE_FEATURES)]
+    for i, row in enumerate(store_columns.itertuples(index=False)):
+        store = {
+            name: None if math.isnan(value) else value
+            for name, value in zip(fs.STORE_FEATURES, row, strict=True)
+        }
+        expected = fs.model_vector(
+            store,
+            amount_minor=int(sample["amount_minor"].iat[i]),
+            currency=str(sample["currency"].iat[i]),
+            timestamp_s=float(sample["timestamp_s"].iat[i]),
+            card_not_present=bool(sample["card_not_present"].iat[i]),
+            defaults=d,
+        )
+        # Same arithmetic in the same order: equal to the last bit, not just close.
+        assert frame.iloc[i].tolist() == expected, f"row {i} differs"
+
+
+def test_population_defaults_are_medians_of_present_values() -> None:
+    raw = fs.model_frame(_sample(500, seed=2))
+    d = fs.population_defaults(raw)
+    assert set(d) == set(fs.MODEL_FEATURES)
+    assert d["card_txn_count_1h"] == raw["card_txn_count_1h"].dropna().median()
