@@ -31,11 +31,15 @@ console = Console()
 
 @app.command()
 def up(
-    store: Annotated[str, typer.Option(help="Online store: sqlite (embedded) or redis.")] = "sqlite",
+    store: Annotated[
+        str, typer.Option(help="Online store: sqlite (embedded) or redis.")
+    ] = "sqlite",
     var_dir: Annotated[Path, typer.Option(help="State folder: data, Feast, models, logs.")] = Path(
         "var"
     ),
-    demo: Annotated[bool, typer.Option(help="Send sample transactions once the mesh is up.")] = False,
+    demo: Annotated[
+        bool, typer.Option(help="Send sample transactions once the mesh is up.")
+    ] = False,
     envoy_port: int = 8080,
     admin_port: int = 9901,
     gateway_port: int = 50051,
@@ -125,7 +129,7 @@ def score(
     try:
         response = client.score(target, sample.request(), timeout_ms / 1000)
     except grpc.RpcError as error:
-        console.print(f"[red]{error.code().name}[/red]: {error.details()}")  # type: ignore[attr-defined]
+        console.print(f"[red]{error.code().name}[/red]: {error.details()}")
         raise typer.Exit(1) from error
     except grpc.FutureTimeoutError as error:
         console.print(f"[red]cannot reach {target}[/red]")

@@ -7,10 +7,9 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 DECISION_NAMES = {
     pb.DECISION_APPROVE: "APPROVE",
@@ -43,25 +42,34 @@ class Sample:
             amount_minor=self.amount_minor,
             currency=self.currency,
             timestamp=ts,
-            channel=pb.CHANNEL_CARD_NOT_PRESENT if self.card_not_present else pb.CHANNEL_CARD_PRESENT,
+            channel=pb.CHANNEL_CARD_NOT_PRESENT
+            if self.card_not_present
+            else pb.CHANNEL_CARD_PRESENT,
         )
 
 
-def score(
-    target: str, request: pb.ScoreRequest, timeout_s: float = 0.042
-) -> pb.ScoreResponse:
+def score(target: str, request: pb.ScoreRequest, timeout_s: float = 0.042) -> pb.ScoreResponse:
     """Sends one Score call; raises grpc.RpcError on a non-OK status."""
     with grpc.insecure_channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=5)
         return pb_grpc.FraudScoringStub(channel).Score(request, timeout=timeout_s)
 
 
+def scored_by(response: pb.ScoreResponse) -> str:
+    """``model`` or ``rules``."""
+    return pb.ScoredBy.Name(response.scored_by).removeprefix("SCORED_BY_").lower()
+
+
+def feature_source(response: pb.ScoreResponse) -> str:
+    """``online``, ``partial`` or ``default``."""
+    return pb.FeatureSource.Name(response.feature_source).removeprefix("FEATURE_SOURCE_").lower()
+
+
 def describe(response: pb.ScoreResponse) -> str:
     """A readable multi-line summary of a ScoreResponse."""
     lines = [
         f"{DECISION_NAMES.get(response.decision, 'UNSPECIFIED')}  score={response.score:.4f}  "
-        f"by={pb.ScoredBy.Name(response.scored_by).removeprefix('SCORED_BY_').lower()}  "
-        f"features={pb.FeatureSource.Name(response.feature_source).removeprefix('FEATURE_SOURCE_').lower()}  "
+        f"by={scored_by(response)}  features={feature_source(response)}  "
         f"model={response.model_version}  {response.elapsed_ms:.2f} ms",
     ]
     lines += [f"  - {reason}" for reason in response.reasons]

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -69,6 +70,11 @@ def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def _serving_probe(target: str) -> Callable[[], bool]:
+    """A readiness probe: ``target`` answers its health check with SERVING."""
+    return lambda: grpc_serving(target)
+
+
 @dataclass
 class Process:
     """One child process of the mesh, with its readiness probe and log file."""
@@ -88,7 +94,7 @@ class Process:
     def start(self) -> None:
         """Starts the process with its environment, logging to ``log_path``."""
         env = {**os.environ, **self.env}
-        out = subprocess.DEVNULL
+        out: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
@@ -103,7 +109,7 @@ class Process:
                 preexec_fn=_die_with_parent,
             )
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):
                 out.close()
 
     def alive(self) -> bool:
@@ -115,7 +121,9 @@ class Process:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.returncode()}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.returncode()}\n{self.log_tail()}"
+                )
             if self.ready():
                 return
             time.sleep(0.05)
@@ -225,11 +233,16 @@ class Mesh:
                 "redis",
                 [
                     "redis-server",
-                    "--port", str(c.redis_port),
-                    "--bind", c.host,
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--protected-mode", "yes",
+                    "--port",
+                    str(c.redis_port),
+                    "--bind",
+                    c.host,
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "yes",
                 ],
                 ready=lambda: tcp_open(c.host, c.redis_port),
                 log_path=logs / "redis.log",
@@ -242,7 +255,7 @@ class Mesh:
             self.processes[name] = Process(
                 name,
                 [sys.executable, "-m", f"services.{name}"],
-                ready=lambda port=port: grpc_serving(f"{c.host}:{port}"),
+                ready=_serving_probe(f"{c.host}:{port}"),
                 env=env,
                 log_path=logs / f"{name}.log",
             )

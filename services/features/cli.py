@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from services.common.errors import FailedPrecondition
 from services.features import simulate as simulator
 from services.features import store
 from services.features.settings import FeaturesSettings, from_env
@@ -99,7 +101,7 @@ def simulate(
 def apply(var_dir: VarDirOption = None) -> None:
     """Register the entities, sources, feature views and feature service in the registry."""
     settings = from_env(var_dir=var_dir)
-    with console.status("applying the Feast repo …"):
+    with console.status("applying the Feast repo …"), _failures():
         store.apply(settings)
     console.print(
         f"applied to {settings.registry_file} (feature_store.yaml in {settings.data_path})"
@@ -109,7 +111,18 @@ def apply(var_dir: VarDirOption = None) -> None:
 @app.command()
 def materialize(var_dir: VarDirOption = None) -> None:
     """Load the newest features of every card and merchant into the online store."""
-    materialize_with_progress(from_env(var_dir=var_dir), console)
+    with _failures():
+        materialize_with_progress(from_env(var_dir=var_dir), console)
+
+
+@contextlib.contextmanager
+def _failures() -> Iterator[None]:
+    """Turns an error the user can act on into its message and exit status 1."""
+    try:
+        yield
+    except FailedPrecondition as error:
+        console.print(f"[red]failed:[/red] {error}")
+        raise typer.Exit(1) from error
 
 
 def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -71,8 +70,6 @@ CARD_PRESENT = "card_present"
 CARD_NOT_PRESENT = "card_not_present"
 """``channel`` of an online (e-commerce) transaction."""
 
-Preset = Literal["default", "small"]
-
 # Countries: ISO 3166 numeric code, currency, (lat, lon) centre, UTC offset in hours,
 # share of customers, share of merchants.
 _COUNTRIES: tuple[tuple[int, str, float, float, int, float, float], ...] = (
@@ -96,6 +93,7 @@ _UTC_OFFSET = np.array([c[4] for c in _COUNTRIES])
 _CUSTOMER_SHARE = np.array([c[5] for c in _COUNTRIES])
 _MERCHANT_SHARE = np.array([c[6] for c in _COUNTRIES])
 _NEAR = np.arange(8)  # Europe: where customers live and mostly travel.
+_ONLINE_HOMES = np.arange(9)  # Europe and the US: where web shops sit.
 _FAR = np.arange(8, len(_COUNTRIES))  # Where cloned cards turn up.
 
 # Merchant categories (MCC), typical amount in EUR, share among physical / online merchants.
@@ -130,6 +128,7 @@ _HOUR_P = _HOUR_WEIGHT / _HOUR_WEIGHT.sum()
 
 _DAY = 86_400
 _HOUR = 3_600
+_BLOCK = np.int64(1) << 40  # entity index * _BLOCK + epoch seconds sorts by entity, then time
 _FAVOURITES = 8  # physical merchants a customer mostly shops at
 _ONLINE_FAVOURITES = 4
 _SECOND_CARD_SHARE = 0.3
@@ -143,9 +142,13 @@ class SimulationParams:
     """What to simulate; equal params (``end`` included) give identical output."""
 
     seed: int = 7
+    """Seed of the one numpy Generator that draws everything."""
     n_customers: int = 4_000
+    """Cardholders; about 30% of them have a second card."""
     n_merchants: int = 800
+    """Merchants; a fifth of them sell online (card not present)."""
     days: int = 90
+    """Length of the window."""
     end: date | None = None
     """Last day's end (exclusive, UTC midnight); None means today's UTC midnight."""
 
@@ -190,6 +193,7 @@ class Simulation:
 
 
 Progress = Callable[[str], None]
+"""Called with the name of each step as it starts."""
 
 
 def simulate(params: SimulationParams, progress: Progress | None = None) -> Simulation:
@@ -333,9 +337,9 @@ def _merchant_countries(rng: np.random.Generator, online: np.ndarray) -> np.ndar
     physical = rng.permutation(np.repeat(np.arange(len(_COUNTRIES)), counts))
     country = np.empty(len(online), dtype=int)
     country[~online] = physical
-    # Online shops sit in Europe or the US.
-    home = np.append(_NEAR, 8)
-    country[online] = rng.choice(home, size=int(online.sum()), p=_norm(_MERCHANT_SHARE[home]))
+    country[online] = rng.choice(
+        _ONLINE_HOMES, size=int(online.sum()), p=_norm(_MERCHANT_SHARE[_ONLINE_HOMES])
+    )
     return country
 
 
@@ -573,18 +577,15 @@ def _odd_hour(rng: np.random.Generator, world: _World, legit: _Tx, start_s: int,
     cards = np.full(n, card)
     t = start_s + day * _DAY + _local_hour_to_utc_s(world, cards, local_hour)
     t = t + rng.integers(0, _HOUR, size=n)
-    home = world.card_country[card]
+    # Mostly online; otherwise a pricey shop at home (small countries may have none).
     home_pool = np.flatnonzero(
         ~world.merchant_online
-        & (world.merchant_country == home)
+        & (world.merchant_country == world.card_country[card])
         & np.isin(_MCC[world.merchant_category], _HIGH_VALUE_MCC)
     )
-    online = (rng.random(n) < 0.7) | (len(home_pool) == 0)
-    merchant = np.where(
-        online,
-        _pick(rng, _pool(world, True, _HIGH_VALUE_MCC), world.merchant_popularity, n),
-        rng.choice(home_pool if len(home_pool) else _pool(world, True), size=n),
-    )
+    in_shop = len(home_pool) > 0 and rng.random() < 0.3
+    pool = home_pool if in_shop else _pool(world, True, _HIGH_VALUE_MCC)
+    merchant = _pick(rng, pool, world.merchant_popularity, n)
     eur = rng.lognormal(math.log(600.0), 0.5, size=n)
     return _make(cards, merchant, _terminals(rng, world, merchant), t, eur, "odd_hour")
 
@@ -606,21 +607,14 @@ def _finish(world: _World, tx: _Tx, end_s: int) -> _Tx:
 
     # Price in the merchant's currency, then read the EUR amount back exactly the way
     # serving will (featurespec), so stored aggregates and request features agree.
-    currency = _CURRENCY[world.merchant_country[tx["merchant"]]]
-    scale = np.array([featurespec.minor_per_major(c) for c in _CURRENCY])[
-        world.merchant_country[tx["merchant"]]
-    ]
-    rate = np.array([featurespec.eur_per_unit(c) for c in _CURRENCY])[
-        world.merchant_country[tx["merchant"]]
-    ]
+    country = world.merchant_country[tx["merchant"]]
+    scale = np.array([featurespec.minor_per_major(c) for c in _CURRENCY])[country]
+    rate = np.array([featurespec.eur_per_unit(c) for c in _CURRENCY])[country]
     eur = np.clip(tx.pop("eur"), 0.3, _MAX_AMOUNT_EUR)
     tx["amount_minor"] = np.maximum(1, np.round(eur / rate * scale)).astype(np.int64)
     tx["eur"] = tx["amount_minor"] / scale * rate
-    tx["currency"] = currency
+    tx["currency"] = _CURRENCY[country]
     return tx
-
-
-_BLOCK = np.int64(1) << 40  # entity index * _BLOCK + epoch seconds sorts by entity, then time
 
 
 def _ids(prefix: str, n: int, width: int) -> np.ndarray:

@@ -12,6 +12,10 @@ as-of merge. Feast's own file (Dask) store joins every entity row with every fea
 of its entity before filtering, which is quadratic in rows per entity (minutes and
 gigabytes for per-transaction merchant tables), and it silently drops entity rows that
 have no feature row inside the TTL instead of returning nulls.
+
+Feast's ``FeatureView.ttl`` bounds that join but does not filter online reads, so
+``OnlineFeatureReader`` judges freshness itself, from each value's event timestamp, with
+the same TTLs (or the limits set in the settings).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +33,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from feast import FeatureService, FeatureStore, FeatureView, RepoConfig
+from feast.errors import FeatureServiceNotFoundException, FeatureViewNotFoundException
 from feast.infra.offline_stores.dask import (
     DaskOfflineStore,
     DaskOfflineStoreConfig,
@@ -42,6 +47,7 @@ from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 from feast.utils import _get_requested_feature_views_to_features_dict
 
 from services.common import featurespec
+from services.common.errors import FailedPrecondition
 from services.features import simulate
 from services.features.feature_repo import definitions
 from services.features.settings import FeaturesSettings
@@ -107,11 +113,8 @@ class AsofFileOfflineStore(DaskOfflineStore):
             getattr(view.batch_source, "created_timestamp_column", None) for view in feature_views
         ):
             raise ValueError("filter_by_created_timestamp is not supported by this offline store")
-        views, odfvs = _get_requested_feature_views_to_features_dict(
-            feature_refs, feature_views, []
-        )
-        if odfvs:
-            raise ValueError("on-demand feature views are not supported by this offline store")
+        # No on-demand views: a reference to one fails here as an unknown view.
+        views, _ = _get_requested_feature_views_to_features_dict(feature_refs, feature_views, [])
         entity_times = pd.to_datetime(entity_df[ts], utc=True)
 
         def evaluate() -> dd.DataFrame:
@@ -197,8 +200,9 @@ def repo_config(settings: FeaturesSettings) -> RepoConfig:
         registry={
             "registry_type": "file",
             "path": str(settings.registry_file.resolve()),
-            # Never expire the cache on a timer: an expiry reloads the registry inside a
-            # read. The file registry still reloads when the file's mtime changes.
+            # Never expire: an expired cache is reloaded synchronously inside a read. With
+            # this, a reader keeps the definitions it first resolved (materializing needs
+            # no reload); restart the feature service after an apply that changes them.
             "cache_ttl_seconds": 0,
         },
         online_store=online,
@@ -245,6 +249,13 @@ def apply(settings: FeaturesSettings) -> None:
         store.apply(list(OBJECTS))
 
 
+def _not_applied(settings: FeaturesSettings) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"the Feast registry {settings.registry_file} lacks the fraud features: "
+        "run `fraudmesh features apply`"
+    )
+
+
 MaterializeProgress = Callable[[str, int, int], None]
 """Called with (view name, views done, views total) before each view and once at the end."""
 
@@ -252,12 +263,17 @@ MaterializeProgress = Callable[[str, int, int], None]
 def materialize(settings: FeaturesSettings, progress: MaterializeProgress | None = None) -> None:
     """Loads each entity's newest row in the data window into the online store."""
     if not simulate.data_present(settings.data_path):
-        raise FileNotFoundError(
+        raise FailedPrecondition(
             f"no simulated data in {settings.data_path}: run `fraudmesh features simulate`"
         )
     store = feature_store(settings)
-    start, end = _data_window(settings.data_path)
     views = [definitions.card_features.name, definitions.merchant_features.name]
+    for view in views:
+        try:
+            store.get_feature_view(view)
+        except FeatureViewNotFoundException as error:
+            raise _not_applied(settings) from error
+    start, end = _data_window(settings.data_path)
     for done, view in enumerate(views):
         if progress is not None:
             progress(view, done, len(views))
@@ -282,7 +298,7 @@ def _data_window(data_dir: Path) -> tuple[datetime, datetime]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
+def _quiet() -> Iterator[None]:
     """Swallows Feast's progress prints so the CLI's own output stays readable."""
     with contextlib.redirect_stdout(io.StringIO()):
         yield
@@ -301,7 +317,12 @@ class OnlineFeatureReader:
 
     def __init__(self, settings: FeaturesSettings) -> None:
         self._store = feature_store(settings)
-        self._service: FeatureService = self._store.get_feature_service(definitions.FEATURE_SERVICE)
+        try:
+            self._service: FeatureService = self._store.get_feature_service(
+                definitions.FEATURE_SERVICE
+            )
+        except FeatureServiceNotFoundException as error:
+            raise _not_applied(settings) from error
         card_age = settings.card_max_age_s or definitions.CARD_TTL.total_seconds()
         merchant_age = settings.merchant_max_age_s or definitions.MERCHANT_TTL.total_seconds()
         # Feature name -> (position in STORE_FEATURES, freshness limit in seconds).

@@ -6,7 +6,19 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 # Buckets resolve the 42 ms budget finely where the p99 lives.
 _LATENCY_BUCKETS = (
-    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.042, 0.05, 0.1, 0.25,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.042,
+    0.05,
+    0.1,
+    0.25,
 )
 _SCORE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
@@ -18,7 +30,8 @@ class GatewayMetrics:
         self.latency = Histogram(
             "fraudmesh_score_latency_seconds",
             "Time from request to answer inside the gateway.",
-            buckets=_LATENCY_BUCKETS, registry=registry,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.decisions = Counter(
             "fraudmesh_decisions_total",
@@ -27,8 +40,11 @@ class GatewayMetrics:
             registry=registry,
         )
         self.scores = Histogram(
-            "fraudmesh_score", "Distribution of returned scores (drift watch).", ["scored_by"],
-            buckets=_SCORE_BUCKETS, registry=registry,
+            "fraudmesh_score",
+            "Distribution of returned scores (drift watch).",
+            ["scored_by"],
+            buckets=_SCORE_BUCKETS,
+            registry=registry,
         )
         self.dependency_errors = Counter(
             "fraudmesh_dependency_errors_total",
@@ -37,7 +53,8 @@ class GatewayMetrics:
             registry=registry,
         )
         self.invalid = Counter(
-            "fraudmesh_invalid_requests_total", "Requests rejected as invalid, by field.",
+            "fraudmesh_invalid_requests_total",
+            "Requests rejected as invalid, by field.",
             ["field"],
             registry=registry,
         )

@@ -158,7 +158,11 @@ class Pipeline:
                 return Outcome(
                     decision=decision,
                     score=score,
-                    reasons=[_model_reason(score, decision, t.review, t.decline), *rule_reasons, *notes],
+                    reasons=[
+                        _model_reason(score, decision, t.review, t.decline),
+                        *rule_reasons,
+                        *notes,
+                    ],
                     model_version=self.metadata.version,
                     scored_by=ScoredBy.MODEL,
                     feature_source=source,

@@ -94,7 +94,10 @@ class RulesEngine:
                 rules.append(Rule(item["name"], item["reason"], weight, tuple(conditions)))
             thresholds = doc["thresholds"]
             return cls(
-                str(doc["version"]), float(thresholds["review"]), float(thresholds["decline"]), rules
+                str(doc["version"]),
+                float(thresholds["review"]),
+                float(thresholds["decline"]),
+                rules,
             )
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
             raise FailedPrecondition(f"rules file {path}: {error}") from error

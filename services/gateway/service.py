@@ -7,8 +7,8 @@ import logging
 import time
 
 import grpc
-
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+
 from services.common import featurespec, registry
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
@@ -84,7 +84,9 @@ class GatewayService:
     async def _warm_up(self, pipeline: Pipeline) -> None:
         """Runs whole scoring calls so the first real request finds everything hot."""
         policy = self.settings.budget_policy
-        tx = Transaction("warmup", "warmup-card", "warmup-merchant", 1000, "EUR", time.time(), "", False)
+        tx = Transaction(
+            "warmup", "warmup-card", "warmup-merchant", 1000, "EUR", time.time(), "", False
+        )
         for _ in range(self.settings.warmup_calls):
             await pipeline.score(tx, Budget(policy, None))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import grpc
-
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+
 from services.common.errors import InvalidArgument, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.metrics import GatewayMetrics

@@ -81,12 +81,11 @@ def validate(
         raise InvalidArgument("timestamp", "is required")
     if timestamp_s > now_s + limits.max_future_s:
         raise InvalidArgument(
-            "timestamp", f"is {timestamp_s - now_s:.0f} s in the future (limit {limits.max_future_s:.0f} s)"
+            "timestamp",
+            f"is {timestamp_s - now_s:.0f} s in the future (limit {limits.max_future_s:.0f} s)",
         )
     if timestamp_s < now_s - limits.max_age_s:
-        raise InvalidArgument(
-            "timestamp", f"is older than {limits.max_age_s / 86_400:.0f} days"
-        )
+        raise InvalidArgument("timestamp", f"is older than {limits.max_age_s / 86_400:.0f} days")
     return Transaction(
         transaction_id=transaction_id,
         card_id=card_id,

@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from services.common import registry
+from services.common.errors import FailedPrecondition
 from services.features.settings import from_env
 from services.scorer import train
 
@@ -73,7 +74,7 @@ def train_command(
                 bar.update(tasks[step], completed=done, total=total)
 
             result = train.train(settings, root, train.TrainParams(seed=seed), progress=report)
-    except (train.TrainingDataError, train.ParityError) as error:
+    except (FailedPrecondition, train.ParityError) as error:
         console.print(f"[red]training failed:[/red] {error}")
         raise typer.Exit(1) from error
     _print_result(result)

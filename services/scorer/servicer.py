@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 import numpy as np
-
 from inference import grpc_predict_v2_pb2 as pb
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
+
 from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.scorer.model import OnnxModel
 
@@ -125,7 +125,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 def _input_batch(request: pb.ModelInferRequest, model: OnnxModel) -> np.ndarray:
     """Decodes the one input tensor into a float32 [n, n_features] array, or says why not."""
     if len(request.inputs) != 1:
-        raise InvalidArgument("inputs", f"expected exactly 1 input tensor, got {len(request.inputs)}")
+        raise InvalidArgument(
+            "inputs", f"expected exactly 1 input tensor, got {len(request.inputs)}"
+        )
     tensor = request.inputs[0]
     dtype = _NUMPY.get(tensor.datatype)
     if dtype is None:

@@ -30,6 +30,7 @@ import numpy as np
 import onnxmltools
 import onnxruntime as ort
 import pandas as pd
+from feast.errors import FeatureServiceNotFoundException
 from onnxmltools.convert.common.data_types import FloatTensorType
 from sklearn.metrics import (
     average_precision_score,
@@ -39,6 +40,7 @@ from sklearn.metrics import (
 )
 
 from services.common import featurespec, registry
+from services.common.errors import FailedPrecondition
 from services.features import simulate, store
 from services.features.feature_repo import definitions
 from services.features.settings import FeaturesSettings
@@ -58,7 +60,7 @@ class ParityError(RuntimeError):
     """ONNX Runtime does not reproduce LightGBM closely enough to publish the model."""
 
 
-class TrainingDataError(RuntimeError):
+class TrainingDataError(FailedPrecondition):
     """The data or the feature registry is missing or unusable; the message says what to run."""
 
 
@@ -160,7 +162,7 @@ def train(
         _plot_curves(y[holdout], scores, thresholds, work / "curves.png")
         booster.save_model(str(work / "lightgbm.txt"))
         metadata = registry.ModelMetadata(
-            version="0",
+            version="0",  # publish() assigns the real one
             feature_order=list(featurespec.MODEL_FEATURES),
             input_name=INPUT_NAME,
             output_name=OUTPUT_NAME,
@@ -197,7 +199,7 @@ def _training_frame(settings: FeaturesSettings) -> pd.DataFrame:
     fs = store.feature_store(settings)
     try:
         service = fs.get_feature_service(definitions.FEATURE_SERVICE)
-    except Exception as error:  # Feast raises its own not-found class per object kind
+    except FeatureServiceNotFoundException as error:
         raise TrainingDataError(
             f"feature service {definitions.FEATURE_SERVICE!r} is not registered: "
             "run `fraudmesh features apply`"

@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +124,9 @@ class Client:
         return entries
 
 
-async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> None:
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S
+) -> None:
     """Polls the async ``check`` until it returns true; fails the test after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not await check():
@@ -176,7 +178,7 @@ async def gateway() -> AsyncIterator[Gateway]:
 
 
 @pytest.fixture(scope="module")
-async def edge(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
+async def proxy(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     """Envoy on free ports in front of the stub gateway; stopped by PID afterwards."""
     workdir = tmp_path_factory.mktemp("envoy")
     listen_port, admin_port = free_port(), free_port()
@@ -220,14 +222,14 @@ async def edge(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> As
 
 
 @pytest.fixture
-async def healthy(edge: Edge, gateway: Gateway) -> Edge:
+async def healthy(proxy: Edge, gateway: Gateway) -> Edge:
     """The edge once its health check has found the gateway healthy."""
 
     async def check() -> bool:
-        return await host_health(edge, gateway) == "healthy"
+        return await host_health(proxy, gateway) == "healthy"
 
     await wait_for(check, "the gateway to pass Envoy's health check")
-    return edge
+    return proxy
 
 
 @pytest.fixture

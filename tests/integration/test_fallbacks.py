@@ -9,10 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from services.mesh import Mesh
 
 from .conftest import Known, start_mesh
@@ -75,9 +75,7 @@ def test_features_down_means_default_features(faulty: Mesh, known: Known) -> Non
     assert response.scored_by == pb.SCORED_BY_MODEL
     assert response.elapsed_ms < 42.0
     faulty.restart("features")
-    assert _until(
-        lambda: _score(faulty, known).feature_source == pb.FEATURE_SOURCE_ONLINE, 10.0
-    )
+    assert _until(lambda: _score(faulty, known).feature_source == pb.FEATURE_SOURCE_ONLINE, 10.0)
 
 
 def test_sigterm_drains_and_exits_cleanly(faulty: Mesh) -> None:

@@ -74,7 +74,9 @@ def test_missing_store_features_take_defaults() -> None:
 
 
 def test_present_store_features_and_derived_values() -> None:
-    store: dict[str, float | None] = {name: float(i + 1) for i, name in enumerate(fs.STORE_FEATURES)}
+    store: dict[str, float | None] = {
+        name: float(i + 1) for i, name in enumerate(fs.STORE_FEATURES)
+    }
     store.update(
         card_last_txn_s=1_700_000_000.0 - 90.0,
         card_amount_mean_7d=25.0,
@@ -134,9 +136,7 @@ def _sample(n: int, seed: int) -> pd.DataFrame:
     countries = np.array([276.0, 250.0, 840.0, 392.0])
     for name in ("card_home_country", "merchant_country"):
         frame[name] = np.where(rng.random(n) < 0.2, np.nan, rng.choice(countries, n))
-    frame["card_amount_mean_7d"] = np.where(
-        rng.random(n) < 0.05, 0.0, frame["card_amount_mean_7d"]
-    )
+    frame["card_amount_mean_7d"] = np.where(rng.random(n) < 0.05, 0.0, frame["card_amount_mean_7d"])
     timestamp_s = 1_790_000_000.0 + rng.integers(0, 90 * 86_400, n)
     frame["timestamp_s"] = timestamp_s
     frame["card_last_txn_s"] = np.where(

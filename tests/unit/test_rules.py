@@ -51,7 +51,7 @@ def test_all_conditions_must_hold(tmp_path: Path) -> None:
 
 def test_unknown_feature_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(FailedPrecondition, match="unknown feature 'nope'"):
-        _engine(tmp_path, RULES.replace("[[amount, \">=\", 1000]]", "[[nope, \">=\", 1]]"))
+        _engine(tmp_path, RULES.replace('[[amount, ">=", 1000]]', '[[nope, ">=", 1]]'))
 
 
 def test_bad_weight_is_rejected(tmp_path: Path) -> None:

@@ -1,0 +1,249 @@
+"""The Feast store end to end: apply, materialize into SQLite and a real Redis, read back.
+
+Also checks historical retrieval (the point-in-time join training uses) and that the
+generated feature_store.yaml works with the stock ``feast`` CLI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from services.common import featurespec
+from services.features import simulate, store
+from services.features.feature_repo import definitions
+from services.features.settings import FeaturesSettings
+
+pytestmark = pytest.mark.integration
+
+END = date(2026, 1, 15)
+END_S = pd.Timestamp(END, tz="UTC").timestamp()
+N_CARD = len(featurespec.CARD_FEATURES)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simulate.Simulation]:
+    """The small preset simulated into a fresh state folder and applied to its registry."""
+    var_dir = tmp_path_factory.mktemp("feature-store")
+    sim = simulate.simulate(simulate.preset("small", end=END))
+    settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    simulate.write(sim, settings.data_path)
+    store.apply(settings)
+    return var_dir, sim
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on a free loopback port; its connection string."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        pytest.skip("redis-server is not on PATH (Debian package redis-server)")
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            executable,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def online(
+    request: pytest.FixtureRequest, dataset: tuple[Path, simulate.Simulation]
+) -> FeaturesSettings:
+    """Settings of a materialized online store, once per store kind."""
+    var_dir, _ = dataset
+    if request.param == "redis":
+        connection = request.getfixturevalue("redis_server")
+        settings = FeaturesSettings(var_dir=var_dir, store="redis", redis_connection=connection)
+    else:
+        settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    steps: list[tuple[str, int, int]] = []
+    store.materialize(settings, progress=lambda *step: steps.append(step))
+    assert steps[-1] == ("", 2, 2)
+    return settings
+
+
+@pytest.fixture
+def reader(online: FeaturesSettings) -> Iterator[store.OnlineFeatureReader]:
+    r = store.OnlineFeatureReader(online)
+    yield r
+    r.close()
+
+
+def _latest(frame: pd.DataFrame, key: str, entity: str) -> pd.Series:
+    return frame[frame[key] == entity].iloc[-1]
+
+
+def _busy(sim: simulate.Simulation) -> tuple[str, str]:
+    """A card and a merchant whose newest rows are in the data's last day."""
+    last_day = sim.transactions["timestamp"] >= pd.Timestamp(END, tz="UTC") - pd.Timedelta(days=1)
+    recent = sim.transactions[last_day]
+    return str(recent["card_id"].iloc[-1]), str(recent["merchant_id"].iloc[-1])
+
+
+def test_known_card_and_merchant_are_present_with_their_newest_row(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    _, sim = dataset
+    card, merchant = _busy(sim)
+    rows = reader.read(card, merchant, END_S)
+    assert len(rows) == len(featurespec.STORE_FEATURES)
+    expected_card = _latest(sim.card_features, "card_id", card)
+    expected_merchant = _latest(sim.merchant_features, "merchant_id", merchant)
+    for name, (value, status, event_s) in zip(featurespec.STORE_FEATURES, rows, strict=True):
+        expected = expected_card if name in featurespec.CARD_FEATURES else expected_merchant
+        assert status == store.PRESENT, name
+        assert value == pytest.approx(float(expected[name])), name
+        assert event_s == expected["event_timestamp"].timestamp(), name
+
+
+def test_unknown_entities_are_missing_not_errors(reader: store.OnlineFeatureReader) -> None:
+    rows = reader.read("card-unknown", "merch-unknown", END_S)
+    assert rows == [(None, store.MISSING, None)] * len(featurespec.STORE_FEATURES)
+
+
+def test_unknown_merchant_leaves_the_card_present(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    card, _ = _busy(dataset[1])
+    rows = reader.read(card, "merch-unknown", END_S)
+    assert {status for _, status, _ in rows[:N_CARD]} == {store.PRESENT}
+    assert {status for _, status, _ in rows[N_CARD:]} == {store.MISSING}
+
+
+def test_features_far_after_the_data_are_stale(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    card, merchant = _busy(dataset[1])
+    rows = reader.read(card, merchant, END_S + 60 * 86_400)
+    assert {status for _, status, _ in rows} == {store.STALE}
+    assert all(value is not None and event_s is not None for value, _, event_s in rows)
+
+
+def test_staleness_is_judged_per_view(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    card, merchant = _busy(dataset[1])
+    # Past the merchant view's 14 days, within the card view's 30.
+    rows = reader.read(card, merchant, END_S + 20 * 86_400)
+    assert {status for _, status, _ in rows[:N_CARD]} == {store.PRESENT}
+    assert {status for _, status, _ in rows[N_CARD:]} == {store.STALE}
+
+
+def test_max_age_setting_overrides_the_ttl(
+    online: FeaturesSettings, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    card, merchant = _busy(dataset[1])
+    strict = store.OnlineFeatureReader(
+        online.model_copy(update={"card_max_age_s": 1.0, "merchant_max_age_s": 1e9})
+    )
+    try:
+        rows = strict.read(card, merchant, END_S)
+    finally:
+        strict.close()
+    assert {status for _, status, _ in rows[:N_CARD]} == {store.STALE}
+    assert {status for _, status, _ in rows[N_CARD:]} == {store.PRESENT}
+
+
+def test_concurrent_reads_agree_with_serial_ones(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+) -> None:
+    tx = dataset[1].transactions.tail(200)
+    pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
+    serial = [reader.read(card, merchant, END_S) for card, merchant in pairs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda pair: reader.read(*pair, END_S), pairs))
+    assert parallel == serial
+
+
+def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, simulate.Simulation]) -> None:
+    var_dir, sim = dataset
+    fs = store.feature_store(FeaturesSettings(var_dir=var_dir, store="sqlite"))
+    tx = sim.transactions
+    card = tx["card_id"].value_counts().index[0]
+    mine = tx[tx["card_id"] == card]
+    # Another card's rows in between check that rows stay in input order.
+    sample = pd.concat([mine, tx.head(50)]).reset_index(drop=True)
+    entity_df = pd.DataFrame(
+        {
+            "card_id": sample["card_id"],
+            "merchant_id": sample["merchant_id"],
+            "event_timestamp": sample["timestamp"] - pd.Timedelta(microseconds=1),
+        }
+    )
+    service = fs.get_feature_service(definitions.FEATURE_SERVICE)
+    joined = fs.get_historical_features(entity_df=entity_df, features=service).to_df()
+    assert len(joined) == len(entity_df)
+    assert (joined["card_id"] == entity_df["card_id"]).all()
+    history = sim.card_features[sim.card_features["card_id"] == card].reset_index(drop=True)
+    got = joined.iloc[: len(mine)]
+    # The first transaction has no earlier row; every other one sees its predecessor's.
+    assert got.loc[0, list(featurespec.CARD_FEATURES)].isna().all()
+    for i in range(1, len(mine)):
+        previous = history.iloc[i - 1]
+        gap = mine["timestamp"].iloc[i] - previous["event_timestamp"]
+        row = got.iloc[i]
+        if gap > definitions.CARD_TTL:
+            assert np.isnan(row["card_txn_count_7d"])
+            continue
+        for name in featurespec.CARD_FEATURES:
+            assert row[name] == pytest.approx(float(previous[name])), (i, name)
+
+
+def test_stock_feast_cli_uses_the_generated_config(
+    dataset: tuple[Path, simulate.Simulation],
+) -> None:
+    var_dir, _ = dataset
+    settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    feast = Path(sys.executable).with_name("feast")
+    result = subprocess.run(
+        [str(feast), "-c", str(settings.data_path), "feature-views", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert definitions.card_features.name in result.stdout
+    assert definitions.merchant_features.name in result.stdout

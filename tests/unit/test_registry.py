@@ -1,0 +1,121 @@
+"""The model registry: versions, atomic publishing, loading and its errors."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from services.common import registry
+from services.common.featurespec import MODEL_FEATURES
+
+
+def metadata(**changes: object) -> registry.ModelMetadata:
+    fields: dict[str, object] = {
+        "version": "0",
+        "feature_order": list(MODEL_FEATURES),
+        "input_name": "input",
+        "output_name": "probabilities",
+        "thresholds": registry.Thresholds(review=0.1, decline=0.8),
+        "default_features": dict.fromkeys(MODEL_FEATURES, 0.0),
+        "metrics": {"pr_auc": 0.7},
+        "training_window": registry.TrainingWindow(
+            start=datetime(2026, 1, 1, tzinfo=UTC),
+            end=datetime(2026, 3, 1, tzinfo=UTC),
+            holdout_start=datetime(2026, 2, 17, tzinfo=UTC),
+        ),
+        "parity_max_abs_diff": 1e-7,
+        "created_at": datetime(2026, 3, 1, 12, tzinfo=UTC),
+        "lightgbm_version": "4.7.0",
+        "onnxmltools_version": "1.16.0",
+        "onnxruntime_version": "1.31.1",
+    }
+    fields.update(changes)
+    return registry.ModelMetadata.model_validate(fields)
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "staged.onnx"
+    path.write_bytes(b"not really onnx")
+    return path
+
+
+def test_nothing_published_says_how_to_train(tmp_path: Path) -> None:
+    assert registry.latest_version(tmp_path / "models") is None
+    with pytest.raises(registry.ModelNotFoundError, match="fraudmesh train"):
+        registry.load(tmp_path / "models")
+    # Callers that only know FileNotFoundError still catch it.
+    with pytest.raises(FileNotFoundError):
+        registry.load(tmp_path / "models", "fraud-lgbm")
+
+
+def test_publish_assigns_increasing_versions(tmp_path: Path, model_file: Path) -> None:
+    root = tmp_path / "models"
+    first = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+    second = registry.publish(
+        root, metadata(metrics={"pr_auc": 0.8}), {registry.MODEL_FILE: model_file}
+    )
+    assert first == root / "fraud-lgbm" / "1"
+    assert second == root / "fraud-lgbm" / "2"
+    assert registry.latest_version(root) == "2"
+    latest, folder = registry.load(root)
+    assert (latest.version, folder) == ("2", second)
+    assert latest.metrics == {"pr_auc": 0.8}
+    older, _ = registry.load(root, "fraud-lgbm", "1")
+    assert older.version == "1"
+    assert (first / registry.MODEL_FILE).read_bytes() == b"not really onnx"
+    # Nothing half-written is left behind.
+    assert sorted(p.name for p in (root / "fraud-lgbm").iterdir()) == ["1", "2"]
+
+
+def test_unknown_version_lists_the_published_ones(tmp_path: Path, model_file: Path) -> None:
+    root = tmp_path / "models"
+    registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+    with pytest.raises(registry.ModelNotFoundError, match=r"published: 1"):
+        registry.load(root, "fraud-lgbm", "7")
+
+
+def test_incomplete_folders_are_not_versions(tmp_path: Path, model_file: Path) -> None:
+    root = tmp_path / "models"
+    (root / "fraud-lgbm" / "5").mkdir(parents=True)  # e.g. a crashed copy by hand
+    assert registry.latest_version(root) is None
+    published = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+    assert published.name == "6"
+
+
+def test_concurrent_publishers_get_distinct_versions(tmp_path: Path, model_file: Path) -> None:
+    root = tmp_path / "models"
+    results: list[Path] = []
+    lock = threading.Lock()
+
+    def publish() -> None:
+        path = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+        with lock:
+            results.append(path)
+
+    threads = [threading.Thread(target=publish) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(int(p.name) for p in results) == [1, 2, 3, 4, 5, 6]
+    for path in results:
+        loaded, _ = registry.load(root, "fraud-lgbm", path.name)
+        assert loaded.version == path.name
+
+
+def test_publish_needs_the_model_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=registry.MODEL_FILE):
+        registry.publish(tmp_path, metadata(), {})
+
+
+def test_metadata_validation() -> None:
+    with pytest.raises(ValidationError, match="below review"):
+        registry.Thresholds(review=0.5, decline=0.2)
+    with pytest.raises(ValidationError, match="default_features lacks"):
+        metadata(default_features={"amount_eur": 1.0})
+    assert metadata().name == registry.DEFAULT_MODEL_NAME
