@@ -136,7 +136,7 @@ def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=out) as bar:
-        task = bar.add_task(f"materializing into {settings.store}", total=None)
+        task = bar.add_task(f"materializing into {settings.store}", total=len(store.VIEW_NAMES))
 
         def report(view: str, done: int, total: int) -> None:
             label = f"materializing {view} into {settings.store}" if view else "materialized"

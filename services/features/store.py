@@ -73,6 +73,9 @@ OBJECTS = (
 )
 """Every Feast object of the repo, as ``apply`` registers them."""
 
+VIEW_NAMES = (definitions.card_features.name, definitions.merchant_features.name)
+"""The feature views, in the order materialize() loads them."""
+
 _OFFLINE_STORE_TYPE = f"{__name__}.AsofFileOfflineStore"
 
 
@@ -267,20 +270,19 @@ def materialize(settings: FeaturesSettings, progress: MaterializeProgress | None
             f"no simulated data in {settings.data_path}: run `fraudmesh features simulate`"
         )
     store = feature_store(settings)
-    views = [definitions.card_features.name, definitions.merchant_features.name]
-    for view in views:
+    for view in VIEW_NAMES:
         try:
             store.get_feature_view(view)
         except FeatureViewNotFoundException as error:
             raise _not_applied(settings) from error
     start, end = _data_window(settings.data_path)
-    for done, view in enumerate(views):
+    for done, view in enumerate(VIEW_NAMES):
         if progress is not None:
-            progress(view, done, len(views))
+            progress(view, done, len(VIEW_NAMES))
         with _quiet():
             store.materialize(start_date=start, end_date=end, feature_views=[view])
     if progress is not None:
-        progress("", len(views), len(views))
+        progress("", len(VIEW_NAMES), len(VIEW_NAMES))
 
 
 def _data_window(data_dir: Path) -> tuple[datetime, datetime]:

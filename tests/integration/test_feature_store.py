@@ -190,10 +190,10 @@ def test_concurrent_reads_agree_with_serial_ones(
     reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     tx = dataset[1].transactions.tail(200)
-    pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
-    serial = [reader.read(card, merchant, END_S) for card, merchant in pairs]
+    cards, merchants = tx["card_id"].tolist(), tx["merchant_id"].tolist()
+    serial = [reader.read(c, m, END_S) for c, m in zip(cards, merchants, strict=True)]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        parallel = list(pool.map(lambda pair: reader.read(*pair, END_S), pairs))
+        parallel = list(pool.map(reader.read, cards, merchants, [END_S] * len(cards)))
     assert parallel == serial
 
 

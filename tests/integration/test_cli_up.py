@@ -1,0 +1,55 @@
+"""``fraudmesh up``: starts every process, serves through Envoy, stops all on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from services import client
+from services.mesh import free_port, grpc_serving
+
+from .conftest import Known
+
+pytestmark = pytest.mark.integration
+
+
+def test_up_serves_and_stops_without_orphans(
+    prepared_env: Any, known: Known, tmp_path: Path
+) -> None:
+    ports = {name: free_port() for name in ("envoy", "admin", "gateway", "features", "scorer")}
+    argv = [
+        sys.executable, "-m", "services.cli", "up",
+        "--var-dir", str(prepared_env.var_dir),
+        *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
+    ]  # fmt: skip
+    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed in finally
+    up = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        target = f"127.0.0.1:{ports['envoy']}"
+        deadline = time.monotonic() + 120
+        while not grpc_serving(target):
+            assert up.poll() is None, (tmp_path / "up.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.2)
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert len(children) >= 4  # envoy, gateway, features, scorer
+        sample = client.Sample("cli", known.card_id, known.merchant_id, known.amount_minor)
+        response = client.score(target, sample.request(), timeout_s=1.0)
+        assert response.decision != 0
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"orphans left: {alive}"
+        assert "stopped" in (tmp_path / "up.log").read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        log.close()
