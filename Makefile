@@ -43,7 +43,7 @@ check-gen: install ## Fail when protos are not lint-clean or the committed stubs
 lint: install ## ruff, formatting, mypy, go vet
 	$(VENV)/bin/ruff check services tests loadtest
 	$(VENV)/bin/ruff format --check services tests loadtest
-	$(VENV)/bin/mypy services
+	$(VENV)/bin/mypy services loadtest
 	go vet ./...
 
 .PHONY: data

@@ -1,0 +1,1 @@
+"""Load tests and side-by-side benchmarks of the mesh, driven by ghz."""
