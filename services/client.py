@@ -7,9 +7,10 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 DECISION_NAMES = {
     pb.DECISION_APPROVE: "APPROVE",

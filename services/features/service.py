@@ -8,8 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from fraud.v1 import features_pb2_grpc as pb_grpc
 
+from fraud.v1 import features_pb2_grpc as pb_grpc
 from services.common import featurespec
 from services.features.servicer import FeatureServicer
 from services.features.settings import FeaturesSettings

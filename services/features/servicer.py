@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from fraud.v1 import features_pb2 as pb
-from fraud.v1 import features_pb2_grpc as pb_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fraud.v1 import features_pb2 as pb
+from fraud.v1 import features_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, Unavailable
 
 # (value or None, status code, event timestamp in epoch seconds or None), one per feature.

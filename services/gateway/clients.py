@@ -6,11 +6,11 @@ import struct
 from collections.abc import Mapping
 
 import grpc
-from fraud.v1 import features_pb2, features_pb2_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-
 from services.common.registry import ModelMetadata
 from services.gateway.pipeline import DependencyError
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from services.gateway.breaker import State
 
 # Buckets resolve the 42 ms budget finely where the p99 lives.
 _LATENCY_BUCKETS = (
@@ -59,6 +61,35 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.breaker_state = Gauge(
+            "fraudmesh_breaker_state",
+            "Circuit breaker state per dependency: 0 closed, 1 half-open, 2 open.",
+            ["dependency"],
+            registry=registry,
+        )
+        self.breaker_transitions = Counter(
+            "fraudmesh_breaker_transitions_total",
+            "Circuit breaker state changes, by dependency and new state.",
+            ["dependency", "to"],
+            registry=registry,
+        )
+        self.shed = Counter(
+            "fraudmesh_shed_total",
+            "Score calls rejected with RESOURCE_EXHAUSTED at the concurrency limit.",
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "fraudmesh_in_flight", "Score calls being handled now.", registry=registry
+        )
+
+    def breaker_transition(self, dependency: str, old: State, new: State) -> None:
+        """Records a breaker state change."""
+        self.breaker_state.labels(dependency).set(_STATE_VALUE.get(new, 2))
+        self.breaker_transitions.labels(dependency, new.value).inc()
+
     def dependency_error(self, dependency: str, reason: str) -> None:
         """Counts one failed or skipped downstream call."""
         self.dependency_errors.labels(dependency, reason).inc()
+
+
+_STATE_VALUE = {State.CLOSED: 0, State.DISABLED: 0, State.HALF_OPEN: 1, State.OPEN: 2}

@@ -6,13 +6,16 @@ without servers. Whatever fails behind it, ``score`` returns an on-time outcome.
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from services.common import featurespec
 from services.common.registry import ModelMetadata
+from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.rules import RulesEngine
@@ -49,6 +52,27 @@ class DependencyError(Exception):
         super().__init__(f"{dependency}: {reason} {detail}".strip())
         self.dependency = dependency
         self.reason = reason
+
+
+T = TypeVar("T")
+
+
+async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> T:
+    """Runs ``call`` under ``breaker``: refused while open, outcome and duration recorded."""
+    if not breaker.try_acquire():
+        raise DependencyError(breaker.name, "breaker_open")
+    start = time.perf_counter()
+    try:
+        result = await call()
+    except DependencyError:
+        breaker.on_error(time.perf_counter() - start)
+        raise
+    except asyncio.CancelledError:
+        # The caller went away: no outcome to judge the dependency by.
+        breaker.release()
+        raise
+    breaker.on_success(time.perf_counter() - start)
+    return result
 
 
 class FeatureClient(Protocol):
@@ -99,8 +123,12 @@ class Pipeline:
         features: FeatureClient,
         model: ModelClient,
         metrics: GatewayMetrics,
+        features_breaker: CircuitBreaker,
+        scorer_breaker: CircuitBreaker,
     ) -> None:
         self.metadata = metadata
+        self.features_breaker = features_breaker
+        self.scorer_breaker = scorer_breaker
         self.rules = rules
         self.features = features
         self.model = model
@@ -117,7 +145,10 @@ class Pipeline:
             self.metrics.dependency_error("features", "no_budget")
             return {}, Source.DEFAULT
         try:
-            store = await self.features.get(tx.card_id, tx.merchant_id, tx.timestamp_s, timeout)
+            store = await guarded(
+                self.features_breaker,
+                lambda: self.features.get(tx.card_id, tx.merchant_id, tx.timestamp_s, timeout),
+            )
         except DependencyError as error:
             self.metrics.dependency_error("features", error.reason)
             return {}, Source.DEFAULT
@@ -148,10 +179,12 @@ class Pipeline:
         fallback_reason = "too little budget left for the model"
         if timeout > 0:
             try:
-                score = await self.model.score(vector, timeout)
+                score = await guarded(
+                    self.scorer_breaker, lambda: self.model.score(vector, timeout)
+                )
             except DependencyError as error:
                 self.metrics.dependency_error("scorer", error.reason)
-                fallback_reason = f"model {error.reason}"
+                fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
             else:
                 t = self.metadata.thresholds
                 decision = _decide(score, t.review, t.decline)
@@ -183,6 +216,12 @@ class Pipeline:
             feature_source=source,
         )
 
+
+_REASON_TEXT = {
+    "breaker_open": "circuit breaker open",
+    "timeout": "timed out",
+    "unavailable": "unavailable",
+}
 
 _SOURCE_NOTE = {
     Source.PARTIAL: "some features missing or stale: population defaults used for them",

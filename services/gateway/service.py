@@ -7,11 +7,12 @@ import logging
 import time
 
 import grpc
-from fraud.v1 import scoring_pb2_grpc as pb_grpc
 
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common import featurespec, registry
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
+from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.clients import GrpcFeatureClient, GrpcModelClient
 from services.gateway.metrics import GatewayMetrics
@@ -32,7 +33,9 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or GatewayMetrics()
-        self.servicer = FraudScoringServicer(settings.budget_policy, settings.limits, self.metrics)
+        self.servicer = FraudScoringServicer(
+            settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
+        )
         self.channels: list[grpc.aio.Channel] = []
 
     def register(self, server: grpc.aio.Server) -> list[str]:
@@ -63,12 +66,23 @@ class GatewayService:
             GrpcFeatureClient(features_channel),
             GrpcModelClient(scorer_channel, metadata),
             self.metrics,
+            self._breaker("features", s.features_slow_ms),
+            self._breaker("scorer", s.scorer_slow_ms),
         )
         await self._warm_up(pipeline)
         self.servicer.pipeline = pipeline
         log.info(
             "gateway ready",
             extra={"model": metadata.name, "version": metadata.version, "rules": rules.version},
+        )
+
+    def _breaker(self, dependency: str, slow_ms: float) -> CircuitBreaker:
+        """A breaker for ``dependency`` whose state changes reach the metrics."""
+        self.metrics.breaker_state.labels(dependency).set(0)
+        return CircuitBreaker(
+            dependency,
+            self.settings.breaker_config(slow_ms),
+            on_transition=self.metrics.breaker_transition,
         )
 
     async def _wait_ready(self, channels: list[grpc.aio.Channel]) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import grpc
+
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Decision, Pipeline, ScoredBy, Source
@@ -30,11 +30,16 @@ _SOURCE = {
 class FraudScoringServicer(pb_grpc.FraudScoringServicer):
     """Thin adapter between the public proto API and the scoring pipeline."""
 
-    def __init__(self, policy: BudgetPolicy, limits: Limits, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, policy: BudgetPolicy, limits: Limits, metrics: GatewayMetrics, max_in_flight: int
+    ) -> None:
         self.pipeline: Pipeline | None = None
         self._policy = policy
         self._limits = limits
         self._metrics = metrics
+        self._max_in_flight = max_in_flight
+        self._in_flight = 0
+        metrics.in_flight.set_function(lambda: self._in_flight)
 
     async def Score(
         self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext
@@ -43,6 +48,20 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         pipeline = self.pipeline
         if pipeline is None:
             raise Unavailable("gateway is still starting")
+        if self._in_flight >= self._max_in_flight:
+            # Shedding at once keeps the accepted calls inside their budget; queueing would
+            # make every call late.
+            self._metrics.shed.inc()
+            raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
+        self._in_flight += 1
+        try:
+            return await self._score(request, pipeline, budget)
+        finally:
+            self._in_flight -= 1
+
+    async def _score(
+        self, request: pb.ScoreRequest, pipeline: Pipeline, budget: Budget
+    ) -> pb.ScoreResponse:
         try:
             tx = validate(
                 transaction_id=request.transaction_id,

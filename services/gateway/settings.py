@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServerSettings
+from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
 from services.gateway.validate import Limits
 
@@ -47,6 +48,43 @@ class GatewaySettings(ServerSettings):
     dependency_wait_s: float = Field(
         10.0, ge=0, description="How long start-up waits for the dependencies to be reachable."
     )
+
+    max_in_flight: int = Field(
+        32,
+        ge=1,
+        description="Score calls handled at once; beyond it calls are shed with "
+        "RESOURCE_EXHAUSTED at once rather than queued past their budget.",
+    )
+    breaker_window: int = Field(50, ge=1, description="Calls in each breaker's sliding window.")
+    breaker_minimum_calls: int = Field(
+        20, ge=1, description="Calls in the window before a breaker judges the rates."
+    )
+    breaker_failure_rate: float = Field(
+        50.0, gt=0, le=100, description="Failure rate (percent) that opens a breaker."
+    )
+    breaker_slow_rate: float = Field(
+        50.0, gt=0, le=100, description="Slow-call rate (percent) that opens a breaker."
+    )
+    breaker_wait_s: float = Field(
+        2.0, gt=0, description="Time a breaker stays open before half-open probes."
+    )
+    breaker_half_open_calls: int = Field(5, ge=1, description="Probe calls when half-open.")
+    features_slow_ms: float = Field(
+        8.0, gt=0, description="A feature call slower than this counts as slow."
+    )
+    scorer_slow_ms: float = Field(15.0, gt=0, description="A model call slower than this is slow.")
+
+    def breaker_config(self, slow_ms: float) -> BreakerConfig:
+        """A breaker configuration with the given slow-call threshold."""
+        return BreakerConfig(
+            sliding_window_size=self.breaker_window,
+            minimum_number_of_calls=min(self.breaker_minimum_calls, self.breaker_window),
+            failure_rate_threshold=self.breaker_failure_rate,
+            slow_call_rate_threshold=self.breaker_slow_rate,
+            slow_call_duration_threshold_s=slow_ms / 1000,
+            wait_duration_in_open_state_s=self.breaker_wait_s,
+            permitted_number_of_calls_in_half_open_state=self.breaker_half_open_calls,
+        )
 
     @property
     def models_path(self) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import grpc
-from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 
+from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from services.scorer.model import OnnxModel
 from services.scorer.servicer import InferenceServicer
 from services.scorer.settings import ScorerSettings

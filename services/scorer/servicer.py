@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 import numpy as np
+
 from inference import grpc_predict_v2_pb2 as pb
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
-
 from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.scorer.model import OnnxModel
 

@@ -46,7 +46,7 @@ def test_up_serves_and_stops_without_orphans(
         assert response.decision != 0
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0, (tmp_path / "up.log").read_text()
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"orphans left: {alive}"
         assert "stopped" in (tmp_path / "up.log").read_text()
     finally:

@@ -21,14 +21,14 @@ from typing import Any
 
 import grpc
 import pytest
-from fraud.v1 import scoring_pb2 as pb
-from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common import envoy
 from services.mesh import free_port
 

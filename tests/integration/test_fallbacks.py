@@ -9,10 +9,10 @@ from typing import Any
 
 import grpc
 import pytest
-from fraud.v1 import scoring_pb2 as pb
-from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.mesh import Mesh
 
 from .conftest import Known, start_mesh

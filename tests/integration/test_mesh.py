@@ -10,17 +10,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fraud.v1 import features_pb2, features_pb2_grpc
-from fraud.v1 import scoring_pb2 as pb
-from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
+
+from fraud.v1 import features_pb2, features_pb2_grpc
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-
 from services.common import featurespec
 from services.mesh import Mesh
 
