@@ -91,7 +91,7 @@ def up(
         "redis": f"redis://{config.host}:{redis_port}",
     }
     for name, process in mesh.processes.items():
-        table.add_row(name, endpoints[name], str(process.pid))
+        table.add_row(name, endpoints.get(name, ""), str(process.pid))
     console.print(table)
     try:
         if demo:

@@ -172,13 +172,15 @@ class MeshConfig:
     features_port: int = 50052
     scorer_port: int = 50053
     redis_port: int = 6379
+    extra_gateway_ports: tuple[int, ...] = ()
+    rate_limit_rps: int = 1000
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def on_free_ports(cls, **overrides: object) -> MeshConfig:
+    def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
         """A config whose every port is free now (for tests and side-by-side runs)."""
-        ports = {
+        ports: dict[str, object] = {
             name: free_port()
             for name in (
                 "envoy_port",
@@ -189,6 +191,7 @@ class MeshConfig:
                 "redis_port",
             )
         }
+        ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
 
     @property
@@ -247,16 +250,20 @@ class Mesh:
                 ready=lambda: tcp_open(c.host, c.redis_port),
                 log_path=logs / "redis.log",
             )
-        for name, port in (
-            ("features", c.features_port),
-            ("scorer", c.scorer_port),
-            ("gateway", c.gateway_port),
-        ):
+        services = [
+            ("features", "features", c.features_port),
+            ("scorer", "scorer", c.scorer_port),
+            ("gateway", "gateway", c.gateway_port),
+        ]
+        services += [
+            (f"gateway-{i}", "gateway", port) for i, port in enumerate(c.extra_gateway_ports, 2)
+        ]
+        for name, module, port in services:
             self.processes[name] = Process(
                 name,
-                [sys.executable, "-m", f"services.{name}"],
+                [sys.executable, "-m", f"services.{module}"],
                 ready=_serving_probe(f"{c.host}:{port}"),
-                env=env,
+                env={**env, f"FRAUD_{module.upper()}_PORT": str(port)},
                 log_path=logs / f"{name}.log",
             )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
@@ -277,11 +284,14 @@ class Mesh:
                 listen_port=c.envoy_port,
                 admin_port=c.admin_port,
                 gateway_port=c.gateway_port,
+                extra_gateway_ports=c.extra_gateway_ports,
+                rate_limit_rps=c.rate_limit_rps,
                 access_log_path=str(c.logs_path / "envoy-access.log"),
             )
         )
         try:
-            for group in (("redis",), ("features", "scorer"), ("gateway",), ("envoy",)):
+            gateways = tuple(n for n in self.processes if n.startswith("gateway"))
+            for group in (("redis",), ("features", "scorer"), gateways, ("envoy",)):
                 started = [self.processes[n] for n in group if n in self.processes]
                 for process in started:
                     process.start()
@@ -302,7 +312,9 @@ class Mesh:
 
     def stop(self) -> None:
         """Stops every process, front to back: Envoy first, redis-server last."""
-        for name in ("envoy", "gateway", "features", "scorer", "redis"):
+        order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
+        order += ["features", "scorer", "redis"]
+        for name in order:
             if name in self.processes:
                 self.processes[name].stop()
 

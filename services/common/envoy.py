@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 
@@ -45,19 +46,27 @@ def render_config(
     listen_port: int,
     admin_port: int,
     gateway_port: int,
+    extra_gateway_ports: Sequence[int] = (),
+    rate_limit_rps: int = 1000,
     access_log_path: str | None = None,
     template: Path | None = None,
 ) -> str:
     """Fills the edge bootstrap template and returns the YAML text.
 
-    ``access_log_path`` is where Envoy appends one JSON line per call (default: its
-    standard output). ``template`` overrides the repository's ``deploy/envoy`` template.
+    ``extra_gateway_ports`` adds gateway replicas behind the same cluster (rolling restarts
+    need a second one). ``rate_limit_rps`` is the edge's token bucket: calls beyond it get
+    RESOURCE_EXHAUSTED from Envoy without reaching the gateway. ``access_log_path`` is
+    where Envoy appends one JSON line per call (default: its standard output).
+    ``template`` overrides the repository's ``deploy/envoy`` template.
     """
     ports = {"listen_port": listen_port, "admin_port": admin_port, "gateway_port": gateway_port}
+    ports |= {f"extra_gateway_port_{i}": p for i, p in enumerate(extra_gateway_ports)}
     for name, port in ports.items():
         _check_port(name, port)
     if len(set(ports.values())) != len(ports):
         raise ValueError(f"listen, admin and gateway ports must differ, got {ports}")
+    if rate_limit_rps < 1:
+        raise ValueError(f"rate_limit_rps must be at least 1, got {rate_limit_rps}")
     if access_log_path is not None and (not access_log_path or "\n" in access_log_path):
         raise ValueError(
             f"access_log_path must be a non-empty single line, got {access_log_path!r}"
@@ -73,7 +82,20 @@ def render_config(
         ) from None
     # A JSON string is a valid YAML double-quoted scalar, whatever the path contains.
     log_path = json.dumps(access_log_path or STDOUT)
-    return Template(text).substitute(ports, access_log_path=log_path)
+    endpoints = "\n".join(
+        f"              - endpoint: {{ address: {{ socket_address: "
+        f"{{ address: 127.0.0.1, port_value: {port} }} }} }}"
+        for port in (gateway_port, *extra_gateway_ports)
+    )
+    # The bucket refills every 100 ms, so bursts of a tenth of a second are absorbed.
+    tokens_per_fill = max(1, rate_limit_rps // 10)
+    return Template(text).substitute(
+        listen_port=listen_port,
+        admin_port=admin_port,
+        gateway_endpoints=endpoints,
+        rate_limit_tokens=tokens_per_fill,
+        access_log_path=log_path,
+    )
 
 
 def envoy_command(

@@ -1,4 +1,9 @@
-"""``fraudmesh features …``: simulate the data, apply the Feast repo, materialize it."""
+"""``fraudmesh features …``: simulate the data, apply the Feast repo, materialize it.
+
+Feast is imported inside the commands that use it: importing it takes seconds (its
+classes are instrumented by typeguard at import), which every other ``fraudmesh``
+command would otherwise pay.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ from rich.table import Table
 
 from services.common.errors import FailedPrecondition
 from services.features import simulate as simulator
-from services.features import store
 from services.features.settings import FeaturesSettings, from_env
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -100,6 +104,8 @@ def simulate(
 @app.command()
 def apply(var_dir: VarDirOption = None) -> None:
     """Register the entities, sources, feature views and feature service in the registry."""
+    from services.features import store
+
     settings = from_env(var_dir=var_dir)
     with console.status("applying the Feast repo …"), _failures():
         store.apply(settings)
@@ -127,6 +133,8 @@ def _failures() -> Iterator[None]:
 
 def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
     """Materializes the whole data window, showing a progress bar on ``out``."""
+    from services.features import store
+
     started = time.perf_counter()
     columns = (
         SpinnerColumn(),
@@ -152,6 +160,8 @@ def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
 def materialize_into(env: Mapping[str, str], out: Console) -> None:
     """Applies the repo and materializes into the store ``env`` configures (e.g. a fresh
     Redis the mesh just started)."""
+    from services.features import store
+
     settings = settings_from_env(env)
     store.apply(settings)
     materialize_with_progress(settings, out)

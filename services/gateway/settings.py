@@ -19,6 +19,12 @@ class GatewaySettings(ServerSettings):
     model_config = SettingsConfigDict(env_prefix="FRAUD_GATEWAY_", extra="ignore", frozen=True)
 
     port: int = Field(50051, ge=0, le=65535, description="gRPC port of fraud.v1.FraudScoring.")
+    drain_seconds: float = Field(
+        1.5,
+        ge=0,
+        description="On SIGTERM: NOT_SERVING this long before refusing calls; covers two of "
+        "Envoy's 0.5 s health checks so the edge stops routing here first.",
+    )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
     model_root: Path | None = Field(

@@ -1,9 +1,13 @@
-"""``fraudmesh train``: train, evaluate, export and publish a model version, with progress."""
+"""``fraudmesh train``: train, evaluate, export and publish a model version, with progress.
+
+The training stack (Feast, LightGBM, scikit-learn) is imported when the command runs, so
+that mounting this command costs the other ``fraudmesh`` commands nothing.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,7 +25,9 @@ from rich.table import Table
 from services.common import registry
 from services.common.errors import FailedPrecondition
 from services.features.settings import from_env
-from services.scorer import train
+
+if TYPE_CHECKING:
+    from services.scorer.train import TrainResult
 
 console = Console()
 
@@ -39,7 +45,9 @@ def train_command(
     model_root: Annotated[
         Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
     ] = None,
-    seed: Annotated[int, typer.Option(help="LightGBM seed.")] = train.TrainParams.seed,
+    seed: Annotated[
+        int | None, typer.Option(help="LightGBM seed (default: the training default, 7).")
+    ] = None,
     var_dir: Annotated[
         Path | None,
         typer.Option(
@@ -51,6 +59,8 @@ def train_command(
     ] = False,
 ) -> None:
     """Train on Feast's point-in-time features, evaluate, export to ONNX and publish."""
+    from services.scorer import train
+
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
     existing = registry.latest_version(root, registry.DEFAULT_MODEL_NAME)
@@ -73,14 +83,15 @@ def train_command(
                     tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
                 bar.update(tasks[step], completed=done, total=total)
 
-            result = train.train(settings, root, train.TrainParams(seed=seed), progress=report)
+            params = train.TrainParams() if seed is None else train.TrainParams(seed=seed)
+            result = train.train(settings, root, params, progress=report)
     except (FailedPrecondition, train.ParityError) as error:
         console.print(f"[red]training failed:[/red] {error}")
         raise typer.Exit(1) from error
     _print_result(result)
 
 
-def _print_result(result: train.TrainResult) -> None:
+def _print_result(result: TrainResult) -> None:
     metrics = result.metadata.metrics
     table = Table(title="holdout metrics")
     table.add_column("metric")
@@ -90,5 +101,15 @@ def _print_result(result: train.TrainResult) -> None:
         shown = f"{value:,.0f}" if name.endswith(("_rows", "_frauds")) else f"{value:.4f}"
         table.add_row(name, shown)
     console.print(table)
-    for key, text in train.published_summary(result).items():
-        console.print(f"[bold]{key}[/bold]: {text}")
+    m = result.metadata
+    window = m.training_window
+    console.print(f"[bold]model[/bold]: {m.name} v{m.version} in {result.folder}")
+    console.print(
+        f"[bold]window[/bold]: {window.start:%Y-%m-%d} → {window.end:%Y-%m-%d} "
+        f"(holdout from {window.holdout_start:%Y-%m-%d})"
+    )
+    console.print(
+        f"[bold]thresholds[/bold]: review ≥ {m.thresholds.review:.4f}, "
+        f"decline ≥ {m.thresholds.decline:.4f}"
+    )
+    console.print(f"[bold]parity[/bold]: max |LightGBM − ONNX| = {m.parity_max_abs_diff:.2e}")

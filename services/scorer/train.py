@@ -391,16 +391,3 @@ def _plot_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def published_summary(result: TrainResult) -> dict[str, str]:
-    """Human-readable facts about a training result, for the CLI."""
-    m = result.metadata
-    return {
-        "model": f"{m.name} v{m.version}",
-        "folder": str(result.folder),
-        "window": f"{m.training_window.start:%Y-%m-%d} → {m.training_window.end:%Y-%m-%d} "
-        f"(holdout from {m.training_window.holdout_start:%Y-%m-%d})",
-        "thresholds": f"review ≥ {m.thresholds.review:.4f}, decline ≥ {m.thresholds.decline:.4f}",
-        "parity": f"max |LightGBM − ONNX| = {m.parity_max_abs_diff:.2e}",
-    }
