@@ -6,7 +6,6 @@ from __future__ import annotations
 import grpc
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
 
 from services import client
 from services.features import simulate
@@ -15,8 +14,10 @@ from services.mesh import MeshConfig
 
 
 def _latest(frame: pd.DataFrame, key: str) -> pd.DataFrame:
-    """Each entity's newest feature row: what the online store holds."""
-    return frame.sort_values("event_timestamp").groupby(key, sort=False).tail(1).set_index(key)
+    """Each entity's newest feature row (what the online store holds), if from the last day."""
+    latest = frame.sort_values("event_timestamp").groupby(key, sort=False).tail(1)
+    fresh = latest["event_timestamp"] >= latest["event_timestamp"].max() - pd.Timedelta(days=1)
+    return latest[fresh].set_index(key)
 
 
 def samples(config: MeshConfig) -> list[client.Sample]:
@@ -60,27 +61,17 @@ def samples(config: MeshConfig) -> list[client.Sample]:
 
 
 def run(config: MeshConfig, console: Console) -> None:
-    """Sends every sample through Envoy and prints a table of the answers."""
-    table = Table(title="sample transactions through Envoy", show_lines=True)
-    for column in ("transaction", "expected", "answer", "score", "by / features", "ms", "reasons"):
-        table.add_column(column)
+    """Sends every sample through Envoy and prints each answer under what was expected."""
+    console.rule("sample transactions through Envoy")
     for sample in samples(config):
+        console.print(f"[bold]{sample.label}[/]  (expected: {sample.expect})")
         try:
-            r = client.score(config.envoy_target, sample.request())
+            response = client.score(config.envoy_target, sample.request())
         except grpc.RpcError as error:
-            code = error.code().name
-            row = (sample.label, sample.expect, f"[yellow]{code}[/]", "", "", "", error.details())
-            table.add_row(*row)
+            console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
             continue
-        decision = client.DECISION_NAMES.get(r.decision, "UNSPECIFIED")
+        decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
         colour = {"APPROVE": "green", "REVIEW": "yellow", "DECLINE": "red"}.get(decision, "white")
-        table.add_row(
-            sample.label,
-            sample.expect,
-            f"[{colour}]{decision}[/]",
-            f"{r.score:.3f}",
-            f"{client.scored_by(r)} / {client.feature_source(r)}",
-            f"{r.elapsed_ms:.1f}",
-            "\n".join(r.reasons[:4]),
-        )
-    console.print(table)
+        summary, *reasons = client.describe(response).splitlines()
+        console.print(f"  [{colour}]{summary}[/]", highlight=False)
+        console.print("\n".join(reasons) + "\n", highlight=False)
