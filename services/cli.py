@@ -113,6 +113,37 @@ def up(
 
 
 @app.command()
+def chaos(
+    var_dir: Annotated[Path, typer.Option(help="Prepared state folder (make data).")] = Path("var"),
+    rows: Annotated[str, typer.Option(help="Comma-separated rows to run (default: all).")] = "",
+    rps: Annotated[int, typer.Option(help="Steady load through Envoy, calls per second.")] = 200,
+    duration_s: Annotated[float, typer.Option(help="Load duration per row.")] = 10.0,
+    capacity_rps: Annotated[
+        int, typer.Option(help="Edge rate limit in the overload row (3x is offered).")
+    ] = 300,
+    out: Annotated[Path, typer.Option(help="Markdown report path.")] = Path(
+        "loadtest/results/chaos.md"
+    ),
+) -> None:
+    """Run the fault matrix under load and print the measured table."""
+    from loadtest.chaos import ROW_NAMES, Chaos, ChaosPlan, markdown
+
+    selected = {r.strip() for r in rows.split(",") if r.strip()} or set(ROW_NAMES)
+    unknown = selected - set(ROW_NAMES)
+    if unknown:
+        raise typer.BadParameter(f"unknown rows {sorted(unknown)}; choose from {ROW_NAMES}")
+    plan = ChaosPlan(rps=rps, duration_s=duration_s, overload_capacity_rps=capacity_rps)
+    with console.status("running the fault matrix …"):
+        result = Chaos(var_dir, var_dir / "logs" / "chaos", plan).run(selected)
+    report = markdown(result, plan)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    console.print(report, highlight=False)
+    if not all(row.passed() for row in result):
+        raise typer.Exit(1)
+
+
+@app.command()
 def score(
     card_id: Annotated[str, typer.Option(help="Card to charge.")],
     merchant_id: Annotated[str, typer.Option(help="Merchant paid.")],

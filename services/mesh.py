@@ -174,6 +174,8 @@ class MeshConfig:
     redis_port: int = 6379
     extra_gateway_ports: tuple[int, ...] = ()
     rate_limit_rps: int = 1000
+    metrics_ports: Mapping[str, int] = field(default_factory=dict)
+    """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -263,7 +265,15 @@ class Mesh:
                 name,
                 [sys.executable, "-m", f"services.{module}"],
                 ready=_serving_probe(f"{c.host}:{port}"),
-                env={**env, f"FRAUD_{module.upper()}_PORT": str(port)},
+                env={
+                    **env,
+                    f"FRAUD_{module.upper()}_PORT": str(port),
+                    **(
+                        {f"FRAUD_{module.upper()}_METRICS_PORT": str(c.metrics_ports[name])}
+                        if name in c.metrics_ports
+                        else {}
+                    ),
+                },
                 log_path=logs / f"{name}.log",
             )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
