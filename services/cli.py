@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from loadtest import cli as loadtest_cli
 from services import client
 from services.features import cli as features_cli
 from services.scorer import cli as scorer_cli
@@ -25,6 +26,9 @@ app = typer.Typer(
 app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     scorer_cli.train_command
+)
+app.command("loadtest", help="Load-test Score through Envoy with ghz; write a report and plot.")(
+    loadtest_cli.loadtest_command
 )
 console = Console()
 

@@ -103,6 +103,10 @@ class GatewayService:
         )
         for _ in range(self.settings.warmup_calls):
             await pipeline.score(tx, Budget(policy, None))
+        # First calls on fresh connections are slow; they must not count against the
+        # dependencies once real traffic starts.
+        pipeline.features_breaker.reset()
+        pipeline.scorer_breaker.reset()
 
     async def close(self) -> None:
         """Closes the dependency channels."""

@@ -1,0 +1,352 @@
+"""The load-test runner behind ``fraudmesh loadtest`` and ``make loadtest``.
+
+Starts a mesh on free ports (unless pointed at a running one), writes fresh request data,
+then drives ``Score`` through Envoy open loop at each rate of a schedule, stopping once the
+mesh is saturated. For every step it records ghz's figures and the peak RSS of every mesh
+process, and writes a Markdown report, a PNG plot and a JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from loadtest import data, ghz, report
+from loadtest.rss import RssSampler
+from services.common import registry
+from services.features import simulate
+from services.features import store as feature_store
+from services.features.settings import FeaturesSettings
+from services.mesh import Mesh, MeshConfig, grpc_serving
+
+DEFAULT_RATES: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)
+"""Offered rates (requests/s) of the default schedule."""
+
+RESULTS_DIR = ghz.REPO_ROOT / "loadtest" / "results"
+"""Where reports go unless told otherwise."""
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LoadtestConfig:
+    """What one load test runs."""
+
+    var_dir: Path = Path("var")
+    """State folder with simulated data, Feast registry and a published model."""
+    store: str = "sqlite"
+    """Online store of the mesh this runner starts: sqlite or redis."""
+    rates: Sequence[int] = DEFAULT_RATES
+    """Offered rates, ascending."""
+    step_s: float = 10.0
+    """Length of each step."""
+    warmup_s: float = 3.0
+    """Unrecorded traffic at the first rate before the schedule starts."""
+    deadline_ms: float = 42.0
+    """Each call's deadline (grpc-timeout): the payment system's budget."""
+    requests: int = 2000
+    """Distinct requests in the data file (sent round robin)."""
+    saturated_steps: int = 1
+    """Stop after this many consecutive saturated steps."""
+    target: str | None = None
+    """host:port of a running Envoy (or gateway); None starts a mesh on free ports."""
+    edge_rate_limit: int = 1000
+    """Envoy's local rate limit (rps) of the mesh started here; calls beyond it are shed."""
+    out_dir: Path = RESULTS_DIR
+    """Folder of the report files."""
+    name: str | None = None
+    """Base name of the report files; default ``loadtest-<store>``."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the services of a started mesh (tuning experiments)."""
+
+    @property
+    def report_name(self) -> str:
+        """Base name of the report files."""
+        return self.name or f"loadtest-{self.store}"
+
+
+@dataclass(frozen=True)
+class LoadtestReport:
+    """The steps a run made and the files it wrote."""
+
+    steps: list[report.Step]
+    markdown: Path
+    plot: Path
+    summary: Path
+    processes: list[str]
+
+    @property
+    def results(self) -> list[ghz.Result]:
+        """Each step's ghz result."""
+        return [s.result for s in self.steps]
+
+
+def saturated(result: ghz.Result, budget_ms: float = report.BUDGET_MS) -> bool:
+    """A step the mesh did not sustain: errors above 1 %, p99 past the budget, or fewer than
+    95 % of the offered calls answered per second."""
+    return (
+        result.error_share > 0.01
+        or result.p99_ms > budget_ms
+        or result.achieved_rps < 0.95 * result.offered_rps
+    )
+
+
+def check_state(var_dir: Path) -> None:
+    """Fails with the command to run when data or a model is missing."""
+    if not simulate.data_present(var_dir / "data"):
+        raise FileNotFoundError(f"no simulated data under {var_dir}/data: run `make data`")
+    if registry.latest_version(var_dir / "models") is None:
+        raise FileNotFoundError(f"no published model under {var_dir}/models: run `make data`")
+
+
+def start_mesh(
+    var_dir: Path,
+    store: str,
+    log_dir: Path,
+    *,
+    edge_rate_limit: int = 1000,
+    extra_env: dict[str, str] | None = None,
+    log: Log = print,
+) -> Mesh:
+    """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
+    config = MeshConfig.on_free_ports(
+        var_dir=var_dir,
+        store=store,
+        log_dir=log_dir,
+        rate_limit_rps=edge_rate_limit,
+        extra_env=extra_env or {},
+    )
+    mesh = Mesh(config)
+
+    def ready(name: str) -> None:
+        log(f"ready: {name} (pid {mesh.processes[name].pid})")
+        if name == "redis":
+            log("materializing features into redis …")
+            feature_store.materialize(
+                FeaturesSettings(
+                    var_dir=var_dir,
+                    store="redis",
+                    redis_connection=f"{config.host}:{config.redis_port}",
+                )
+            )
+
+    mesh.start(timeout_s=180, on_ready=ready)
+    return mesh
+
+
+def run_schedule(
+    call: ghz.Call,
+    target: str,
+    data_file: Callable[[], Path],
+    rates: Sequence[int],
+    *,
+    step_s: float,
+    timeout_ms: float,
+    pids: dict[str, int],
+    warmup_s: float = 0.0,
+    saturated_steps: int = 1,
+    is_saturated: Callable[[ghz.Result], bool] = saturated,
+    log: Log = print,
+) -> list[report.Step]:
+    """Runs ``call`` at each rate until ``saturated_steps`` consecutive steps saturate.
+
+    ``data_file`` is called before every step, so request timestamps are fresh each time.
+    """
+    if warmup_s > 0 and rates:
+        ghz.run_ghz(
+            call, target, data_file(), rps=rates[0], duration_s=warmup_s, timeout_ms=timeout_ms
+        )
+    steps: list[report.Step] = []
+    bad = 0
+    with RssSampler(pids) as sampler:
+        for rps in rates:
+            file = data_file()
+            sampler.reset()
+            result = ghz.run_ghz(
+                call, target, file, rps=rps, duration_s=step_s, timeout_ms=timeout_ms
+            )
+            sampler.sample()
+            steps.append(report.Step(result, sampler.reset()))
+            log(
+                f"{rps:>5} rps: achieved {result.achieved_rps:.0f}, p50 {result.p50_ms:.2f} ms, "
+                f"p99 {result.p99_ms:.2f} ms, p99.9 {result.p999_ms:.2f} ms, "
+                f"errors {result.error_share:.2%}"
+            )
+            bad = bad + 1 if is_saturated(result) else 0
+            if bad >= saturated_steps:
+                break
+    return steps
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=ghz.REPO_ROOT,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def machine_line() -> str:
+    """CPU count, load average and Python: the conditions a number was measured in."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"{os.cpu_count()} CPUs, load average {load} at the end, {platform.python_implementation()} "
+        f"{platform.python_version()}, commit {_git_commit()}"
+    )
+
+
+def write_report(
+    cfg: LoadtestConfig,
+    steps: Sequence[report.Step],
+    processes: Sequence[str],
+    started: datetime,
+) -> LoadtestReport:
+    """Writes the Markdown report, the plot and the JSON summary of a run."""
+    out = cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    name = cfg.report_name
+    results = [s.result for s in steps]
+    png = report.plot(
+        {f"Score via Envoy ({cfg.store})": results},
+        out / f"{name}.png",
+        f"fraudmesh Score through Envoy, {cfg.store} store: latency vs offered rate",
+    )
+    best = report.max_sustainable(results)
+    at400 = report.at_rate(results, 400)
+    peak = {p: max((s.peak_rss.get(p, 0) for s in steps), default=0) for p in processes}
+    lines = [
+        f"# Load test: Score through Envoy ({cfg.store} store)",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC; {machine_line()}.",
+        f"ghz open loop (`--async --count-errors`), {cfg.step_s:g} s per step, deadline "
+        f"{cfg.deadline_ms:g} ms per call, {cfg.requests} distinct requests (known cards, "
+        "unknown cards, fraud-like) stamped at the start of each step; Envoy's edge rate "
+        f"limit {cfg.edge_rate_limit} rps. Percentiles from every call's latency, errors "
+        "included; peak RSS sampled every 0.2 s.",
+        "",
+        report.steps_table(steps, processes),
+        "",
+        f"![latency percentiles vs rate]({png.name})",
+        "",
+        "## Against the targets",
+        "",
+    ]
+    if at400 is not None:
+        verdict = "met" if at400.ok(10.0) else "missed"
+        lines.append(
+            f"- p99 at 400 rps: {at400.p99_ms:.2f} ms, errors {at400.error_share:.2%} "
+            f"(target ≤ 10 ms, 0 errors: {verdict})"
+        )
+    if best is not None:
+        verdict = "met" if best.offered_rps >= 700 else "missed"
+        lines.append(
+            f"- highest sustained rate (p99 ≤ 42 ms, 0 errors): {best.offered_rps:.0f} rps "
+            f"(target ≥ 700: {verdict})"
+        )
+    else:
+        lines.append("- no step was sustained with p99 ≤ 42 ms and 0 errors")
+    if peak:
+        worst = max(peak.values()) / 2**20
+        verdict = "met" if worst <= 400 else "missed"
+        lines.append(
+            "- peak RSS: "
+            + ", ".join(f"{p} {v / 2**20:.0f} MB" for p, v in peak.items())
+            + f" (target ≤ 400 MB per service: {verdict})"
+        )
+    md = out / f"{name}.md"
+    md.write_text("\n".join(lines) + "\n")
+    summary = out / f"{name}.json"
+    summary.write_text(
+        json.dumps(
+            {
+                "started": started.isoformat(),
+                "store": cfg.store,
+                "step_s": cfg.step_s,
+                "deadline_ms": cfg.deadline_ms,
+                "steps": [
+                    {**s.result.to_dict(), "peak_rss_mb": {k: v / 2**20 for k, v in s.peak_rss.items()}}
+                    for s in steps
+                ],
+            },
+            indent=2,
+        )
+    )
+    return LoadtestReport(list(steps), md, png, summary, list(processes))
+
+
+def run(cfg: LoadtestConfig, log: Log = print) -> LoadtestReport:
+    """Runs the whole load test and writes its report; stops any mesh it started."""
+    check_state(cfg.var_dir)
+    started = datetime.now(UTC)
+    work = cfg.out_dir / f".{cfg.report_name}.tmp"
+    mesh: Mesh | None = None
+    target = cfg.target
+    pids: dict[str, int] = {}
+    try:
+        if target is None:
+            log(f"starting a mesh ({cfg.store} store) on free ports …")
+            mesh = start_mesh(
+                cfg.var_dir,
+                cfg.store,
+                work / "logs",
+                edge_rate_limit=cfg.edge_rate_limit,
+                extra_env=cfg.extra_env,
+                log=log,
+            )
+            target = mesh.config.envoy_target
+            pids = {n: p.pid for n, p in mesh.processes.items() if p.pid is not None}
+        elif not grpc_serving(target, timeout_s=2.0):
+            raise RuntimeError(f"nothing serving at {target}")
+        population = data.sample_population(cfg.var_dir / "data", cfg.requests)
+
+        def fresh_data() -> Path:
+            requests = data.score_requests(population, "now")
+            return data.write_data_file(work / "score.json", requests)
+
+        log(f"load: Score via {target}, rates {list(cfg.rates)}, {cfg.step_s:g} s each")
+        steps = run_schedule(
+            ghz.SCORE,
+            target,
+            fresh_data,
+            cfg.rates,
+            step_s=cfg.step_s,
+            timeout_ms=cfg.deadline_ms,
+            pids=pids,
+            warmup_s=cfg.warmup_s,
+            saturated_steps=cfg.saturated_steps,
+            log=log,
+        )
+        if mesh is not None and mesh.dead():
+            names = ", ".join(p.name for p in mesh.dead())
+            raise RuntimeError(f"mesh processes died during the run: {names}")
+    finally:
+        if mesh is not None:
+            mesh.stop()
+    result = write_report(cfg, steps, list(pids), started)
+    _clean(work)
+    return result
+
+
+def _clean(work: Path) -> None:
+    """Removes the run's scratch folder (data files, logs) after a successful run."""
+    if not work.exists():
+        return
+    for path in sorted(work.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            path.rmdir()
+        else:
+            path.unlink()
+    work.rmdir()
