@@ -93,6 +93,8 @@ class LoadResult:
     ok_p99_ms: float
     rejected_p99_ms: float
     achieved_rps: float
+    errors: Counter[str] = field(default_factory=Counter)
+    """Error messages by count, for the report's notes."""
 
     @property
     def ok_share(self) -> float:
@@ -105,6 +107,10 @@ def _percentile(values: list[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _ghz_cancelled(error: str) -> bool:
+    return "context canceled" in error or "client connection is closing" in error
 
 
 def run_load(
@@ -138,12 +144,18 @@ def run_load(
         report = json.loads(report_path.read_text())
     finally:
         report_path.unlink(missing_ok=True)
-    details = report.get("details") or []
+    # ghz cancels the calls still in flight when the duration ends and records them as
+    # client-side errors; they say nothing about the mesh, so they are left out.
+    details = [
+        d for d in report.get("details") or [] if not _ghz_cancelled(d.get("error", ""))
+    ]
     statuses: Counter[str] = Counter(d.get("status", "OK") or "OK" for d in details)
+    errors = Counter(f"{d.get('status')}: {d.get('error')}" for d in details if d.get("error"))
     latencies = [d["latency"] / 1e6 for d in details]
     ok = [d["latency"] / 1e6 for d in details if (d.get("status") or "OK") == "OK"]
     rejected = [d["latency"] / 1e6 for d in details if d.get("status") == "ResourceExhausted"]
     return LoadResult(
+        errors=errors,
         total=len(details),
         ok=len(ok),
         statuses=statuses,

@@ -1,0 +1,60 @@
+"""A few seconds of the real load-test runner: mesh up, ghz open loop at low rates, report out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import ghz, runner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ghz_binary() -> str:
+    """ghz from PATH or $(go env GOPATH)/bin; the test fails (not skips) without it."""
+    try:
+        return ghz.find_ghz()
+    except ghz.GhzNotFoundError as error:
+        pytest.fail(str(error))
+
+
+def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_binary: str) -> None:
+    cfg = runner.LoadtestConfig(
+        var_dir=prepared_env.var_dir,
+        rates=(20, 40),
+        step_s=3.0,
+        warmup_s=1.0,
+        # Envoy still caps each call at 50 ms; a long client deadline keeps a scheduling
+        # hiccup of the load generator on a busy machine from counting as the mesh's error.
+        deadline_ms=1000.0,
+        requests=300,
+        saturated_steps=99,
+        out_dir=tmp_path,
+        name="smoke",
+    )
+    result = runner.run(cfg, log=lambda _: None)
+
+    assert result.markdown.is_file() and result.plot.is_file() and result.summary.is_file()
+    assert result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r.offered_rps for r in result.results] == [20.0, 40.0]
+    for r in result.results:
+        assert r.count >= 0.8 * r.offered_rps * cfg.step_s
+        assert r.error_count == 0, r.errors
+        assert r.status_counts.get("OK") == r.count
+        assert 0.8 * r.offered_rps <= r.achieved_rps <= 1.2 * r.offered_rps
+        assert 0 < r.p50_ms <= r.p90_ms <= r.p99_ms <= r.p999_ms <= r.max_ms < 1000
+    assert set(result.processes) == {"features", "scorer", "gateway", "envoy"}
+    for step in result.steps:
+        for name in result.processes:
+            assert 1 * 2**20 < step.peak_rss[name] < 4 * 2**30, (name, step.peak_rss)
+
+    text = result.markdown.read_text()
+    assert "| offered rps | achieved rps |" in text and "p99.9 ms" in text
+    assert "smoke.png" in text
+    summary = json.loads(result.summary.read_text())
+    assert [s["offered_rps"] for s in summary["steps"]] == [20.0, 40.0]
+    assert all(s["error_share"] == 0 for s in summary["steps"])
