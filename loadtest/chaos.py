@@ -109,8 +109,15 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+_GHZ_SHUTDOWN = (
+    "context canceled",
+    "client connection is closing",
+    "use of closed network connection",
+)
+
+
 def _ghz_cancelled(error: str) -> bool:
-    return "context canceled" in error or "client connection is closing" in error
+    return any(mark in error for mark in _GHZ_SHUTDOWN)
 
 
 def run_load(
@@ -146,9 +153,7 @@ def run_load(
         report_path.unlink(missing_ok=True)
     # ghz cancels the calls still in flight when the duration ends and records them as
     # client-side errors; they say nothing about the mesh, so they are left out.
-    details = [
-        d for d in report.get("details") or [] if not _ghz_cancelled(d.get("error", ""))
-    ]
+    details = [d for d in report.get("details") or [] if not _ghz_cancelled(d.get("error", ""))]
     statuses: Counter[str] = Counter(d.get("status", "OK") or "OK" for d in details)
     errors = Counter(f"{d.get('status')}: {d.get('error')}" for d in details if d.get("error"))
     latencies = [d["latency"] / 1e6 for d in details]

@@ -139,8 +139,10 @@ def sample_population(
 
 
 def _rfc3339(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="microseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(epoch_s, UTC)
+        .isoformat(timespec="microseconds")
+        .replace("+00:00", "Z")
     )
 
 

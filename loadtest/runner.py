@@ -277,7 +277,10 @@ def write_report(
                 "step_s": cfg.step_s,
                 "deadline_ms": cfg.deadline_ms,
                 "steps": [
-                    {**s.result.to_dict(), "peak_rss_mb": {k: v / 2**20 for k, v in s.peak_rss.items()}}
+                    {
+                        **s.result.to_dict(),
+                        "peak_rss_mb": {k: v / 2**20 for k, v in s.peak_rss.items()},
+                    }
                     for s in steps
                 ],
             },
