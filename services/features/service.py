@@ -30,7 +30,9 @@ class FeaturesService:
         self.executor = ThreadPoolExecutor(
             max_workers=settings.read_threads, thread_name_prefix="feast-read"
         )
-        self.servicer = FeatureServicer(featurespec.STORE_FEATURES, self.executor)
+        self.servicer = FeatureServicer(
+            featurespec.STORE_FEATURES, self.executor if settings.read_in_thread else None
+        )
         self.reader: OnlineFeatureReader | None = None
 
     def register(self, server: grpc.aio.Server) -> list[str]:
