@@ -314,11 +314,30 @@ class Mesh:
             raise
 
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
-        """Stops (if running) and starts one process, waiting until it is ready."""
+        """Stops (if running) and starts one process, waiting until it is ready and, for a
+        gateway, until Envoy routes to it again (as an orchestrator's readiness gate would)."""
         process = self.processes[name]
         process.stop()
         process.start()
         process.wait_ready(timeout_s)
+        if name.startswith("gateway"):
+            self.wait_edge_healthy(timeout_s)
+
+    def wait_edge_healthy(self, timeout_s: float = 30.0) -> None:
+        """Blocks until Envoy's admin API reports every gateway host healthy."""
+        url = f"http://{self.config.host}:{self.config.admin_port}/clusters"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as reply:
+                    text = reply.read().decode()
+            except OSError:
+                text = ""
+            flags = [line for line in text.splitlines() if "::health_flags::" in line]
+            if flags and all(line.endswith("::health_flags::healthy") for line in flags):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"Envoy did not report every gateway healthy within {timeout_s} s")
 
     def stop(self) -> None:
         """Stops every process, front to back: Envoy first, redis-server last."""

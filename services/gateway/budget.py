@@ -19,6 +19,9 @@ class BudgetPolicy:
     """Kept back for the rules fallback and for writing the answer."""
     features_cap_s: float = 0.012
     """Longest the feature call may take, whatever else is left."""
+    scorer_cap_s: float = 0.020
+    """Longest the model call may take: a model answer later than this is worth less than
+    the rules answering at once (normal model calls take 1-3 ms)."""
     scorer_min_s: float = 0.002
     """Below this much time the model is not tried: the rules answer instead."""
 
@@ -57,5 +60,5 @@ class Budget:
 
     def scorer_timeout(self) -> float:
         """Timeout for the model call; 0 means too little is left, so use the rules."""
-        left = self.remaining() - self.policy.reserve_s
+        left = min(self.policy.scorer_cap_s, self.remaining() - self.policy.reserve_s)
         return left if left >= self.policy.scorer_min_s else 0.0

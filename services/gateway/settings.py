@@ -44,6 +44,9 @@ class GatewaySettings(ServerSettings):
         4.0, ge=0, description="Budget kept back for the rules fallback and the reply."
     )
     features_cap_ms: float = Field(12.0, gt=0, description="Longest the feature call may take.")
+    scorer_cap_ms: float = Field(
+        20.0, gt=0, description="Longest the model call may take before the rules answer."
+    )
     scorer_min_ms: float = Field(
         2.0, ge=0, description="Below this much time left the model is skipped for the rules."
     )
@@ -104,6 +107,7 @@ class GatewaySettings(ServerSettings):
             default_s=self.budget_ms / 1000,
             reserve_s=self.reserve_ms / 1000,
             features_cap_s=self.features_cap_ms / 1000,
+            scorer_cap_s=self.scorer_cap_ms / 1000,
             scorer_min_s=self.scorer_min_ms / 1000,
         )
 

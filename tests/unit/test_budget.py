@@ -6,7 +6,9 @@ import pytest
 
 from services.gateway.budget import Budget, BudgetPolicy
 
-POLICY = BudgetPolicy(default_s=0.042, reserve_s=0.004, features_cap_s=0.012, scorer_min_s=0.002)
+POLICY = BudgetPolicy(
+    default_s=0.042, reserve_s=0.004, features_cap_s=0.012, scorer_cap_s=0.020, scorer_min_s=0.002
+)
 
 
 class FakeClock:
@@ -49,11 +51,18 @@ def test_features_slice_is_capped_then_shrinks_with_time() -> None:
     assert budget.features_timeout() == pytest.approx(0.008)
 
 
-def test_scorer_gets_what_is_left_minus_reserve() -> None:
+def test_scorer_is_capped_while_time_is_plenty() -> None:
     clock = FakeClock()
     budget = Budget(POLICY, None, clock)
     clock.now += 0.010
-    assert budget.scorer_timeout() == pytest.approx(0.028)
+    assert budget.scorer_timeout() == pytest.approx(0.020)
+
+
+def test_scorer_gets_what_is_left_minus_reserve_below_the_cap() -> None:
+    clock = FakeClock()
+    budget = Budget(POLICY, None, clock)
+    clock.now += 0.025
+    assert budget.scorer_timeout() == pytest.approx(0.013)
 
 
 def test_scorer_skipped_when_less_than_minimum_left() -> None:

@@ -1,0 +1,67 @@
+"""The fault matrix, short and at a low rate: every transaction answered on time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest.chaos import Chaos, ChaosPlan, markdown
+
+pytestmark = pytest.mark.integration
+
+PLAN = ChaosPlan(rps=60, duration_s=7.0, fault_at_s=2.0, recover_at_s=4.0, overload_capacity_rps=40)
+
+
+@pytest.fixture(scope="module")
+def matrix(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Runs every row once; the tests below read their rows."""
+    rows = Chaos(prepared_env.var_dir, tmp_path_factory.mktemp("chaos"), PLAN).run()
+    print(markdown(rows, PLAN))
+    return {
+        row.fault.split(" ")[0] + ("-" + row.fault.split(" ")[1] if " " in row.fault else ""): row
+        for row in rows
+    }
+
+
+def _row(matrix: dict[str, Any], prefix: str) -> Any:
+    return next(row for key, row in matrix.items() if key.startswith(prefix))
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["none", "scorer-killed", "scorer-slowed", "features-service", "redis-server", "SIGTERM"],
+)
+def test_every_call_is_answered_on_time(matrix: dict[str, Any], prefix: str) -> None:
+    row = _row(matrix, prefix)
+    assert row.load is not None and row.load.total > 0
+    assert row.load.ok == row.load.total, (row.fault, row.load.errors.most_common(3))
+    assert row.load.p99_ms <= 42.0, (row.fault, row.load.p99_ms)
+
+
+def test_scorer_outage_is_answered_by_rules_and_recovers(matrix: dict[str, Any]) -> None:
+    row = _row(matrix, "scorer-killed")
+    assert "rules 0%" not in row.breaker
+    assert any(note.startswith("recovered") for note in row.notes), row.notes
+
+
+def test_slow_scorer_opens_the_breaker(matrix: dict[str, Any]) -> None:
+    row = _row(matrix, "scorer-slowed")
+    assert "scorer→open" in row.breaker, row.breaker
+
+
+def test_feature_outages_fall_back_to_defaults_and_recover(matrix: dict[str, Any]) -> None:
+    for prefix in ("features-service", "redis-server"):
+        row = _row(matrix, prefix)
+        assert "default features 0%" not in row.breaker, row.breaker
+        assert any(note.startswith("recovered") for note in row.notes), row.notes
+
+
+def test_overload_is_shed_fast_with_resource_exhausted(matrix: dict[str, Any]) -> None:
+    row = _row(matrix, "3x")
+    load = row.load
+    assert set(load.statuses) <= {"OK", "ResourceExhausted"}, load.statuses
+    assert load.statuses["ResourceExhausted"] > 0
+    assert load.ok_p99_ms <= 42.0
+    assert load.rejected_p99_ms <= 42.0
