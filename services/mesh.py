@@ -7,6 +7,7 @@ nothing is left behind even if the parent is killed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -28,10 +29,17 @@ from services.common import envoy
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the parent process dies."""
+STARTUP_NICENESS = 10
+"""Children start at this niceness and get normal priority once ready: the seconds of CPU
+a Python service spends importing and warming up must not starve the replicas that are
+serving meanwhile (a rolling restart on a small machine)."""
+
+
+def _child_setup() -> None:
+    """Runs in the child before exec: die with the parent, start at low priority."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    os.nice(STARTUP_NICENESS)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -106,7 +114,7 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup,
             )
         finally:
             if not isinstance(out, int):
@@ -125,9 +133,17 @@ class Process:
                     f"{self.name} exited with {self.returncode()}\n{self.log_tail()}"
                 )
             if self.ready():
+                self._normal_priority()
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
+
+    def _normal_priority(self) -> None:
+        """Back to the parent's niceness once serving (lowering niceness needs root or
+        CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
+        assert self.popen is not None
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0))
 
     def returncode(self) -> int | None:
         """Exit status once ended."""
