@@ -39,7 +39,9 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from services.common import featurespec, registry
+from services.common import featurespec
+from services.gateway.rules import DEFAULT_RULES, RulesEngine
+from services.gateway.rules_quality import rules_metrics, registry
 from services.common.errors import FailedPrecondition
 from services.features import simulate, store
 from services.features.feature_repo import definitions
@@ -131,6 +133,9 @@ def train(
     metrics, thresholds = _evaluate(
         y[holdout], scores, frame.loc[holdout, "fraud_scenario"], params
     )
+    # The rules fallback judged on the same holdout rows, so degraded mode is comparable.
+    rules = RulesEngine.load(DEFAULT_RULES, featurespec.MODEL_FEATURES)
+    metrics |= rules_metrics(rules, x[holdout], featurespec.MODEL_FEATURES, y[holdout])
     metrics["train_rows"] = float((~holdout).sum())
     metrics["train_frauds"] = float(y[~holdout].sum())
     report("evaluate", 1, 1)
