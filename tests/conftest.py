@@ -30,7 +30,7 @@ class PreparedEnv:
     model_root: Path
     """Published models: ``<model_root>/fraud-lgbm/<version>/``."""
     model_version: str
-    """The version trained for this session."""
+    """The version trained for this test session."""
     env: dict[str, str]
     """Environment that points every service at this state (SQLite online store)."""
 

@@ -39,13 +39,13 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from services.common import featurespec
-from services.gateway.rules import DEFAULT_RULES, RulesEngine
-from services.gateway.rules_quality import rules_metrics, registry
+from services.common import featurespec, registry
 from services.common.errors import FailedPrecondition
 from services.features import simulate, store
 from services.features.feature_repo import definitions
 from services.features.settings import FeaturesSettings
+from services.gateway.rules import DEFAULT_RULES, RulesEngine
+from services.gateway.rules_quality import rules_metrics
 
 INPUT_NAME = "input"
 """Name of the ONNX model's float32 [batch, n_features] input."""
