@@ -101,7 +101,10 @@ class Process:
 
     def start(self) -> None:
         """Starts the process with its environment, logging to ``log_path``."""
-        env = {**os.environ, **self.env}
+        # Importing feast in this process switches prometheus_client to multiprocess mode
+        # through the environment; the children keep plain in-memory metrics.
+        env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
+        env.update(self.env)
         out: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
