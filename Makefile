@@ -57,6 +57,10 @@ data: install ## Simulate data, apply Feast, train if no model exists, materiali
 run: data ## Set up and run the mesh on the embedded defaults, with sample transactions
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
+.PHONY: chaos
+chaos: data tools ## Run the fault matrix under ghz load and print the measured table
+	$(FRAUDMESH) chaos --var-dir $(VAR)
+
 .PHONY: test
 test: install tools check-gen lint ## Set up and run every test
 	go test ./...

@@ -50,6 +50,10 @@ def up(
     features_port: int = 50052,
     scorer_port: int = 50053,
     redis_port: int = 6379,
+    metrics_port: Annotated[
+        int,
+        typer.Option(help="Prometheus /metrics of the gateway; features and scorer use +1, +2."),
+    ] = 9101,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; stop them on Ctrl-C/SIGTERM."""
     from services import demo as demo_mod
@@ -66,6 +70,9 @@ def up(
         features_port=features_port,
         scorer_port=scorer_port,
         redis_port=redis_port,
+        metrics_ports={
+            name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))
+        },
     )
     mesh = Mesh(config)
     stop = threading.Event()
@@ -89,9 +96,12 @@ def up(
     table.add_column("pid")
     endpoints = {
         "envoy": f"grpc://{config.envoy_target}  (admin http://{config.host}:{admin_port})",
-        "gateway": f"grpc://{config.host}:{gateway_port}  fraud.v1.FraudScoring",
-        "features": f"grpc://{config.host}:{features_port}  fraud.v1.FeatureService ({store})",
-        "scorer": f"grpc://{config.host}:{scorer_port}  inference.GRPCInferenceService",
+        "gateway": f"grpc://{config.host}:{gateway_port}  fraud.v1.FraudScoring"
+        f"  (metrics http://{config.host}:{metrics_port}/metrics)",
+        "features": f"grpc://{config.host}:{features_port}  fraud.v1.FeatureService ({store})"
+        f"  (metrics :{metrics_port + 1})",
+        "scorer": f"grpc://{config.host}:{scorer_port}  inference.GRPCInferenceService"
+        f"  (metrics :{metrics_port + 2})",
         "redis": f"redis://{config.host}:{redis_port}",
     }
     for name, process in mesh.processes.items():

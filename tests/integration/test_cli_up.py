@@ -29,6 +29,7 @@ def test_up_serves_and_stops_without_orphans(
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
+        "--metrics-port", str(free_port()),
     ]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed in finally
     up = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
