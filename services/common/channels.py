@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import grpc
 
+from services.common import telemetry
+
 CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
     # Keep the HTTP/2 connection warm so no request pays for a reconnect.
     ("grpc.keepalive_time_ms", 10_000),
@@ -20,4 +22,6 @@ CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
 
 def insecure_channel(target: str) -> grpc.aio.Channel:
     """An aio channel to ``target`` (host:port) on a trusted network."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(
+        target, options=CHANNEL_OPTIONS, interceptors=telemetry.client_interceptors() or None
+    )

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common import logs
+from services.common import logs, telemetry
 from services.common.interceptor import ErrorInterceptor
 from services.common.settings import ServerSettings
 
@@ -59,7 +59,10 @@ class Runtime:
         self.settings = settings
         self.service = service
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(
+            interceptors=[*telemetry.server_interceptors(), ErrorInterceptor()],
+            options=SERVER_OPTIONS,
+        )
         self.port = 0
         self.stopping = asyncio.Event()
         self._names: list[str] = []
@@ -98,6 +101,7 @@ class Runtime:
         await asyncio.sleep(self.settings.drain_seconds)
         await self.server.stop(self.settings.grace_seconds)
         await self.service.close()
+        telemetry.shutdown()
         log.info("stopped")
 
 
@@ -114,6 +118,7 @@ async def _run(settings: ServerSettings, service: Service) -> None:
 def serve(settings: ServerSettings, service: Service) -> None:
     """Runs ``service`` until SIGTERM or SIGINT, then shuts it down in order."""
     logs.configure(service.name, settings.log_level, settings.log_json)
+    telemetry.configure(service.name, settings.tracing, settings.trace_sample_ratio)
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port, addr=settings.host)
     asyncio.run(_run(settings, service))

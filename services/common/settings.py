@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,4 +32,10 @@ class ServerSettings(BaseSettings):
     log_json: bool = Field(True, description="One JSON object per log line (else plain text).")
     var_dir: Path = Field(
         Path("var"), description="Runtime state root: data, Feast registry, models."
+    )
+    tracing: Literal["off", "console"] = Field(
+        "off", description="OpenTelemetry tracing of gRPC calls: off, or spans to the log."
+    )
+    trace_sample_ratio: float = Field(
+        0.01, ge=0, le=1, description="Share of new traces sampled when tracing is on."
     )

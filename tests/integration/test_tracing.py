@@ -1,0 +1,64 @@
+"""OpenTelemetry tracing across real processes: one trace spans gateway, features and scorer."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+
+from .conftest import Known, start_mesh
+
+pytestmark = pytest.mark.integration
+
+TRACING = {
+    "FRAUD_GATEWAY_TRACING": "console",
+    "FRAUD_GATEWAY_TRACE_SAMPLE_RATIO": "1",
+    "FRAUD_FEATURES_TRACING": "console",
+    "FRAUD_SCORER_TRACING": "console",
+}
+
+
+def _spans(log: str) -> list[dict[str, Any]]:
+    spans = []
+    for line in log.splitlines():
+        if line.startswith("{") and '"context"' in line:
+            spans.append(json.loads(line))
+    return spans
+
+
+def test_one_trace_covers_all_three_services(
+    prepared_env: Any, known: Known, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    logs = tmp_path_factory.mktemp("tracing-logs")
+    mesh = start_mesh(prepared_env, logs, **TRACING)
+    try:
+        ts = Timestamp()
+        ts.FromNanoseconds(time.time_ns())
+        request = pb.ScoreRequest(
+            transaction_id="traced-1",
+            card_id=known.card_id,
+            merchant_id=known.merchant_id,
+            amount_minor=known.amount_minor,
+            currency="EUR",
+            timestamp=ts,
+        )
+        with grpc.insecure_channel(mesh.config.envoy_target) as channel:
+            response = pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
+        assert response.scored_by == pb.SCORED_BY_MODEL
+    finally:
+        mesh.stop()  # ordered shutdown flushes the spans
+    gateway = _spans((logs / "gateway.log").read_text())
+    score = [s for s in gateway if s["name"] == "/fraud.v1.FraudScoring/Score"]
+    assert score, "no span for the Score call"
+    trace_id = score[-1]["context"]["trace_id"]
+    features = _spans((logs / "features.log").read_text())
+    scorer = _spans((logs / "scorer.log").read_text())
+    assert any(s["context"]["trace_id"] == trace_id for s in features)
+    assert any(s["context"]["trace_id"] == trace_id for s in scorer)
