@@ -61,6 +61,25 @@ run: data ## Set up and run the mesh on the embedded defaults, with sample trans
 chaos: data tools ## Run the fault matrix under ghz load and print the measured table
 	$(FRAUDMESH) chaos --var-dir $(VAR)
 
+.PHONY: loadtest
+loadtest: data tools ## Load-test Score through Envoy (ghz open loop) up to saturation; report in loadtest/results/
+	$(FRAUDMESH) loadtest --var-dir $(VAR) $(LOADTEST_ARGS)
+
+MLSERVER_VENV := build/mlserver-venv
+
+# MLServer (and py-spy, for python -m loadtest.profile) live in their own virtual environment,
+# never .venv. uvloop is held below 0.22:
+# MLServer 1.7's inference workers call asyncio.get_event_loop(), which newer uvloop refuses.
+$(MLSERVER_VENV)/.installed:
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/pip install --quiet mlserver==1.7.1 mlserver-lightgbm==1.7.1 uvloop==0.21.0 py-spy==0.4.3
+	touch $@
+
+.PHONY: bench
+bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work floor, scorer vs MLServer, features vs feast serve
+	GOBIN=$(GOBIN) go install fortio.org/fortio@v1.66.5
+	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) $(BENCH_ARGS)
+
 .PHONY: test
 test: install tools check-gen lint ## Set up and run every test
 	go test ./...

@@ -18,7 +18,7 @@ def loadtest_command(
     ] = Path("var"),
     rates: Annotated[
         str, typer.Option(help="Comma-separated offered rates (requests/s), ascending.")
-    ] = ",".join(str(r) for r in (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)),
+    ] = "100,200,300,400,500,600,700,800,900,1000,1200",
     step_seconds: Annotated[float, typer.Option(help="Length of each rate step.")] = 10.0,
     deadline_ms: Annotated[float, typer.Option(help="Deadline of each call.")] = 42.0,
     target: Annotated[
@@ -36,7 +36,7 @@ def loadtest_command(
     ] = None,
     saturated_steps: Annotated[
         int, typer.Option(help="Stop after this many consecutive saturated steps.")
-    ] = 1,
+    ] = 2,
 ) -> None:
     """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report."""
     from loadtest import runner

@@ -14,6 +14,7 @@ from ``FRAUD_NOOP_*``); ``FloorMesh`` starts all four processes on free ports.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import sys
 import time
@@ -28,6 +29,7 @@ from pydantic_settings import SettingsConfigDict
 from fraud.v1 import features_pb2, features_pb2_grpc, scoring_pb2, scoring_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from loadtest.priority import normal_priority
 from services.common import envoy, featurespec
 from services.common.channels import insecure_channel
 from services.common.server import serve
@@ -142,7 +144,7 @@ class NoopGateway(scoring_pb2_grpc.FraudScoringServicer):
         budget = min(self._settings.budget_s, remaining if remaining is not None else 1e9)
         features_timeout = min(self._settings.features_cap_s, budget - self._settings.reserve_s)
         scored_by = scoring_pb2.SCORED_BY_MODEL
-        try:
+        with contextlib.suppress(grpc.aio.AioRpcError):
             await self._features.GetFeatures(
                 features_pb2.GetFeaturesRequest(
                     card_id=request.card_id,
@@ -151,8 +153,6 @@ class NoopGateway(scoring_pb2_grpc.FraudScoringServicer):
                 ),
                 timeout=features_timeout,
             )
-        except grpc.aio.AioRpcError:
-            pass
         scorer_timeout = budget - self._settings.reserve_s - (time.perf_counter() - start)
         try:
             await self._scorer.ModelInfer(self._infer, timeout=max(scorer_timeout, 0.001))
@@ -268,11 +268,16 @@ class FloorMesh:
         except BaseException:
             self.stop()
             raise
+        normal_priority(list(self.pids().values()))
 
     def stop(self) -> None:
         """Stops Envoy first, then the gateway, then the downstream servers."""
         for name in ("envoy", "gateway", "features", "scorer"):
             self.processes[name].stop()
+
+    def dead(self) -> list[str]:
+        """Names of the processes that were started and have exited."""
+        return [n for n, p in self.processes.items() if p.popen is not None and not p.alive()]
 
     def pids(self) -> dict[str, int]:
         """PIDs of the running processes by name."""

@@ -19,6 +19,16 @@ class Step:
 
     result: Result
     peak_rss: Mapping[str, int] = field(default_factory=dict)
+    cpu_ms_per_call: Mapping[str, float] = field(default_factory=dict)
+    """CPU time (user + system) each process spent during the step, per call made."""
+    answers: Mapping[str, float] = field(default_factory=dict)
+    """The gateway's answers during the step by how they were made (``scored_by=model``,
+    ``feature_source=default``, …, from its decision counter); empty when not scraped."""
+
+    def share(self, key: str) -> float | None:
+        """Share of the step's answers counted under ``key`` (None when not scraped)."""
+        total = sum(v for k, v in self.answers.items() if k.startswith("scored_by="))
+        return self.answers.get(key, 0.0) / total if total else None
 
 
 def _ms(value: float) -> str:
@@ -33,9 +43,17 @@ def _share(result: Result) -> str:
 
 
 def steps_table(steps: Sequence[Step], processes: Sequence[str] = ()) -> str:
-    """Markdown table: offered/achieved rps, p50/p90/p99/p99.9 (ms), error share, peak RSS (MB)."""
+    """Markdown table: offered/achieved rps, p50/p90/p99/p99.9 (ms), error share, CPU time
+    of all the processes per call, degraded answers (when known), peak RSS (MB)."""
     head = ["offered rps", "achieved rps", "calls", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms"]
-    head += ["errors"] + [f"{p} MB" for p in processes]
+    degraded = any(step.answers for step in steps)
+    head += ["errors"]
+    cpu = any(step.cpu_ms_per_call for step in steps)
+    if cpu:
+        head += ["CPU ms/call"]
+    if degraded:
+        head += ["by rules", "default features"]
+    head += [f"{p} MB" for p in processes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in steps:
         r = step.result
@@ -49,8 +67,29 @@ def steps_table(steps: Sequence[Step], processes: Sequence[str] = ()) -> str:
             _ms(r.p999_ms),
             _share(r),
         ]
+        if cpu:
+            cells.append(f"{sum(step.cpu_ms_per_call.values()):.2f}")
+        if degraded:
+            for key in ("scored_by=rules", "feature_source=default"):
+                value = step.share(key)
+                cells.append("n/a" if value is None else f"{value:.1%}")
         cells += [f"{step.peak_rss.get(p, 0) / 2**20:.0f}" for p in processes]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_table(steps: Sequence[Step]) -> str:
+    """Markdown table of each process's CPU milliseconds per call, by step."""
+    names = sorted({n for s in steps for n in s.cpu_ms_per_call})
+    lines = ["| offered rps | " + " | ".join(names) + " | all |", "|" + "---:|" * (len(names) + 2)]
+    for step in steps:
+        cpu = step.cpu_ms_per_call
+        cells = [f"{cpu.get(n, 0.0):.2f}" for n in names]
+        lines.append(
+            f"| {step.result.offered_rps:.0f} | "
+            + " | ".join(cells)
+            + f" | {sum(cpu.values()):.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -110,11 +149,21 @@ def plot(
     if budget_ms is not None:
         ax.axhline(budget_ms, color="red", lw=1.2, ls="--", label=f"{budget_ms:g} ms budget")
     ax.set_yscale("log")
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter
+
+    low, high = ax.get_ylim()
+    ticks = [
+        t for t in (0.5, 1, 2, 3, 5, 10, 20, 30, 42, 60, 100, 200, 500, 1000) if low <= t <= high
+    ]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("offered rate (requests/s, open loop)")
     ax.set_ylabel("latency (ms, log scale)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2 if len(series) > 1 else 1, loc="upper left")
+    ax.legend(fontsize=8, ncol=2 if len(series) > 1 else 1, loc="best", framealpha=0.85)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

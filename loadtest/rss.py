@@ -1,4 +1,4 @@
-"""Peak resident memory of a set of processes, sampled in a background thread with psutil."""
+"""Peak resident memory and CPU time of a set of processes, sampled with psutil."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import psutil
 
 class RssSampler:
     """Samples the RSS of named PIDs every ``interval_s`` and keeps each one's peak (bytes).
+
+    A process's RSS includes its children's (MLServer's inference workers, gunicorn's
+    worker under its master), summed, so shared pages of a forked tree count more than once.
 
     Use as a context manager around a load step; ``peaks`` then holds the step's peaks, and
     ``reset()`` starts a new step. A process that exits is simply no longer sampled.
@@ -34,11 +37,30 @@ class RssSampler:
         for name, proc in self._procs.items():
             try:
                 rss = int(proc.memory_info().rss)
+                for child in proc.children(recursive=True):
+                    try:
+                        rss += int(child.memory_info().rss)
+                    except (psutil.NoSuchProcess, psutil.AccessDenied):
+                        continue
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             with self._lock:
                 if rss > self.peaks[name]:
                     self.peaks[name] = rss
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU time so far of each process and its live children."""
+        out: dict[str, float] = {}
+        for name, proc in self._procs.items():
+            total = 0.0
+            try:
+                for p in (proc, *proc.children(recursive=True)):
+                    times = p.cpu_times()
+                    total += times.user + times.system
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+            out[name] = total
+        return out
 
     def reset(self) -> dict[str, int]:
         """Returns the peaks so far and starts over."""

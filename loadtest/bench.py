@@ -1,0 +1,627 @@
+"""Side-by-side benchmarks behind ``make bench``, each side run once on the same machine.
+
+- ``floor``: the mesh (Redis store) against its no-work floor (``loadtest.noop``): the same
+  Envoy + gateway + two grpc.aio hops answering fixed messages. Ratio of p50 at 400 rps and
+  of the highest sustained rate (p99 ≤ 42 ms, no errors).
+- ``scorer``: the scorer against MLServer 1.7 (``mlserver`` + ``mlserver-lightgbm`` in their
+  own virtual environment) serving the same LightGBM model (``lightgbm.txt`` of the same
+  published version), both driven by ghz ``ModelInfer`` with identical requests and rates.
+- ``features``: the feature service (gRPC, ghz) against ``feast serve`` (HTTP, fortio) on
+  the same Redis, registry and data, at the same rates, both asked for the same known card
+  and merchant.
+
+Each writes ``bench-<name>.md`` (table, verdicts), ``.png`` and ``.json`` into the results
+folder. Run with ``python -m loadtest.bench [--only floor,scorer,features]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from loadtest import data, fortio, ghz, noop, report, runner
+from loadtest.priority import normal_priority
+from services.common import registry
+from services.features import store as feature_store
+from services.features.feature_repo import definitions
+from services.features.settings import FeaturesSettings
+from services.mesh import Process, free_port, grpc_serving, http_ok, tcp_open
+
+Log = Callable[[str], None]
+
+FLOOR_RATES = (100, 200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1500)
+SCORER_RATES = (50, 100, 250, 500, 750, 1000, 1250, 1500, 2000)
+FEATURE_RATES = (25, 50, 100, 200, 300, 400, 600, 800, 1000)
+
+MLSERVER_VENV = ghz.REPO_ROOT / "build" / "mlserver-venv"
+"""Where ``make bench`` installs MLServer (never into the project's .venv)."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: a label and its steps."""
+
+    label: str
+    steps: list[report.Step]
+
+    @property
+    def results(self) -> list[ghz.Result]:
+        """Each step's result."""
+        return [s.result for s in self.steps]
+
+
+def _collapsed(result: ghz.Result) -> bool:
+    """Saturated past use: a fifth of the calls failing or under 90 % answered per second
+    (the floor comparison keeps going through moderate errors to have both sides at 400)."""
+    return result.error_share > 0.2 or result.achieved_rps < 0.9 * result.offered_rps
+
+
+def _loose(result: ghz.Result) -> bool:
+    """Saturated for a capacity sweep: errors above 1 % or under 90 % of the rate answered."""
+    return result.error_share > 0.01 or result.achieved_rps < 0.9 * result.offered_rps
+
+
+def _exited(process: Process) -> Callable[[], list[str]]:
+    return lambda: [] if process.alive() else [process.name]
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.2f}{unit}"
+
+
+def _best(label: str, best: ghz.Result | None, results: Sequence[ghz.Result]) -> str:
+    """``label N rps``, or why there is no such rate."""
+    if best is not None:
+        return f"{label} {best.offered_rps:.0f} rps"
+    if not results:
+        return f"{label}: not run"
+    low = min(results, key=lambda r: r.offered_rps)
+    return (
+        f"{label}: no step (its lowest, {low.offered_rps:.0f} rps, had p99 "
+        f"{low.p99_ms:.2f} ms and {low.error_share:.2%} errors)"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _write(
+    out_dir: Path,
+    name: str,
+    title: str,
+    intro: str,
+    sides: Sequence[Side],
+    verdicts: Sequence[str],
+    budget_ms: float | None,
+    processes: dict[str, Sequence[str]],
+) -> Path:
+    """Writes ``bench-<name>.md``/``.png``/``.json``: one table per side, then the verdicts."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = report.plot(
+        {s.label: s.results for s in sides}, out_dir / f"bench-{name}.png", title, budget_ms
+    )
+    lines = [
+        f"# {title}",
+        "",
+        f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {runner.machine_line()}.",
+        "",
+    ]
+    lines += [intro, ""]
+    for side in sides:
+        lines += [
+            f"## {side.label}",
+            "",
+            report.steps_table(side.steps, processes.get(side.label, ())),
+            "",
+            "CPU milliseconds per call, by process:",
+            "",
+            report.cpu_table(side.steps),
+            "",
+        ]
+    lines += [f"![latency percentiles vs rate]({png.name})", "", "## Verdict", ""]
+    lines += [f"- {v}" for v in verdicts]
+    md = out_dir / f"bench-{name}.md"
+    md.write_text("\n".join(lines) + "\n")
+    (out_dir / f"bench-{name}.json").write_text(
+        json.dumps(
+            {
+                s.label: [
+                    {
+                        **st.result.to_dict(),
+                        "peak_rss_mb": {k: v / 2**20 for k, v in st.peak_rss.items()},
+                        "cpu_ms_per_call": dict(st.cpu_ms_per_call),
+                        "answers": dict(st.answers),
+                    }
+                    for st in s.steps
+                ]
+                for s in sides
+            },
+            indent=2,
+        )
+    )
+    return md
+
+
+def _score_data(var_dir: Path, work: Path, n: int = 2000) -> Callable[[], Path]:
+    population = data.sample_population(var_dir / "data", n)
+
+    def fresh() -> Path:
+        return data.write_data_file(work / "score.json", data.score_requests(population, "now"))
+
+    return fresh
+
+
+def bench_floor(
+    var_dir: Path,
+    out_dir: Path,
+    *,
+    rates: Sequence[int] = FLOOR_RATES,
+    step_s: float = 10.0,
+    store: str = "redis",
+    log: Log = print,
+) -> Path:
+    """The mesh against its no-work floor, Score through Envoy, same data and rates."""
+    work = out_dir / ".bench-floor.tmp"
+    fresh = _score_data(var_dir, work)
+    # The edge's token bucket is raised so that both sides show their own capacity.
+    edge_limit = 100_000
+    sides: list[Side] = []
+    names: dict[str, Sequence[str]] = {}
+
+    log("floor: the mesh …")
+    mesh = runner.start_mesh(
+        var_dir, store, work / "mesh-logs", edge_rate_limit=edge_limit, log=log
+    )
+    try:
+        pids = {n: p.pid for n, p in mesh.processes.items() if p.pid is not None}
+        label = f"mesh ({store})"
+        steps = runner.run_schedule(
+            ghz.SCORE, mesh.config.envoy_target, fresh, rates, step_s=step_s, timeout_ms=42.0,
+            pids=pids, warmup_s=3.0, saturated_steps=2, log=log, is_saturated=_collapsed,
+            dead=lambda: [p.name for p in mesh.dead()], answers=runner.mesh_answers(mesh),
+        )  # fmt: skip
+        sides.append(Side(label, steps))
+        names[label] = list(pids)
+    finally:
+        mesh.stop()
+
+    log("floor: the no-work mesh …")
+    floor = noop.FloorMesh(work / "floor-logs", rate_limit_rps=edge_limit)
+    floor.start()
+    try:
+        pids = floor.pids()
+        label = "no-work floor"
+        steps = runner.run_schedule(
+            ghz.SCORE, floor.envoy_target, fresh, rates, step_s=step_s, timeout_ms=42.0,
+            pids=pids, warmup_s=3.0, saturated_steps=2, log=log, is_saturated=_collapsed,
+            dead=floor.dead,
+        )  # fmt: skip
+        sides.append(Side(label, steps))
+        names[label] = list(pids)
+    finally:
+        floor.stop()
+
+    real, empty = sides[0].results, sides[1].results
+    r400, f400 = report.at_rate(real, 400), report.at_rate(empty, 400)
+    best_real, best_floor = report.max_sustainable(real), report.max_sustainable(empty)
+    p50_ratio = _ratio(r400.p50_ms if r400 else None, f400.p50_ms if f400 else None)
+    rate_ratio = _ratio(
+        best_real.offered_rps if best_real else None, best_floor.offered_rps if best_floor else None
+    )
+    verdicts = [
+        f"p50 at 400 rps: mesh {_fmt(r400.p50_ms if r400 else None, ' ms')}, floor "
+        f"{_fmt(f400.p50_ms if f400 else None, ' ms')}, ratio {_fmt(p50_ratio, '×')} "
+        f"(target ≤ 1.5×: {'met' if p50_ratio is not None and p50_ratio <= 1.5 else 'missed'})",
+        f"highest sustained rate (p99 ≤ 42 ms, 0 errors): {_best('mesh', best_real, real)}, "
+        f"{_best('floor', best_floor, empty)}, ratio {_fmt(rate_ratio, '×')}",
+    ]
+    if r400 is not None:
+        verdicts.append(
+            f"mesh p99 at 400 rps: {r400.p99_ms:.2f} ms with {r400.error_share:.2%} errors "
+            f"(target ≤ 10 ms, 0 errors: {'met' if r400.ok(10.0) else 'missed'})"
+        )
+    step400 = next((st for st in sides[0].steps if st.result is r400), None)
+    if step400 is not None and step400.answers:
+        verdicts.append(
+            "but the mesh's answers at 400 rps were degraded: "
+            f"{step400.share('feature_source=default') or 0:.1%} with default features, "
+            f"{step400.share('scored_by=rules') or 0:.1%} by the rules; the floor always "
+            "makes both downstream calls"
+        )
+    full = [
+        st
+        for st in sides[0].steps
+        if (st.share("feature_source=default") or 0) < 0.05
+        and (st.share("scored_by=rules") or 0) < 0.01
+        and st.result.error_count == 0
+    ]
+    if full:
+        top = max(full, key=lambda st: st.result.offered_rps).result
+        twin = report.at_rate(empty, top.offered_rps)
+        if twin is not None:
+            verdicts.append(
+                f"highest rate with full-quality answers (under 5 % default features, under "
+                f"1 % rules, 0 errors): {top.offered_rps:.0f} rps; there the p50 ratio is "
+                f"{_fmt(_ratio(top.p50_ms, twin.p50_ms), '×')} ({top.p50_ms:.2f} vs "
+                f"{twin.p50_ms:.2f} ms) and CPU per call "
+                f"{sum(sides[0].steps[real.index(top)].cpu_ms_per_call.values()):.2f} vs "
+                f"{sum(sides[1].steps[empty.index(twin)].cpu_ms_per_call.values()):.2f} ms"
+            )
+    intro = (
+        f"Score through Envoy, ghz open loop, {step_s:g} s per step, 42 ms deadline, the same "
+        "2,000-request mix for both. The floor is the same topology (Envoy with the same "
+        "bootstrap, a gateway calling a feature service then a scorer, shared server runtime "
+        "and channel options) whose servers answer prebuilt messages of the real sizes. "
+        f"Envoy's rate limit raised to {edge_limit} rps on both so each shows its own capacity."
+    )
+    md = _write(out_dir, "floor", "Mesh vs its no-work floor", intro, sides, verdicts, 42.0, names)
+    shutil.rmtree(work, ignore_errors=True)
+    return md
+
+
+def mlserver_repo(
+    folder: Path, model_dir: Path, metadata: registry.ModelMetadata, ports: dict[str, int]
+) -> Path:
+    """Writes MLServer's settings.json and model-settings.json for the LightGBM text model."""
+    booster = model_dir / "lightgbm.txt"
+    if not booster.is_file():
+        raise FileNotFoundError(
+            f"{booster} is missing: the bench needs the LightGBM text model that training "
+            "saves next to model.onnx (retrain with `fraudmesh train`)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(
+        json.dumps(
+            {
+                "host": "127.0.0.1",
+                "http_port": ports["http"],
+                "grpc_port": ports["grpc"],
+                "metrics_port": ports["metrics"],
+                # Its multiprocess metrics files default to ./.metrics of the caller.
+                "metrics_dir": str((folder / "metrics").resolve()),
+                "debug": False,
+            },
+            indent=2,
+        )
+    )
+    model_folder = folder / metadata.name
+    model_folder.mkdir(exist_ok=True)
+    (model_folder / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": metadata.name,
+                "implementation": "mlserver_lightgbm.LightGBMModel",
+                "parameters": {"uri": str(booster.resolve()), "version": metadata.version},
+            },
+            indent=2,
+        )
+    )
+    return folder
+
+
+def _mlserver_binary(venv: Path) -> Path:
+    binary = venv / "bin" / "mlserver"
+    if not binary.is_file():
+        raise FileNotFoundError(
+            f"no MLServer in {venv}: `make bench` installs it (mlserver==1.7.1, "
+            "mlserver-lightgbm==1.7.1) into its own virtual environment"
+        )
+    return binary
+
+
+def bench_scorer(
+    var_dir: Path,
+    out_dir: Path,
+    *,
+    rates: Sequence[int] = SCORER_RATES,
+    step_s: float = 10.0,
+    mlserver_venv: Path = MLSERVER_VENV,
+    log: Log = print,
+) -> Path:
+    """The scorer against MLServer on the same LightGBM model, ghz ModelInfer, same requests."""
+    work = out_dir / ".bench-scorer.tmp"
+    model_root = var_dir / "models"
+    metadata, model_dir = registry.load(model_root)
+    population = data.sample_population(var_dir / "data", 2000)
+    vectors = data.model_vectors(population, var_dir / "data", metadata)
+    # No outputs named: each server returns its default outputs (ours: label and
+    # probabilities; MLServer's LightGBM runtime: "predict").
+    requests = data.infer_requests(vectors, metadata.name, metadata.version, metadata.input_name)
+    file = data.write_data_file(work / "infer.json", requests)
+    sides: list[Side] = []
+    names: dict[str, Sequence[str]] = {}
+
+    port = free_port()
+    ours = Process(
+        "scorer",
+        [sys.executable, "-m", "services.scorer"],
+        ready=lambda: grpc_serving(f"127.0.0.1:{port}"),
+        env={"FRAUD_SCORER_PORT": str(port), "FRAUD_SCORER_VAR_DIR": str(var_dir)},
+        log_path=work / "scorer.log",
+    )
+    ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
+    repo = mlserver_repo(work / "mlserver", model_dir, metadata, ports)
+    theirs = Process(
+        "mlserver",
+        [str(_mlserver_binary(mlserver_venv)), "start", str(repo)],
+        ready=lambda: http_ok(f"http://127.0.0.1:{ports['http']}/v2/models/{metadata.name}/ready"),
+        # One inference thread, as the scorer's ONNX Runtime session has.
+        env={"OMP_NUM_THREADS": "1"},
+        log_path=work / "mlserver.log",
+    )
+    for label, process, target in (
+        ("fraudmesh scorer (ONNX Runtime)", ours, f"127.0.0.1:{port}"),
+        ("MLServer 1.7 (LightGBM runtime)", theirs, f"127.0.0.1:{ports['grpc']}"),
+    ):
+        log(f"scorer: {label} …")
+        process.start()
+        try:
+            process.wait_ready(120)
+            pids = {process.name: process.pid or 0}
+            normal_priority(list(pids.values()))
+            steps = runner.run_schedule(
+                ghz.MODEL_INFER, target, lambda: file, rates, step_s=step_s, timeout_ms=1000.0,
+                pids=pids, warmup_s=3.0, saturated_steps=2, is_saturated=_loose, log=log,
+                dead=_exited(process),
+            )  # fmt: skip
+        finally:
+            process.stop()
+        sides.append(Side(label, steps))
+        names[label] = list(pids)
+
+    ours_r, theirs_r = sides[0].results, sides[1].results
+    best_ours, best_theirs = (
+        report.max_sustainable(ours_r, 10.0),
+        report.max_sustainable(theirs_r, 10.0),
+    )
+    rate_ratio = _ratio(
+        best_ours.offered_rps if best_ours else None,
+        best_theirs.offered_rps if best_theirs else None,
+    )
+    o500, t500 = report.at_rate(ours_r, 500), report.at_rate(theirs_r, 500)
+    p99_ratio = _ratio(o500.p99_ms if o500 else None, t500.p99_ms if t500 else None)
+    verdicts = [
+        f"highest rate with p99 ≤ 10 ms and 0 errors: {_best('scorer', best_ours, ours_r)}, "
+        f"{_best('MLServer', best_theirs, theirs_r)}, ratio "
+        + (
+            f"{rate_ratio:.1f}× (target ≥ 3×: {'met' if rate_ratio >= 3 else 'missed'})"
+            if rate_ratio is not None
+            else "unbounded (target ≥ 3×: met)"
+            if best_ours is not None
+            else "n/a (target ≥ 3×: missed)"
+        ),
+        f"p99 at 500 rps: scorer {_fmt(o500.p99_ms if o500 else None, ' ms')}, MLServer "
+        f"{_fmt(t500.p99_ms if t500 else None, ' ms')}, ratio {_fmt(p99_ratio, '×')} "
+        f"(target ≤ 0.5×: {'met' if p99_ratio is not None and p99_ratio <= 0.5 else 'missed'})",
+    ]
+    intro = (
+        f"ghz ModelInfer open loop, {step_s:g} s per step, 1 s deadline, the same 2,000 "
+        "requests for both (one FP32 [1, 20] row each as raw_input_contents, the vectors the "
+        "gateway builds for the load-test mix; no outputs named). Same model version: "
+        "model.onnx for the scorer, lightgbm.txt (the booster it was exported from) for "
+        "MLServer. MLServer 1.7.1 with mlserver-lightgbm 1.7.1 in its own virtual "
+        "environment, default settings (parallel_workers 1: inference in one worker "
+        "process), OMP_NUM_THREADS=1; its RSS is the sum of its process tree."
+    )
+    md = _write(out_dir, "scorer", "Scorer vs MLServer", intro, sides, verdicts, 10.0, names)
+    shutil.rmtree(work, ignore_errors=True)
+    return md
+
+
+def bench_features(
+    var_dir: Path,
+    out_dir: Path,
+    *,
+    rates: Sequence[int] = FEATURE_RATES,
+    step_s: float = 10.0,
+    log: Log = print,
+) -> Path:
+    """The feature service against ``feast serve`` on the same Redis, same entity, same rates."""
+    work = out_dir / ".bench-features.tmp"
+    feast = Path(sys.executable).parent / "feast"
+    redis_port = free_port()
+    redis = Process(
+        "redis",
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        ready=lambda: tcp_open("127.0.0.1", redis_port),
+        log_path=work / "redis.log",
+    )  # fmt: skip
+    connection = f"127.0.0.1:{redis_port}"
+    sides: list[Side] = []
+    names: dict[str, Sequence[str]] = {}
+    redis.start()
+    try:
+        redis.wait_ready(30)
+        normal_priority([redis.pid or 0])
+        log("features: materializing into redis …")
+        feature_store.materialize(
+            FeaturesSettings(var_dir=var_dir, store="redis", redis_connection=connection)
+        )
+        # feast serve reads feature_store.yaml from a repo folder: a separate one here, so
+        # the data folder's own file (the SQLite store) is left alone.
+        serve_settings = FeaturesSettings(
+            var_dir=var_dir,
+            store="redis",
+            redis_connection=connection,
+            data_dir=work / "feast-repo",
+        )
+        repo = feature_store.write_feature_store_yaml(serve_settings).parent
+        known = next(t for t in data.sample_population(var_dir / "data", 50) if t.kind == "known")
+        grpc_file = data.write_data_file(
+            work / "features.json",
+            [{"card_id": known.card_id, "merchant_id": known.merchant_id}],
+        )
+        body = json.dumps(
+            {
+                "feature_service": definitions.FEATURE_SERVICE,
+                "entities": {"card_id": [known.card_id], "merchant_id": [known.merchant_id]},
+            }
+        ).encode()
+
+        port = free_port()
+        ours = Process(
+            "features",
+            [sys.executable, "-m", "services.features"],
+            ready=lambda: grpc_serving(f"127.0.0.1:{port}"),
+            env={
+                "FRAUD_FEATURES_PORT": str(port),
+                "FRAUD_FEATURES_VAR_DIR": str(var_dir),
+                "FRAUD_FEATURES_STORE": "redis",
+                "FRAUD_FEATURES_REDIS_CONNECTION": connection,
+            },
+            log_path=work / "features.log",
+        )
+        label = "fraudmesh features (gRPC, ghz)"
+        log(f"features: {label} …")
+        ours.start()
+        try:
+            ours.wait_ready(120)
+            pids = {"features": ours.pid or 0, "redis": redis.pid or 0}
+            normal_priority(list(pids.values()))
+            steps = runner.run_schedule(
+                ghz.GET_FEATURES, f"127.0.0.1:{port}", lambda: grpc_file, rates, step_s=step_s,
+                timeout_ms=1000.0, pids=pids, warmup_s=3.0, saturated_steps=2,
+                is_saturated=_loose, log=log,
+                dead=lambda: [] if ours.alive() and redis.alive() else ["features or redis"],
+            )  # fmt: skip
+        finally:
+            ours.stop()
+        sides.append(Side(label, steps))
+        names[label] = list(pids)
+
+        http_port = free_port()
+        theirs = Process(
+            "feast-serve",
+            [str(feast), "-c", str(repo), "serve", "-h", "127.0.0.1", "-p", str(http_port),
+             "--no-access-log", "--workers", "1", "--max-requests", "0"],
+            ready=lambda: http_ok(f"http://127.0.0.1:{http_port}/health"),
+            log_path=work / "feast-serve.log",
+        )  # fmt: skip
+        label = "feast serve (HTTP, fortio)"
+        log(f"features: {label} …")
+        theirs.start()
+        try:
+            theirs.wait_ready(120)
+            pids = {"feast-serve": theirs.pid or 0, "redis": redis.pid or 0}
+            normal_priority(list(pids.values()))
+            url = f"http://127.0.0.1:{http_port}/get-online-features"
+            steps = _fortio_schedule(url, body, rates, step_s, pids, log)
+        finally:
+            theirs.stop()
+        sides.append(Side(label, steps))
+        names[label] = list(pids)
+    finally:
+        redis.stop()
+
+    ours_r, theirs_r = sides[0].results, sides[1].results
+    o300, t300 = report.at_rate(ours_r, 300), report.at_rate(theirs_r, 300)
+    ratio = _ratio(o300.p99_ms if o300 else None, t300.p99_ms if t300 else None)
+    best_ours, best_theirs = (
+        report.max_sustainable(ours_r, 10.0),
+        report.max_sustainable(theirs_r, 10.0),
+    )
+    verdicts = [
+        f"p99 at 300 rps: feature service {_fmt(o300.p99_ms if o300 else None, ' ms')}, feast "
+        f"serve {_fmt(t300.p99_ms if t300 else None, ' ms')}, ratio {_fmt(ratio, '×')} "
+        f"(target ≤ 0.33×: {'met' if ratio is not None and ratio <= 1 / 3 else 'missed'})",
+        f"highest rate with p99 ≤ 10 ms and 0 errors: "
+        f"{_best('feature service', best_ours, ours_r)}, "
+        f"{_best('feast serve', best_theirs, theirs_r)}",
+    ]
+    intro = (
+        f"{step_s:g} s per step, the same rates, one Redis (materialized once from the same "
+        "data and registry), both asked for the same known card and merchant (the 17 "
+        "features of the fraud_scoring feature service). The feature service: gRPC "
+        "GetFeatures driven by ghz open loop. feast serve (Feast "
+        f"{_feast_version()}, HTTP POST /get-online-features, one gunicorn/uvicorn worker, "
+        "no access log, no periodic worker recycling) driven by fortio 1.66 "
+        "(`go install fortio.org/fortio@v1.66.5`), uniform pacing over many keep-alive "
+        "connections; its RSS is the sum of the gunicorn master and worker."
+    )
+    md = _write(
+        out_dir, "features", "Feature service vs feast serve", intro, sides, verdicts, 10.0, names
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return md
+
+
+def _feast_version() -> str:
+    import feast
+
+    return str(feast.__version__)
+
+
+def _fortio_schedule(
+    url: str, body: bytes, rates: Sequence[int], step_s: float, pids: dict[str, int], log: Log
+) -> list[report.Step]:
+    from loadtest.rss import RssSampler
+
+    fortio.run_fortio(url, body, rps=rates[0], duration_s=3.0)
+    steps: list[report.Step] = []
+    bad = 0
+    with RssSampler(pids) as sampler:
+        for rps in rates:
+            sampler.reset()
+            cpu_before = sampler.cpu_seconds()
+            result = fortio.run_fortio(url, body, rps=rps, duration_s=step_s)
+            cpu_after = sampler.cpu_seconds()
+            sampler.sample()
+            cpu = {
+                n: (cpu_after[n] - cpu_before.get(n, 0.0)) * 1000 / max(result.count, 1)
+                for n in cpu_after
+            }
+            steps.append(report.Step(result, sampler.reset(), cpu))
+            log(
+                f"{rps:>5} rps: achieved {result.achieved_rps:.0f}, p50 {result.p50_ms:.2f} ms, "
+                f"p99 {result.p99_ms:.2f} ms, errors {result.error_share:.2%}"
+            )
+            bad = bad + 1 if _loose(result) else 0
+            if bad >= 2:
+                break
+    return steps
+
+
+BENCHES = ("floor", "scorer", "features")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loadtest.bench``: runs the side-by-side benchmarks."""
+    parser = argparse.ArgumentParser(description="fraudmesh side-by-side benchmarks")
+    parser.add_argument("--var-dir", type=Path, default=Path("var"))
+    parser.add_argument("--out", type=Path, default=runner.RESULTS_DIR)
+    parser.add_argument("--only", default=",".join(BENCHES), help="floor,scorer,features")
+    parser.add_argument("--step-seconds", type=float, default=10.0)
+    parser.add_argument("--mlserver-venv", type=Path, default=MLSERVER_VENV)
+    args = parser.parse_args(argv)
+    runner.check_state(args.var_dir)
+    ghz.find_ghz()
+    chosen = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = set(chosen) - set(BENCHES)
+    if unknown:
+        parser.error(f"unknown bench {sorted(unknown)}; choose from {BENCHES}")
+    for name in chosen:
+        started = time.monotonic()
+        if name == "floor":
+            md = bench_floor(args.var_dir, args.out, step_s=args.step_seconds)
+        elif name == "scorer":
+            md = bench_scorer(
+                args.var_dir, args.out, step_s=args.step_seconds, mlserver_venv=args.mlserver_venv
+            )
+        else:
+            md = bench_features(args.var_dir, args.out, step_s=args.step_seconds)
+        print(f"{name}: {md} ({time.monotonic() - started:.0f} s)")
+        print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
