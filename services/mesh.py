@@ -145,8 +145,14 @@ class Process:
         """Back to the parent's niceness once serving (lowering niceness needs root or
         CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
         assert self.popen is not None
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        # Niceness is per thread on Linux: every thread the child has started by now
+        # (gRPC pollers, timers) needs it, not only the main one.
+        normal = os.getpriority(os.PRIO_PROCESS, 0)
+        tasks = Path(f"/proc/{self.popen.pid}/task")
+        tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [self.popen.pid]
+        for tid in tids:
+            with contextlib.suppress(PermissionError, ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, tid, normal)
 
     def returncode(self) -> int | None:
         """Exit status once ended."""
