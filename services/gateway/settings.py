@@ -20,10 +20,10 @@ class GatewaySettings(ServerSettings):
 
     port: int = Field(50051, ge=0, le=65535, description="gRPC port of fraud.v1.FraudScoring.")
     drain_seconds: float = Field(
-        1.5,
+        2.5,
         ge=0,
         description="On SIGTERM: NOT_SERVING this long before refusing calls; covers two of "
-        "Envoy's 0.5 s health checks so the edge stops routing here first.",
+        "Envoy's 1 s health checks so the edge stops routing here first.",
     )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
