@@ -37,6 +37,9 @@ def loadtest_command(
     saturated_steps: Annotated[
         int, typer.Option(help="Stop after this many consecutive saturated steps.")
     ] = 2,
+    gateway_replicas: Annotated[
+        int, typer.Option(min=1, help="Gateway processes behind Envoy in a started mesh.")
+    ] = 1,
 ) -> None:
     """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report."""
     from loadtest import runner
@@ -67,6 +70,7 @@ def loadtest_command(
         out_dir=out_dir or runner.RESULTS_DIR,
         name=name,
         saturated_steps=saturated_steps,
+        gateway_replicas=gateway_replicas,
     )
     try:
         result = runner.run(cfg, log=console.print)

@@ -66,6 +66,8 @@ class LoadtestConfig:
     """Base name of the report files; default ``loadtest-<store>``."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the services of a started mesh (tuning experiments)."""
+    gateway_replicas: int = 1
+    """Gateway processes behind Envoy in a started mesh."""
 
     @property
     def report_name(self) -> str:
@@ -137,15 +139,18 @@ def start_mesh(
     *,
     edge_rate_limit: int = 1000,
     extra_env: dict[str, str] | None = None,
+    gateway_replicas: int = 1,
     log: Log = print,
 ) -> Mesh:
     """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
+    gateways = ["gateway", *(f"gateway-{i}" for i in range(2, gateway_replicas + 1))]
     config = MeshConfig.on_free_ports(
+        gateway_replicas=gateway_replicas,
         var_dir=var_dir,
         store=store,
         log_dir=log_dir,
         rate_limit_rps=edge_rate_limit,
-        metrics_ports={"gateway": free_port()},
+        metrics_ports={name: free_port() for name in gateways},
         extra_env=extra_env or {},
     )
     mesh = Mesh(config)
@@ -168,11 +173,24 @@ def start_mesh(
 
 
 def mesh_answers(mesh: Mesh) -> Callable[[], dict[str, float]] | None:
-    """The decision-counter reader of a mesh's gateway, if it exposes /metrics."""
-    port = mesh.config.metrics_ports.get("gateway")
-    if port is None:
+    """The decision-counter reader of a mesh's gateways (summed over the replicas that
+    expose /metrics), or None if none does."""
+    readers = [
+        gateway_answers(f"http://{mesh.config.host}:{port}/metrics")
+        for name, port in mesh.config.metrics_ports.items()
+        if name.startswith("gateway")
+    ]
+    if not readers:
         return None
-    return gateway_answers(f"http://{mesh.config.host}:{port}/metrics")
+
+    def read() -> dict[str, float]:
+        total: dict[str, float] = {}
+        for reader in readers:
+            for key, value in reader().items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    return read
 
 
 def run_schedule(
@@ -286,8 +304,9 @@ def write_report(
         f"Run {started:%Y-%m-%d %H:%M} UTC; {machine_line()}.",
         f"ghz open loop (`--async --count-errors`), {cfg.step_s:g} s per step, deadline "
         f"{cfg.deadline_ms:g} ms per call, {cfg.requests} distinct requests (known cards, "
-        "unknown cards, fraud-like) stamped at the start of each step; Envoy's edge rate "
-        f"limit {cfg.edge_rate_limit} rps. Percentiles from every call's latency, errors "
+        "unknown cards, fraud-like) stamped at the start of each step; "
+        + (f"{cfg.gateway_replicas} gateway replicas; " if cfg.gateway_replicas > 1 else "")
+        + f"Envoy's edge rate limit {cfg.edge_rate_limit} rps. Percentiles from every call's latency, errors "
         "included; peak RSS sampled every 0.2 s.",
         "",
         report.steps_table(steps, processes),
@@ -383,6 +402,7 @@ def run(cfg: LoadtestConfig, log: Log = print) -> LoadtestReport:
                 work / "logs",
                 edge_rate_limit=cfg.edge_rate_limit,
                 extra_env=cfg.extra_env,
+                gateway_replicas=cfg.gateway_replicas,
                 log=log,
             )
             target = mesh.config.envoy_target

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
@@ -60,11 +59,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         for name, (value, status, event_s) in zip(self._names, rows, strict=True):
             feature = add(name=name, value=value if value is not None else 0.0, status=status)
             if event_s is not None:
-                feature.event_timestamp.CopyFrom(_timestamp(event_s))
+                # Set in place: no Timestamp built and copied per feature.
+                stamp = feature.event_timestamp
+                nanos = round(event_s * 1e9)
+                stamp.seconds, stamp.nanos = divmod(nanos, 1_000_000_000)
         return response
-
-
-def _timestamp(epoch_s: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(epoch_s * 1e9))
-    return ts

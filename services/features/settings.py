@@ -27,6 +27,12 @@ class FeaturesSettings(ServerSettings):
         default="127.0.0.1:6379",
         description="Redis connection string in Feast's form: host:port[,db=N][,password=…].",
     )
+    redis_timeout_ms: float = Field(
+        default=20.0,
+        gt=0,
+        description="Socket timeout of the feature service's Redis reads (connect, send, "
+        "receive): a hung Redis fails a read instead of stalling the service.",
+    )
     project: str = Field(
         default="fraudmesh", description="Feast project name (namespaces the stores)."
     )

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import dask.dataframe as dd
 import numpy as np
@@ -42,12 +43,19 @@ from feast.infra.offline_stores.dask import (
 from feast.infra.offline_stores.file_source import FileSource
 from feast.infra.offline_stores.offline_store import RetrievalJob, RetrievalMetadata
 from feast.infra.offline_stores.offline_utils import DEFAULT_ENTITY_DF_EVENT_TIMESTAMP_COL
+from feast.infra.online_stores.redis import RedisOnlineStore, _versioned_fv_name
 from feast.infra.registry.base_registry import BaseRegistry
 from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.protos.feast.types.Value_pb2 import Value
 from feast.utils import _get_requested_feature_views_to_features_dict
+from google.protobuf.timestamp_pb2 import Timestamp
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from services.common import featurespec
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, Unavailable
 from services.features import simulate
 from services.features.feature_repo import definitions
 from services.features.settings import FeaturesSettings
@@ -236,12 +244,25 @@ def write_feature_store_yaml(settings: FeaturesSettings) -> Path:
     return path
 
 
-def feature_store(settings: FeaturesSettings) -> FeatureStore:
-    """A FeatureStore on the configured registry, online and offline stores."""
+def feature_store(settings: FeaturesSettings, read_timeout_ms: float | None = None) -> FeatureStore:
+    """A FeatureStore on the configured registry, online and offline stores.
+
+    ``read_timeout_ms`` bounds every Redis socket operation (connect, send, receive) of
+    the store, unless the connection string sets its own; for request-path readers, not
+    for materialization, whose large pipelined writes take longer.
+    """
     settings.registry_file.parent.mkdir(parents=True, exist_ok=True)
     if settings.store == "sqlite":
         settings.online_file.parent.mkdir(parents=True, exist_ok=True)
-    return FeatureStore(config=repo_config(settings))
+    config = repo_config(settings)
+    if settings.store == "redis" and read_timeout_ms is not None:
+        connection = settings.redis_connection
+        timeout_s = read_timeout_ms / 1000
+        for option in ("socket_timeout", "socket_connect_timeout"):
+            if f"{option}=" not in connection:
+                connection += f",{option}={timeout_s}"
+        config = repo_config(settings.model_copy(update={"redis_connection": connection}))
+    return FeatureStore(config=config)
 
 
 def apply(settings: FeaturesSettings) -> None:
@@ -309,45 +330,166 @@ def _quiet() -> Iterator[None]:
 _STATUS_PRESENT = FieldStatus.PRESENT
 _STATUS_OUTSIDE_MAX_AGE = FieldStatus.OUTSIDE_MAX_AGE
 
+_MISSING_READ: FeatureRead = (None, MISSING, None)
+
+
+class _View:
+    """One feature view as the reader needs it: resolved once, used on every read."""
+
+    def __init__(
+        self, view: FeatureView, join_key: str, names: tuple[str, ...], first: int, max_age_s: float
+    ) -> None:
+        self.view = view
+        self.join_key = join_key
+        self.names = names
+        self.first = first
+        self.max_age_s = max_age_s
+
+    def entity_key(self, value: str) -> EntityKey:
+        return EntityKey(join_keys=[self.join_key], entity_values=[Value(string_val=value)])
+
+    def fill(
+        self,
+        out: list[FeatureRead],
+        event_s: float | None,
+        values: Mapping[str, Value] | None,
+        as_of_s: float,
+    ) -> None:
+        """Writes this view's slots of ``out`` from one entity's stored row."""
+        if event_s is None or values is None:
+            return  # an unknown entity: every slot stays MISSING
+        status = PRESENT if as_of_s - event_s <= self.max_age_s else STALE
+        for offset, name in enumerate(self.names):
+            value = values.get(name)
+            # ListFields is the cheapest way to the one set field of the Value oneof; an
+            # unset Value is a null the materialization wrote.
+            fields = value.ListFields() if value is not None else ()
+            if fields:
+                out[self.first + offset] = (float(fields[0][1]), status, event_s)
+
 
 class OnlineFeatureReader:
-    """Reads the store features of one card and merchant through Feast's online API.
+    """Reads the store features of one card and one merchant from Feast's online store.
+
+    Feast owns the definitions, the keys and the stored layout; on the request path the
+    reader skips ``FeatureStore.get_online_features`` (request normalisation, registry
+    lookups, response building and type conversions, 0.5-0.7 ms of CPU a read here) and
+    goes to the online store with everything resolved once at start:
+
+    - SQLite: the store's own ``online_read`` for each view (about 0.11 ms a read);
+    - Redis: one pipelined ``HMGET`` of both entities' hashes in a single round trip, with
+      the keys and hashed field names computed by Feast's Redis store (about 0.15 ms),
+      over a connection whose socket timeout (``redis_timeout_ms``, no retries) bounds a
+      hung server.
+
+    ``read_generic`` is the same read through ``get_online_features``; tests hold the two
+    equal. Freshness is judged here, from each view's event timestamp against ``as_of_s``
+    (Feast does not filter online reads by TTL).
 
     Thread-safe: reads are serialized by a lock, because Feast's online stores open their
     connections lazily without locking and the SQLite store shares one connection.
     """
 
     def __init__(self, settings: FeaturesSettings) -> None:
-        self._store = feature_store(settings)
+        self._store = feature_store(settings, read_timeout_ms=settings.redis_timeout_ms)
         try:
             self._service: FeatureService = self._store.get_feature_service(
                 definitions.FEATURE_SERVICE
             )
-        except FeatureServiceNotFoundException as error:
+            card_view = self._store.get_feature_view(featurespec.CARD_VIEW)
+            merchant_view = self._store.get_feature_view(featurespec.MERCHANT_VIEW)
+        except (FeatureServiceNotFoundException, FeatureViewNotFoundException) as error:
             raise _not_applied(settings) from error
         card_age = settings.card_max_age_s or definitions.CARD_TTL.total_seconds()
         merchant_age = settings.merchant_max_age_s or definitions.MERCHANT_TTL.total_seconds()
-        # Feature name -> (position in STORE_FEATURES, freshness limit in seconds).
-        self._slots: dict[str, tuple[int, float]] = {
-            **{
-                n: (featurespec.STORE_FEATURES.index(n), card_age)
-                for n in featurespec.CARD_FEATURES
-            },
-            **{
-                n: (featurespec.STORE_FEATURES.index(n), merchant_age)
-                for n in featurespec.MERCHANT_FEATURES
-            },
-        }
+        self._card = _View(card_view, "card_id", featurespec.CARD_FEATURES, 0, card_age)
+        self._merchant = _View(
+            merchant_view,
+            "merchant_id",
+            featurespec.MERCHANT_FEATURES,
+            len(featurespec.CARD_FEATURES),
+            merchant_age,
+        )
+        self._config = self._store.config
+        self._online = self._store._get_provider().online_store
+        self._read: Callable[[str, str, float], list[FeatureRead]]
+        if isinstance(self._online, RedisOnlineStore):
+            self._hash_fields = tuple(self._redis_fields(v) for v in (self._card, self._merchant))
+            # No retries: redis-py's default (three, with backoff up to seconds) turns a
+            # hung server into a multi-second stall; a failed read is answered with
+            # defaults by the gateway and the next read reconnects.
+            self._online._get_client(self._config.online_store).set_retry(Retry(NoBackoff(), 0))
+            self._read = self._read_redis
+        else:
+            self._read = self._read_views
         self._lock = threading.Lock()
 
     def read(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
         """Each STORE_FEATURES value with its status, judged fresh against ``as_of_s``."""
+        try:
+            with self._lock:
+                return self._read(card_id, merchant_id, as_of_s)
+        except (RedisError, sqlite3.Error) as error:
+            # UNAVAILABLE, not INTERNAL: the caller falls back and the next read retries.
+            raise Unavailable(
+                f"online store read failed: {type(error).__name__}: {error}"
+            ) from error
+
+    def _read_views(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        out = [_MISSING_READ] * len(featurespec.STORE_FEATURES)
+        for view, value in ((self._card, card_id), (self._merchant, merchant_id)):
+            ((stamp, values),) = self._online.online_read(
+                self._config, view.view, [view.entity_key(value)], list(view.names)
+            )
+            view.fill(out, stamp.timestamp() if stamp is not None else None, values, as_of_s)
+        return out
+
+    def _redis_fields(self, view: _View) -> list[str | bytes]:
+        online = self._online
+        assert isinstance(online, RedisOnlineStore)
+        name = _versioned_fv_name(view.view, self._config)
+        # The hashed field of each feature, then the view's timestamp field, last.
+        _, fields = online._generate_hset_keys_for_features(
+            view.view, list(view.names), fv_name_override=name
+        )
+        return fields
+
+    def _read_redis(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        online = self._online
+        assert isinstance(online, RedisOnlineStore)
+        card, merchant = self._card, self._merchant
+        keys = online._generate_redis_keys_for_entities(
+            self._config, [card.entity_key(card_id), merchant.entity_key(merchant_id)]
+        )
+        replies = online._read_hash_fields(
+            self._config, list(zip(keys, self._hash_fields, strict=True))
+        )
+        out = [_MISSING_READ] * len(featurespec.STORE_FEATURES)
+        for view, reply in zip((card, merchant), replies, strict=True):
+            raw_stamp = reply[-1]
+            if not raw_stamp:
+                continue  # no timestamp field: the entity was never materialized
+            stamp = Timestamp.FromString(cast(bytes, raw_stamp))
+            values = {
+                name: Value.FromString(cast(bytes, raw))
+                for name, raw in zip(view.names, reply, strict=False)
+                if raw
+            }
+            view.fill(out, stamp.seconds + stamp.nanos * 1e-9, values, as_of_s)
+        return out
+
+    def read_generic(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        """The same read through ``FeatureStore.get_online_features`` (slower; the reference)."""
         with self._lock:
             response = self._store.get_online_features(
                 self._service, [{"card_id": card_id, "merchant_id": merchant_id}]
             ).proto
-        out: list[FeatureRead] = [(None, MISSING, None)] * len(featurespec.STORE_FEATURES)
-        slots = self._slots
+        out = [_MISSING_READ] * len(featurespec.STORE_FEATURES)
+        slots = {
+            name: (view.first + offset, view.max_age_s)
+            for view in (self._card, self._merchant)
+            for offset, name in enumerate(view.names)
+        }
         # The response lists features in an order of Feast's choosing; match them by name.
         for name, vector in zip(response.metadata.feature_names.val, response.results, strict=True):
             slot = slots.get(name)
@@ -356,20 +498,19 @@ class OnlineFeatureReader:
             status = vector.statuses[0]
             if status != _STATUS_PRESENT and status != _STATUS_OUTSIDE_MAX_AGE:
                 continue
-            # ListFields is the cheapest way to the one set field of the Value oneof.
             fields = vector.values[0].ListFields()
             if not fields:
                 continue
             stamp = vector.event_timestamps[0]
             event_s = stamp.seconds + stamp.nanos * 1e-9
             index, max_age = slot
-            fresh = status == _STATUS_PRESENT and as_of_s - event_s <= max_age
+            fresh = as_of_s - event_s <= max_age
             out[index] = (float(fields[0][1]), PRESENT if fresh else STALE, event_s)
         return out
 
     def close(self) -> None:
         """Closes the online store's connection (SQLite file or Redis client)."""
-        online_store = self._store._get_provider().online_store
+        online_store = self._online
         # Feast only closes its async clients (FeatureStore.close); the sync ones the reads
         # use are private attributes of the store classes.
         for attribute in ("_conn", "_client"):

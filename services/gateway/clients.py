@@ -6,7 +6,6 @@ import struct
 from collections.abc import Mapping
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
@@ -34,11 +33,8 @@ class GrpcFeatureClient:
         self, card_id: str, merchant_id: str, as_of_s: float, timeout_s: float
     ) -> Mapping[str, float | None]:
         """Store features by name; None for missing or stale ones."""
-        as_of = Timestamp()
-        as_of.FromNanoseconds(int(as_of_s * 1e9))
-        request = features_pb2.GetFeaturesRequest(
-            card_id=card_id, merchant_id=merchant_id, as_of=as_of
-        )
+        request = features_pb2.GetFeaturesRequest(card_id=card_id, merchant_id=merchant_id)
+        request.as_of.seconds, request.as_of.nanos = divmod(round(as_of_s * 1e9), 1_000_000_000)
         try:
             response = await self._stub.GetFeatures(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
@@ -51,26 +47,27 @@ class GrpcModelClient:
 
     def __init__(self, channel: grpc.aio.Channel, metadata: ModelMetadata) -> None:
         self._stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        self._name = metadata.name
-        self._version = metadata.version
         self._n = len(metadata.feature_order)
         self._pack = struct.Struct(f"<{self._n}f").pack
-        self._input = metadata.input_name
-        self._output = metadata.output_name
+        # Everything but the row is the same on every call: built once, copied per call
+        # (a third of the cost of building the nested messages each time).
+        self._template = v2.ModelInferRequest(
+            model_name=metadata.name,
+            model_version=metadata.version,
+            inputs=[
+                v2.ModelInferRequest.InferInputTensor(
+                    name=metadata.input_name, datatype="FP32", shape=(1, self._n)
+                )
+            ],
+            outputs=[v2.ModelInferRequest.InferRequestedOutputTensor(name=metadata.output_name)],
+        )
 
     def request(self, vector: list[float]) -> v2.ModelInferRequest:
         """The ModelInfer request for one feature vector."""
-        return v2.ModelInferRequest(
-            model_name=self._name,
-            model_version=self._version,
-            inputs=[
-                v2.ModelInferRequest.InferInputTensor(
-                    name=self._input, datatype="FP32", shape=(1, self._n)
-                )
-            ],
-            outputs=[v2.ModelInferRequest.InferRequestedOutputTensor(name=self._output)],
-            raw_input_contents=[self._pack(*vector)],
-        )
+        request = v2.ModelInferRequest()
+        request.CopyFrom(self._template)
+        request.raw_input_contents.append(self._pack(*vector))
+        return request
 
     async def score(self, vector: list[float], timeout_s: float) -> float:
         """Fraud probability of one row."""

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from services.common import featurespec
+from services.common.errors import Unavailable
 from services.features import simulate, store
 from services.features.feature_repo import definitions
 from services.features.settings import FeaturesSettings
@@ -54,7 +55,7 @@ def redis_server() -> Iterator[str]:
     """A throwaway redis-server on a free loopback port; its connection string."""
     executable = shutil.which("redis-server")
     if executable is None:
-        pytest.skip("redis-server is not on PATH (Debian package redis-server)")
+        pytest.fail("redis-server is not on PATH (Debian package redis-server)")
     port = _free_port()
     process = subprocess.Popen(
         [
@@ -195,6 +196,45 @@ def test_concurrent_reads_agree_with_serial_ones(
     with ThreadPoolExecutor(max_workers=4) as pool:
         parallel = list(pool.map(reader.read, cards, merchants, [END_S] * len(cards)))
     assert parallel == serial
+
+
+@pytest.mark.parametrize("as_of_s", [END_S, END_S + 20 * 86_400], ids=["fresh", "merchant-stale"])
+def test_direct_read_equals_get_online_features(
+    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation], as_of_s: float
+) -> None:
+    tx = dataset[1].transactions.tail(300)
+    pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
+    pairs += [(card, "merch-unknown") for card, _ in pairs[:20]]
+    pairs += [("card-unknown", merchant) for _, merchant in pairs[:20]]
+    seen: set[int] = set()
+    for card, merchant in pairs:
+        direct = reader.read(card, merchant, as_of_s)
+        assert direct == reader.read_generic(card, merchant, as_of_s), (card, merchant)
+        seen.update(status for _, status, _ in direct)
+    expected = {store.PRESENT, store.MISSING} | ({store.STALE} if as_of_s > END_S else set())
+    assert expected <= seen
+
+
+def test_a_hung_redis_fails_the_read_within_the_timeout(
+    dataset: tuple[Path, simulate.Simulation],
+) -> None:
+    var_dir, _ = dataset
+    # Accepts connections (the kernel completes the handshake) and never answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        host, port = silent.getsockname()
+        settings = FeaturesSettings(
+            var_dir=var_dir, store="redis", redis_connection=f"{host}:{port}", redis_timeout_ms=50
+        )
+        reader = store.OnlineFeatureReader(settings)
+        try:
+            started = time.monotonic()
+            with pytest.raises(Unavailable, match="TimeoutError"):
+                reader.read("card-1", "merch-1", END_S)
+            assert time.monotonic() - started < 2.0
+        finally:
+            reader.close()
 
 
 def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, simulate.Simulation]) -> None:
