@@ -2,7 +2,8 @@
 
 - ``floor``: the mesh (Redis store) against its no-work floor (``loadtest.noop``): the same
   Envoy + gateway + two grpc.aio hops answering fixed messages. Ratio of p50 at 400 rps and
-  of the highest sustained rate (p99 ≤ 42 ms, no errors).
+  of the highest sustained rate (p99 ≤ 42 ms, no errors). A third side, the bare gRPC
+  floor, runs the topology with none of the project's code (plain grpc.aio, raw bytes).
 - ``scorer``: the scorer against MLServer 1.7 (``mlserver`` + ``mlserver-lightgbm`` in their
   own virtual environment) serving the same LightGBM model (``lightgbm.txt`` of the same
   published version), both driven by ghz ``ModelInfer`` with identical requests and rates.
@@ -193,23 +194,25 @@ def bench_floor(
     finally:
         mesh.stop()
 
-    log("floor: the no-work mesh …")
-    floor = noop.FloorMesh(work / "floor-logs", rate_limit_rps=edge_limit)
-    floor.start()
-    try:
-        pids = floor.pids()
-        label = "no-work floor"
-        steps = runner.run_schedule(
-            ghz.SCORE, floor.envoy_target, fresh, rates, step_s=step_s, timeout_ms=42.0,
-            pids=pids, warmup_s=3.0, saturated_steps=2, log=log, is_saturated=_collapsed,
-            dead=floor.dead,
-        )  # fmt: skip
-        sides.append(Side(label, steps))
-        names[label] = list(pids)
-    finally:
-        floor.stop()
+    for label, bare in (("no-work floor", False), ("bare gRPC floor", True)):
+        log(f"floor: the {label} …")
+        floor = noop.FloorMesh(
+            work / ("bare-logs" if bare else "floor-logs"), rate_limit_rps=edge_limit, bare=bare
+        )
+        floor.start()
+        try:
+            pids = floor.pids()
+            steps = runner.run_schedule(
+                ghz.SCORE, floor.envoy_target, fresh, rates, step_s=step_s, timeout_ms=42.0,
+                pids=pids, warmup_s=3.0, saturated_steps=2, log=log, is_saturated=_collapsed,
+                dead=floor.dead,
+            )  # fmt: skip
+            sides.append(Side(label, steps))
+            names[label] = list(pids)
+        finally:
+            floor.stop()
 
-    real, empty = sides[0].results, sides[1].results
+    real, empty, bare_results = sides[0].results, sides[1].results, sides[2].results
     r400, f400 = report.at_rate(real, 400), report.at_rate(empty, 400)
     best_real, best_floor = report.max_sustainable(real), report.max_sustainable(empty)
     p50_ratio = _ratio(r400.p50_ms if r400 else None, f400.p50_ms if f400 else None)
@@ -255,12 +258,21 @@ def bench_floor(
                 f"{sum(sides[0].steps[real.index(top)].cpu_ms_per_call.values()):.2f} vs "
                 f"{sum(sides[1].steps[empty.index(twin)].cpu_ms_per_call.values()):.2f} ms"
             )
+    b400, best_bare = report.at_rate(bare_results, 400), report.max_sustainable(bare_results)
+    if b400 is not None:
+        verdicts.append(
+            f"bare gRPC floor (no project code at all) at 400 rps: p50 {b400.p50_ms:.2f} ms, "
+            f"p99 {b400.p99_ms:.2f} ms, errors {b400.error_share:.2%}; highest sustained rate "
+            f"{_best('bare', best_bare, bare_results)}"
+        )
     intro = (
         f"Score through Envoy, ghz open loop, {step_s:g} s per step, 42 ms deadline, the same "
-        "2,000-request mix for both. The floor is the same topology (Envoy with the same "
-        "bootstrap, a gateway calling a feature service then a scorer, shared server runtime "
-        "and channel options) whose servers answer prebuilt messages of the real sizes. "
-        f"Envoy's rate limit raised to {edge_limit} rps on both so each shows its own capacity."
+        "2,000-request mix for all three. The no-work floor is the same topology (Envoy with "
+        "the same bootstrap, a gateway calling a feature service then a scorer, shared server "
+        "runtime and channel options) whose servers answer prebuilt messages of the real "
+        "sizes. The bare gRPC floor is that topology with none of the project's code: plain "
+        "grpc.aio servers passing prebuilt bytes (`python -m loadtest.noop --bare`). "
+        f"Envoy's rate limit raised to {edge_limit} rps on all so each shows its own capacity."
     )
     md = _write(out_dir, "floor", "Mesh vs its no-work floor", intro, sides, verdicts, 42.0, names)
     shutil.rmtree(work, ignore_errors=True)

@@ -8,8 +8,14 @@ one (17 features with timestamps; a [1, 2] FP32 probability and a label; a full
 ScoreResponse with reasons), so what remains is the cost of the hops, the serialization
 and the Python gRPC runtime: the floor the real mesh is compared with.
 
-Run one role with ``python -m loadtest.noop {gateway,features,scorer}`` (ports and targets
-from ``FRAUD_NOOP_*``); ``FloorMesh`` starts all four processes on free ports.
+``--bare`` runs the same roles with nothing of the project's runtime: a plain ``grpc.aio``
+server with generic handlers that take and return raw bytes (no protobuf parsing or
+building, no interceptor, reflection, metrics or tuned options; only the health service
+Envoy and the readiness probe need). It measures what Python gRPC and Envoy cost on this
+machine in this topology, below which no code of the project's can go.
+
+Run one role with ``python -m loadtest.noop [--bare] {gateway,features,scorer}`` (ports and
+targets from ``FRAUD_NOOP_*``); ``FloorMesh`` starts all four processes on free ports.
 """
 
 from __future__ import annotations
@@ -205,14 +211,109 @@ class NoopService:
                 await channel.close()
 
 
+_METHODS = {
+    "gateway": ("fraud.v1.FraudScoring", "Score"),
+    "features": ("fraud.v1.FeatureService", "GetFeatures"),
+    "scorer": ("inference.GRPCInferenceService", "ModelInfer"),
+}
+
+
+def _bare_replies(settings: NoopSettings) -> dict[str, bytes]:
+    """Each role's answer, serialized once (the same messages the full floor returns)."""
+    gateway = NoopGateway(settings)
+    score = scoring_pb2.ScoreResponse(
+        transaction_id="t-0000000000000000",
+        decision=scoring_pb2.DECISION_APPROVE,
+        score=0.01,
+        reasons=gateway._reasons,
+        model_version="1",
+        scored_by=scoring_pb2.SCORED_BY_MODEL,
+        feature_source=scoring_pb2.FEATURE_SOURCE_ONLINE,
+        elapsed_ms=3.0,
+    )
+    return {
+        "gateway": score.SerializeToString(),
+        "features": NoopFeatures()._response.SerializeToString(),
+        "scorer": NoopScorer()._response.SerializeToString(),
+        "infer_request": gateway._infer.SerializeToString(),
+        "features_request": features_pb2.GetFeaturesRequest(
+            card_id="card-000000", merchant_id="merch-00000", as_of=_now()
+        ).SerializeToString(),
+    }
+
+
+async def serve_bare(role: str, settings: NoopSettings) -> None:
+    """Serves ``role`` on a bare grpc.aio server until SIGTERM (see the module docstring)."""
+    import asyncio
+    import signal
+
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    replies = _bare_replies(settings)
+    reply = replies[role]
+    channels: list[grpc.aio.Channel] = []
+    handler: Callable[..., object]
+    if role == "gateway":
+        channels = [
+            grpc.aio.insecure_channel(settings.features_target),
+            grpc.aio.insecure_channel(settings.scorer_target),
+        ]
+        # No serializers: the calls send and receive bytes as they are.
+        get_features = channels[0].unary_unary("/fraud.v1.FeatureService/GetFeatures")
+        infer = channels[1].unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        features_request, infer_request = replies["features_request"], replies["infer_request"]
+        features_timeout = settings.features_cap_s
+        scorer_timeout = settings.budget_s - settings.reserve_s - features_timeout
+
+        async def score(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await get_features(features_request, timeout=features_timeout)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await infer(infer_request, timeout=scorer_timeout)
+            return reply
+
+        handler = score
+    else:
+
+        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return reply
+
+        handler = answer
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    service, method = _METHODS[role]
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                service, {method: grpc.unary_unary_rpc_method_handler(handler)}
+            )
+        ]
+    )
+    server.add_insecure_port(f"{settings.host}:{settings.port}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0.5)
+    for channel in channels:
+        await channel.close()
+
+
 def _probe(target: str) -> Callable[[], bool]:
     return lambda: grpc_serving(target)
 
 
 class FloorMesh:
-    """Envoy and the three no-work servers on free ports, started and stopped together."""
+    """Envoy and the three no-work servers on free ports, started and stopped together;
+    ``bare`` runs them without the project's runtime (``python -m loadtest.noop --bare``)."""
 
-    def __init__(self, log_dir: Path, host: str = "127.0.0.1", rate_limit_rps: int = 1000):
+    def __init__(
+        self,
+        log_dir: Path,
+        host: str = "127.0.0.1",
+        rate_limit_rps: int = 1000,
+        bare: bool = False,
+    ) -> None:
         self.host = host
         self.log_dir = log_dir
         self.envoy_port = free_port()
@@ -229,7 +330,7 @@ class FloorMesh:
             target = f"{host}:{port}"
             self.processes[role] = Process(
                 role,
-                [sys.executable, "-m", "loadtest.noop", role],
+                [sys.executable, "-m", "loadtest.noop", *(["--bare"] if bare else []), role],
                 ready=_probe(target),
                 env={**env, "FRAUD_NOOP_PORT": str(port)},
                 log_path=log_dir / f"noop-{role}.log",
@@ -287,10 +388,17 @@ class FloorMesh:
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m loadtest.noop ROLE``: serves one no-work role until SIGTERM."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        raise SystemExit("usage: python -m loadtest.noop {gateway,features,scorer}")
+    bare = "--bare" in args
+    args = [a for a in args if a != "--bare"]
+    if len(args) != 1 or args[0] not in _METHODS:
+        raise SystemExit("usage: python -m loadtest.noop [--bare] {gateway,features,scorer}")
     settings = NoopSettings()
-    serve(settings, NoopService(args[0], settings))
+    if bare:
+        import asyncio
+
+        asyncio.run(serve_bare(args[0], settings))
+    else:
+        serve(settings, NoopService(args[0], settings))
 
 
 if __name__ == "__main__":

@@ -58,3 +58,24 @@ def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_bina
     summary = json.loads(result.summary.read_text())
     assert [s["offered_rps"] for s in summary["steps"]] == [20.0, 40.0]
     assert all(s["error_share"] == 0 for s in summary["steps"])
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["no-work", "bare-grpc"])
+def test_floor_meshes_answer_every_call(
+    prepared_env: Any, tmp_path: Path, ghz_binary: str, bare: bool
+) -> None:
+    from loadtest import data, noop
+
+    floor = noop.FloorMesh(tmp_path / "logs", bare=bare)
+    floor.start()
+    try:
+        population = data.sample_population(prepared_env.var_dir / "data", 100)
+        file = data.write_data_file(tmp_path / "score.json", data.score_requests(population, "now"))
+        result = ghz.run_ghz(
+            ghz.SCORE, floor.envoy_target, file, rps=30, duration_s=2, timeout_ms=1000
+        )
+        assert floor.dead() == []
+    finally:
+        floor.stop()
+    assert result.count >= 50
+    assert result.status_counts.get("OK") == result.count, result.errors
