@@ -10,30 +10,23 @@ circuit breakers moved (from its Prometheus metrics) and how long recovery took.
 
 from __future__ import annotations
 
-import json
 import math
-import random
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import pandas as pd
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client.parser import text_string_to_metric_families
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from services.features import simulate
+from loadtest import data, ghz
 from services.features import store as feature_store
 from services.features.settings import FeaturesSettings
 from services.mesh import Mesh, MeshConfig, free_port
@@ -41,135 +34,6 @@ from services.mesh import Mesh, MeshConfig, free_port
 REPO = Path(__file__).resolve().parents[1]
 PROTO = "fraud/v1/scoring.proto"
 BUDGET_MS = 42.0
-
-
-def ghz_binary() -> str:
-    """The ghz executable on PATH or in the Go bin folder (installed by scripts/tools.sh)."""
-    found = shutil.which("ghz") or shutil.which("ghz", path=str(Path.home() / "go" / "bin"))
-    if found is None:
-        raise FileNotFoundError("ghz is not installed: run `make tools`")
-    return found
-
-
-def score_requests(data_dir: Path, count: int = 400, seed: int = 1) -> list[dict[str, object]]:
-    """ghz call data for Score: known cards at their merchants, 10% unknown cards.
-
-    Timestamps and ids are ghz template actions, filled per call, so every call is "now".
-    """
-    tx = pd.read_parquet(
-        data_dir / simulate.TRANSACTIONS_FILE,
-        columns=["card_id", "merchant_id", "amount_minor", "currency", "channel"],
-    )
-    rows = tx.tail(20_000).sample(n=count, random_state=seed)
-    rng = random.Random(seed)
-    requests = []
-    for row in rows.itertuples(index=False):
-        unknown = rng.random() < 0.1
-        requests.append(
-            {
-                "transaction_id": "load-{{.RequestNumber}}",
-                "card_id": f"card-unknown-{rng.randrange(10**6)}" if unknown else row.card_id,
-                "merchant_id": row.merchant_id,
-                "amount_minor": int(row.amount_minor),
-                "currency": row.currency,
-                "timestamp": "{{.Timestamp}}",
-                "channel": "CHANNEL_CARD_NOT_PRESENT"
-                if row.channel == simulate.CARD_NOT_PRESENT
-                else "CHANNEL_CARD_PRESENT",
-            }
-        )
-    return requests
-
-
-@dataclass
-class LoadResult:
-    """What one ghz run measured."""
-
-    total: int
-    ok: int
-    statuses: Counter[str]
-    p50_ms: float
-    p99_ms: float
-    ok_p99_ms: float
-    rejected_p99_ms: float
-    achieved_rps: float
-    errors: Counter[str] = field(default_factory=Counter)
-    """Error messages by count, for the report's notes."""
-
-    @property
-    def ok_share(self) -> float:
-        """Share of calls answered OK."""
-        return self.ok / self.total if self.total else 0.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
-
-
-_GHZ_SHUTDOWN = (
-    "context canceled",
-    "client connection is closing",
-    "use of closed network connection",
-)
-
-
-def _ghz_cancelled(error: str) -> bool:
-    return any(mark in error for mark in _GHZ_SHUTDOWN)
-
-
-def run_load(
-    target: str, data_file: Path, rps: int, duration_s: float, timeout_ms: int = 200
-) -> LoadResult:
-    """Runs ghz open loop against ``target`` and summarises every call it made."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
-        report_path = Path(out.name)
-    argv = [
-        ghz_binary(),
-        "--insecure",
-        "--proto", str(REPO / "protos" / PROTO),
-        "--import-paths", str(REPO / "protos"),
-        "--call", "fraud.v1.FraudScoring/Score",
-        "--data-file", str(data_file),
-        "--async",
-        "--count-errors",
-        "--rps", str(rps),
-        "--duration", f"{duration_s}s",
-        "--concurrency", "50",
-        "--connections", "4",
-        "--timeout", f"{timeout_ms}ms",
-        "--format", "json",
-        "--output", str(report_path),
-        target,
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
-    try:
-        if done.returncode != 0 and not report_path.stat().st_size:
-            raise RuntimeError(f"ghz failed ({done.returncode}): {done.stderr.strip()}")
-        report = json.loads(report_path.read_text())
-    finally:
-        report_path.unlink(missing_ok=True)
-    # ghz cancels the calls still in flight when the duration ends and records them as
-    # client-side errors; they say nothing about the mesh, so they are left out.
-    details = [d for d in report.get("details") or [] if not _ghz_cancelled(d.get("error", ""))]
-    statuses: Counter[str] = Counter(d.get("status", "OK") or "OK" for d in details)
-    errors = Counter(f"{d.get('status')}: {d.get('error')}" for d in details if d.get("error"))
-    latencies = [d["latency"] / 1e6 for d in details]
-    ok = [d["latency"] / 1e6 for d in details if (d.get("status") or "OK") == "OK"]
-    rejected = [d["latency"] / 1e6 for d in details if d.get("status") == "ResourceExhausted"]
-    return LoadResult(
-        errors=errors,
-        total=len(details),
-        ok=len(ok),
-        statuses=statuses,
-        p50_ms=_percentile(latencies, 0.50),
-        p99_ms=_percentile(latencies, 0.99),
-        ok_p99_ms=_percentile(ok, 0.99),
-        rejected_p99_ms=_percentile(rejected, 0.99),
-        achieved_rps=float(report.get("rps", 0.0)),
-    )
 
 
 def gateway_counters(metrics_url: str) -> dict[str, float]:
@@ -209,19 +73,20 @@ class Row:
 
     fault: str
     expected: str
-    load: LoadResult | None = None
+    load: ghz.Result | None = None
     breaker: str = ""
     notes: list[str] = field(default_factory=list)
 
     def passed(self) -> bool:
         """Whether the row meets its expectation."""
         load = self.load
-        if load is None or load.total == 0:
+        if load is None or load.count == 0:
             return False
         if self.fault.startswith("3x"):
-            only_shed = set(load.statuses) <= {"OK", "ResourceExhausted"}
-            return only_shed and load.ok_p99_ms <= BUDGET_MS and load.ok > 0
-        return load.ok == load.total and load.p99_ms <= BUDGET_MS
+            only_shed = set(load.status_counts) <= {"OK", "ResourceExhausted"}
+            ok_p99 = load.status_p99_ms.get("OK", math.inf)
+            return only_shed and ok_p99 <= BUDGET_MS and load.status_counts.get("OK", 0) > 0
+        return load.error_count == 0 and load.p99_ms <= BUDGET_MS
 
 
 @dataclass(frozen=True)
@@ -244,13 +109,14 @@ class Chaos:
         self.log_dir = log_dir
         self.plan = plan
         data_dir = FeaturesSettings(var_dir=var_dir).data_path
-        self.data_file = log_dir / "score-requests.json"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        requests = score_requests(data_dir)
-        self.data_file.write_text(json.dumps(requests))
-        known = next(r for r in requests if not str(r["card_id"]).startswith("card-unknown"))
-        self.probe_card = str(known["card_id"])
-        self.probe_merchant = str(known["merchant_id"])
+        population = data.sample_population(data_dir, 400)
+        # ghz stamps each call's timestamp itself, so the file stays valid for every row.
+        self.data_file = data.write_data_file(
+            log_dir / "score-requests.json", data.score_requests(population, "template")
+        )
+        known = next(t for t in population if t.kind == "known")
+        self.probe_card = known.card_id
+        self.probe_merchant = known.merchant_id
 
     @contextmanager
     def mesh(self, store: str = "sqlite", **overrides: object) -> Iterator[Mesh]:
@@ -297,10 +163,19 @@ class Chaos:
         plan = self.plan
         metrics_url = f"http://127.0.0.1:{mesh.config.metrics_ports['gateway']}/metrics"
         before = gateway_counters(metrics_url)
-        result: list[LoadResult] = []
+        result: list[ghz.Result] = []
         load = threading.Thread(
             target=lambda: result.append(
-                run_load(mesh.config.envoy_target, self.data_file, rps or plan.rps, plan.duration_s)
+                ghz.run_ghz(
+                    ghz.SCORE,
+                    mesh.config.envoy_target,
+                    self.data_file,
+                    rps=rps or plan.rps,
+                    duration_s=plan.duration_s,
+                    # Long enough that a late answer shows as latency (judged against the
+                    # 42 ms budget) rather than as an error.
+                    timeout_ms=200,
+                )
             )
         )
         start = time.monotonic()
@@ -310,6 +185,7 @@ class Chaos:
             fault()
         if recover is not None:
             time.sleep(max(0.0, plan.recover_at_s - (time.monotonic() - start)))
+            began = time.monotonic()
             recover()
             if recovered is not None:
                 back = time.monotonic()
@@ -318,7 +194,10 @@ class Chaos:
                         mesh.config.envoy_target, self.probe_card, self.probe_merchant
                     )
                     if response is not None and recovered(response):
-                        row.notes.append(f"recovered {time.monotonic() - back:.1f} s after restart")
+                        row.notes.append(
+                            f"recovered {time.monotonic() - back:.1f} s after the restart, "
+                            f"which took {back - began:.1f} s"
+                        )
                         break
                     time.sleep(0.1)
                 else:
@@ -476,12 +355,14 @@ def markdown(rows: list[Row], plan: ChaosPlan) -> str:
         if load is None:
             lines.append(f"| {row.fault} | {row.expected} | no result | | | | | | | | FAIL |")
             continue
-        others = ", ".join(f"{k} {v}" for k, v in sorted(load.statuses.items()) if k != "OK")
-        if "ResourceExhausted" in load.statuses:
-            others += f" (p99 {load.rejected_p99_ms:.1f} ms)"
+        others = ", ".join(f"{k} {v}" for k, v in sorted(load.status_counts.items()) if k != "OK")
+        if "ResourceExhausted" in load.status_p99_ms:
+            others += f" (p99 {load.status_p99_ms['ResourceExhausted']:.1f} ms)"
+        ok = load.status_counts.get("OK", 0)
         lines.append(
-            f"| {row.fault} | {row.expected} | {load.total} | {load.ok_share:.2%} "
-            f"| {load.p50_ms:.1f} | {load.p99_ms:.1f} | {load.ok_p99_ms:.1f} | {others or '-'} "
+            f"| {row.fault} | {row.expected} | {load.count} | {ok / load.count:.2%} "
+            f"| {load.p50_ms:.1f} | {load.p99_ms:.1f} "
+            f"| {load.status_p99_ms.get('OK', math.nan):.1f} | {others or '-'} "
             f"| {row.breaker} | {'; '.join(row.notes) or '-'} "
             f"| {'PASS' if row.passed() else 'FAIL'} |"
         )

@@ -40,6 +40,12 @@ def loadtest_command(
     gateway_replicas: Annotated[
         int, typer.Option(min=1, help="Gateway processes behind Envoy in a started mesh.")
     ] = 1,
+    gateway_in_process: Annotated[
+        bool,
+        typer.Option(
+            help="Gateways of a started mesh read the store and run the model in process."
+        ),
+    ] = False,
 ) -> None:
     """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report."""
     from loadtest import runner
@@ -71,6 +77,7 @@ def loadtest_command(
         name=name,
         saturated_steps=saturated_steps,
         gateway_replicas=gateway_replicas,
+        gateway_in_process=gateway_in_process,
     )
     try:
         result = runner.run(cfg, log=console.print)

@@ -109,6 +109,8 @@ class Result:
     """Calls by gRPC status name (``OK``, ``DeadlineExceeded``, …)."""
     errors: Mapping[str, int] = field(default_factory=dict)
     """Distinct error messages and how often each came."""
+    status_p99_ms: Mapping[str, float] = field(default_factory=dict)
+    """p99 latency of the calls of each status (e.g. of the OK ones alone)."""
 
     @property
     def error_count(self) -> int:
@@ -166,6 +168,9 @@ def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
     statuses: Counter[str] = Counter(report.get("statusCodeDistribution") or {})
     if not statuses and details:
         statuses = Counter(d.get("status") or "OK" for d in details)
+    by_status: dict[str, list[float]] = {}
+    for d in details:
+        by_status.setdefault(d.get("status") or "OK", []).append(d["latency"] / 1e6)
     count = int(report.get("count") or len(details))
     total_ns = float(report.get("total") or 0)
     return Result(
@@ -181,6 +186,7 @@ def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
         mean_ms=sum(latencies) / len(latencies) if latencies else 0.0,
         status_counts=dict(statuses),
         errors=dict(report.get("errorDistribution") or {}),
+        status_p99_ms={k: percentile(sorted(v), 99) for k, v in by_status.items()},
     )
 
 

@@ -68,11 +68,21 @@ class LoadtestConfig:
     """Extra environment for the services of a started mesh (tuning experiments)."""
     gateway_replicas: int = 1
     """Gateway processes behind Envoy in a started mesh."""
+    gateway_in_process: bool = False
+    """The started mesh's gateways read the store and run the model in process."""
+
+    @property
+    def variant(self) -> str:
+        """How the started mesh differs from the default, for names and titles."""
+        parts = ["in-process"] if self.gateway_in_process else []
+        if self.gateway_replicas > 1:
+            parts.append(f"{self.gateway_replicas}gw")
+        return "-".join(parts)
 
     @property
     def report_name(self) -> str:
         """Base name of the report files."""
-        return self.name or f"loadtest-{self.store}"
+        return self.name or "-".join(filter(None, ("loadtest", self.store, self.variant)))
 
 
 @dataclass(frozen=True)
@@ -140,12 +150,14 @@ def start_mesh(
     edge_rate_limit: int = 1000,
     extra_env: dict[str, str] | None = None,
     gateway_replicas: int = 1,
+    gateway_in_process: bool = False,
     log: Log = print,
 ) -> Mesh:
     """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
     gateways = ["gateway", *(f"gateway-{i}" for i in range(2, gateway_replicas + 1))]
     config = MeshConfig.on_free_ports(
         gateway_replicas=gateway_replicas,
+        gateway_in_process=gateway_in_process,
         var_dir=var_dir,
         store=store,
         log_dir=log_dir,
@@ -290,22 +302,28 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     name = cfg.report_name
     results = [s.result for s in steps]
+    what = f"{cfg.store} store" + (f", {cfg.variant}" if cfg.variant else "")
     png = report.plot(
-        {f"Score via Envoy ({cfg.store})": results},
+        {f"Score via Envoy ({what})": results},
         out / f"{name}.png",
-        f"fraudmesh Score through Envoy, {cfg.store} store: latency vs offered rate",
+        f"fraudmesh Score through Envoy, {what}: latency vs offered rate",
     )
     best = report.max_sustainable(results)
     at400 = report.at_rate(results, 400)
     peak = {p: max((s.peak_rss.get(p, 0) for s in steps), default=0) for p in processes}
     lines = [
-        f"# Load test: Score through Envoy ({cfg.store} store)",
+        f"# Load test: Score through Envoy ({what})",
         "",
         f"Run {started:%Y-%m-%d %H:%M} UTC; {machine_line()}.",
         f"ghz open loop (`--async --count-errors`), {cfg.step_s:g} s per step, deadline "
         f"{cfg.deadline_ms:g} ms per call, {cfg.requests} distinct requests (known cards, "
         "unknown cards, fraud-like) stamped at the start of each step; "
         + (f"{cfg.gateway_replicas} gateway replicas; " if cfg.gateway_replicas > 1 else "")
+        + (
+            "gateway with the store read and the model in process (`FRAUD_GATEWAY_IN_PROCESS`); "
+            if cfg.gateway_in_process
+            else ""
+        )
         + f"Envoy's edge rate limit {cfg.edge_rate_limit} rps. Percentiles from every call's latency, errors "
         "included; peak RSS sampled every 0.2 s.",
         "",
@@ -403,6 +421,7 @@ def run(cfg: LoadtestConfig, log: Log = print) -> LoadtestReport:
                 edge_rate_limit=cfg.edge_rate_limit,
                 extra_env=cfg.extra_env,
                 gateway_replicas=cfg.gateway_replicas,
+                gateway_in_process=cfg.gateway_in_process,
                 log=log,
             )
             target = mesh.config.envoy_target

@@ -54,6 +54,13 @@ def up(
         int,
         typer.Option(help="Prometheus /metrics of the gateway; features and scorer use +1, +2."),
     ] = 9101,
+    gateway_in_process: Annotated[
+        bool,
+        typer.Option(
+            help="The gateway reads the online store and runs the model itself instead of "
+            "calling the feature service and the scorer (both still run for other clients)."
+        ),
+    ] = False,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; stop them on Ctrl-C/SIGTERM."""
     from services import demo as demo_mod
@@ -70,6 +77,7 @@ def up(
         features_port=features_port,
         scorer_port=scorer_port,
         redis_port=redis_port,
+        gateway_in_process=gateway_in_process,
         metrics_ports={
             name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))
         },

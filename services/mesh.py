@@ -198,6 +198,8 @@ class MeshConfig:
     scorer_port: int = 50053
     redis_port: int = 6379
     extra_gateway_ports: tuple[int, ...] = ()
+    gateway_in_process: bool = False
+    """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
     """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
@@ -246,6 +248,8 @@ class MeshConfig:
             "FRAUD_SCORER_PORT": str(self.scorer_port),
             "FRAUD_SCORER_VAR_DIR": var,
         }
+        if self.gateway_in_process:
+            env["FRAUD_GATEWAY_IN_PROCESS"] = "true"
         return {**env, **self.extra_env}
 
 

@@ -1,10 +1,14 @@
-"""The gateway as a Service for the shared runtime: model metadata, rules, channels, warm-up."""
+"""The gateway as a Service for the shared runtime: model metadata, rules, channels, warm-up.
+
+By default the gateway calls the feature service and the scorer over gRPC; with
+``in_process`` it reads the online store and runs the model itself (``local.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -16,7 +20,7 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.clients import GrpcFeatureClient, GrpcModelClient
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Pipeline
+from services.gateway.pipeline import FeatureClient, ModelClient, Pipeline
 from services.gateway.rules import DEFAULT_RULES, RulesEngine
 from services.gateway.servicer import FraudScoringServicer
 from services.gateway.settings import GatewaySettings
@@ -37,6 +41,7 @@ class GatewayService:
             settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
         )
         self.channels: list[grpc.aio.Channel] = []
+        self._closers: list[Callable[[], None]] = []
 
     def register(self, server: grpc.aio.Server) -> list[str]:
         """Adds the public scoring servicer."""
@@ -56,15 +61,22 @@ class GatewayService:
                 f"{metadata.feature_order}, this gateway computes {featurespec.MODEL_FEATURES}"
             )
         rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, metadata.feature_order)
-        features_channel = insecure_channel(s.features_target)
-        scorer_channel = insecure_channel(s.scorer_target)
-        self.channels = [features_channel, scorer_channel]
-        await self._wait_ready([features_channel, scorer_channel])
+        features: FeatureClient
+        model: ModelClient
+        if s.in_process:
+            features, model = await self._in_process(metadata)
+        else:
+            features_channel = insecure_channel(s.features_target)
+            scorer_channel = insecure_channel(s.scorer_target)
+            self.channels = [features_channel, scorer_channel]
+            await self._wait_ready([features_channel, scorer_channel])
+            features = GrpcFeatureClient(features_channel)
+            model = GrpcModelClient(scorer_channel, metadata)
         pipeline = Pipeline(
             metadata,
             rules,
-            GrpcFeatureClient(features_channel),
-            GrpcModelClient(scorer_channel, metadata),
+            features,
+            model,
             self.metrics,
             self._breaker("features", s.features_slow_ms),
             self._breaker("scorer", s.scorer_slow_ms),
@@ -73,8 +85,37 @@ class GatewayService:
         self.servicer.pipeline = pipeline
         log.info(
             "gateway ready",
-            extra={"model": metadata.name, "version": metadata.version, "rules": rules.version},
+            extra={
+                "model": metadata.name,
+                "version": metadata.version,
+                "rules": rules.version,
+                "in_process": s.in_process,
+            },
         )
+
+    async def _in_process(
+        self, metadata: registry.ModelMetadata
+    ) -> tuple[FeatureClient, ModelClient]:
+        """Opens the online store and loads the ONNX model of ``metadata`` in this process."""
+        # Imported here: Feast and ONNX Runtime stay out of a gateway that calls the services.
+        from services.features.settings import FeaturesSettings
+        from services.features.store import OnlineFeatureReader
+        from services.gateway.local import LocalFeatureClient, LocalModelClient
+        from services.scorer.model import OnnxModel
+
+        s = self.settings
+        store_settings = FeaturesSettings()
+        # A read blocks the event loop: bound it by the feature call's slice of the budget.
+        timeout_ms = min(store_settings.redis_timeout_ms, s.features_cap_ms)
+        store_settings = store_settings.model_copy(update={"redis_timeout_ms": timeout_ms})
+        loop = asyncio.get_running_loop()
+        reader = await loop.run_in_executor(None, OnlineFeatureReader, store_settings)
+        features = LocalFeatureClient(reader)
+        self._closers.append(features.close)
+        model = await loop.run_in_executor(
+            None, OnnxModel.load, s.models_path, metadata.name, metadata.version
+        )
+        return features, LocalModelClient(model)
 
     def _breaker(self, dependency: str, slow_ms: float) -> CircuitBreaker:
         """A breaker for ``dependency`` whose state changes reach the metrics."""
@@ -112,3 +153,5 @@ class GatewayService:
         """Closes the dependency channels."""
         for channel in self.channels:
             await channel.close()
+        for close in self._closers:
+            close()

@@ -25,6 +25,12 @@ class GatewaySettings(ServerSettings):
         description="On SIGTERM: NOT_SERVING this long before refusing calls; covers two of "
         "Envoy's 1 s health checks so the edge stops routing here first.",
     )
+    in_process: bool = Field(
+        False,
+        description="Read the online store and run the model inside the gateway instead of "
+        "calling the feature service and the scorer over gRPC (services/gateway/local.py); "
+        "the store settings then come from FRAUD_FEATURES_*.",
+    )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
     model_root: Path | None = Field(
