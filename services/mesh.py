@@ -2,14 +2,17 @@
 
 Used by ``fraudmesh up`` and by the integration tests, so both run the mesh the same way.
 Every child gets its own process group and dies with its parent (PR_SET_PDEATHSIG), so
-nothing is left behind even if the parent is killed.
+nothing is left behind even if the parent is killed. The death signal and the start-up
+niceness are set by exec'ing through util-linux ``setpriv`` and coreutils ``nice`` rather
+than a ``preexec_fn``: Python code between fork and exec can deadlock in a process that
+runs threads (gRPC's), and then ``Popen`` never returns.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,20 +29,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import envoy
 
-_PR_SET_PDEATHSIG = 1
-
-
 STARTUP_NICENESS = 10
 """Children start at this niceness and get normal priority once ready: the seconds of CPU
 a Python service spends importing and warming up must not starve the replicas that are
 serving meanwhile (a rolling restart on a small machine)."""
 
 
-def _child_setup() -> None:
-    """Runs in the child before exec: die with the parent, start at low priority."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    os.nice(STARTUP_NICENESS)
+def launch_prefix() -> list[str]:
+    """The argv prefix every child is exec'd through: SIGTERM when the parent dies, start
+    at ``STARTUP_NICENESS``. Each tool execs the next, so the child keeps its PID."""
+    setpriv, nice = shutil.which("setpriv"), shutil.which("nice")
+    if setpriv is None or nice is None:
+        raise RuntimeError("starting the mesh needs setpriv (util-linux) and nice (coreutils)")
+    return [setpriv, "--pdeathsig", "TERM", "--", nice, "-n", str(STARTUP_NICENESS), "--"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -111,13 +113,12 @@ class Process:
             out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.popen = subprocess.Popen(
-                self.argv,
+                [*launch_prefix(), *self.argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_child_setup,
             )
         finally:
             if not isinstance(out, int):
