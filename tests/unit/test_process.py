@@ -29,6 +29,16 @@ def _gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def _execs_into(pid: int, program: bytes, timeout_s: float) -> bool:
+    """True once ``pid`` runs ``program`` (its argv[0])."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == program:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_child_keeps_its_pid_and_gets_normal_priority_once_ready(tmp_path: Path) -> None:
     flag = tmp_path / "ready"
     child = Process(
@@ -40,13 +50,8 @@ def test_child_keeps_its_pid_and_gets_normal_priority_once_ready(tmp_path: Path)
     child.start()
     try:
         assert child.pid is not None
-        deadline = time.monotonic() + 10
-        cmdline = b""
-        while time.monotonic() < deadline and b"time.sleep" not in cmdline:
-            cmdline = Path(f"/proc/{child.pid}/cmdline").read_bytes()
-            time.sleep(0.02)
-        # The launch tools exec'd into the child: the PID we hold is the service itself.
-        assert cmdline.split(b"\0")[0] == sys.executable.encode()
+        # The launch tools exec into the child: the PID we hold becomes the service itself.
+        assert _execs_into(child.pid, sys.executable.encode(), timeout_s=10)
         parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == parent_nice + STARTUP_NICENESS
 
@@ -75,11 +80,7 @@ def test_child_dies_with_its_parent(tmp_path: Path) -> None:
     try:
         assert parent.stdout is not None
         child_pid = int(parent.stdout.readline())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if Path(f"/proc/{child_pid}/cmdline").read_bytes().startswith(b"sleep"):
-                break
-            time.sleep(0.02)
+        assert _execs_into(child_pid, b"sleep", timeout_s=10)
         assert not _gone(child_pid, timeout_s=0.2)
         parent.kill()  # no chance to clean up: only the death signal can end the child
         parent.wait(5)
