@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import psutil
 
+from services.mesh import renice_threads
+
 
 def normal_priority(pids: Sequence[int]) -> None:
-    """Gives every thread of each process (and its children) this process's niceness.
+    """Gives every thread of each process, and of its child processes, this process's niceness.
 
-    ``services.mesh.Process`` starts children niced and renices only their main thread once
-    ready; threads started during warm-up (gRPC's poller and event-engine threads, Envoy's
-    workers) would otherwise stay niced for good and lose the CPU to anything else running,
-    ghz included, which measures the start-up niceness instead of the services.
+    ``services.mesh.Process`` starts children niced and renices the threads of the process it
+    started once ready; child processes started during warm-up (MLServer's inference workers,
+    `feast serve`'s workers) would otherwise stay niced for good and lose the CPU to anything
+    else running, ghz included, which would measure the start-up niceness instead of the peer.
     """
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     for pid in pids:
@@ -25,6 +25,4 @@ def normal_priority(pids: Sequence[int]) -> None:
         except psutil.NoSuchProcess:
             continue
         for proc in procs:
-            for task in Path(f"/proc/{proc.pid}/task").glob("*"):
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, int(task.name), mine)
+            renice_threads(proc.pid, mine)

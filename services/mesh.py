@@ -35,13 +35,23 @@ a Python service spends importing and warming up must not starve the replicas th
 serving meanwhile (a rolling restart on a small machine)."""
 
 
-def launch_prefix() -> list[str]:
+def _launch_prefix() -> list[str]:
     """The argv prefix every child is exec'd through: SIGTERM when the parent dies, start
     at ``STARTUP_NICENESS``. Each tool execs the next, so the child keeps its PID."""
     setpriv, nice = shutil.which("setpriv"), shutil.which("nice")
     if setpriv is None or nice is None:
         raise RuntimeError("starting the mesh needs setpriv (util-linux) and nice (coreutils)")
     return [setpriv, "--pdeathsig", "TERM", "--", nice, "-n", str(STARTUP_NICENESS), "--"]
+
+
+def renice_threads(pid: int, niceness: int) -> None:
+    """Sets every thread of ``pid`` to ``niceness``. Niceness is per thread on Linux: the
+    threads a process has started by now (gRPC pollers, timers, Envoy's workers) need it,
+    not only the main one. Threads that end meanwhile, and a lack of permission to lower
+    niceness (root or CAP_SYS_NICE), are skipped."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,7 +123,7 @@ class Process:
             out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.popen = subprocess.Popen(
-                [*launch_prefix(), *self.argv],
+                [*_launch_prefix(), *self.argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -146,14 +156,7 @@ class Process:
         """Back to the parent's niceness once serving (lowering niceness needs root or
         CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
         assert self.popen is not None
-        # Niceness is per thread on Linux: every thread the child has started by now
-        # (gRPC pollers, timers) needs it, not only the main one.
-        normal = os.getpriority(os.PRIO_PROCESS, 0)
-        tasks = Path(f"/proc/{self.popen.pid}/task")
-        tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [self.popen.pid]
-        for tid in tids:
-            with contextlib.suppress(PermissionError, ProcessLookupError):
-                os.setpriority(os.PRIO_PROCESS, tid, normal)
+        renice_threads(self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0))
 
     def returncode(self) -> int | None:
         """Exit status once ended."""
