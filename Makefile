@@ -25,6 +25,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 .PHONY: install
 install: $(VENV)/.installed ## Create .venv and install the project
 
+.PHONY: system
+system: ## Install the system programs the tests start (redis-server, setpriv) if missing
+	bash scripts/system-deps.sh
+
 .PHONY: tools
 tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl and kubeconform
 	bash scripts/tools.sh
@@ -44,6 +48,7 @@ lint: install ## ruff, formatting, mypy, go vet
 	$(VENV)/bin/ruff check services tests loadtest
 	$(VENV)/bin/ruff format --check services tests loadtest
 	$(VENV)/bin/mypy services loadtest
+	$(VENV)/bin/lint-imports
 	go vet ./...
 
 .PHONY: data
@@ -54,7 +59,7 @@ data: install ## Simulate data, apply Feast, train if no model exists, materiali
 	$(FRAUDMESH) features materialize --var-dir $(VAR)
 
 .PHONY: run
-run: data ## Set up and run the mesh on the embedded defaults, with sample transactions
+run: system data ## Set up and run the mesh on the embedded defaults, with sample transactions
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
 .PHONY: chaos
@@ -81,7 +86,7 @@ bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work f
 	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) $(BENCH_ARGS)
 
 .PHONY: test
-test: install tools check-gen lint ## Set up and run every test
+test: system install tools check-gen lint ## Set up and run every test
 	go test ./...
 	$(VENV)/bin/pytest -ra tests
 

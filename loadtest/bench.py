@@ -29,11 +29,11 @@ from pathlib import Path
 
 from loadtest import data, fortio, ghz, noop, report, runner
 from loadtest.priority import normal_priority
-from services.common import registry
-from services.features import store as feature_store
-from services.features.feature_repo import definitions
-from services.features.settings import FeaturesSettings
+from services.featurestore import admin as store_admin
+from services.featurestore.repo import definitions
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Process, free_port, grpc_serving, http_ok, tcp_open
+from services.models import repository
 
 Log = Callable[[str], None]
 
@@ -280,7 +280,7 @@ def bench_floor(
 
 
 def mlserver_repo(
-    folder: Path, model_dir: Path, metadata: registry.ModelMetadata, ports: dict[str, int]
+    folder: Path, model_dir: Path, metadata: repository.ModelMetadata, ports: dict[str, int]
 ) -> Path:
     """Writes MLServer's settings.json and model-settings.json for the LightGBM text model."""
     booster = model_dir / "lightgbm.txt"
@@ -341,7 +341,7 @@ def bench_scorer(
     """The scorer against MLServer on the same LightGBM model, ghz ModelInfer, same requests."""
     work = out_dir / ".bench-scorer.tmp"
     model_root = var_dir / "models"
-    metadata, model_dir = registry.load(model_root)
+    metadata, model_dir = repository.load(model_root)
     population = data.sample_population(var_dir / "data", 2000)
     vectors = data.model_vectors(population, var_dir / "data", metadata)
     # No outputs named: each server returns its default outputs (ours: label and
@@ -455,18 +455,18 @@ def bench_features(
         redis.wait_ready(30)
         normal_priority([redis.pid or 0])
         log("features: materializing into redis …")
-        feature_store.materialize(
-            FeaturesSettings(var_dir=var_dir, store="redis", redis_connection=connection)
+        store_admin.materialize(
+            FeatureStoreSettings(var_dir=var_dir, store="redis", redis_connection=connection)
         )
         # feast serve reads feature_store.yaml from a repo folder: a separate one here, so
         # the data folder's own file (the SQLite store) is left alone.
-        serve_settings = FeaturesSettings(
+        serve_settings = FeatureStoreSettings(
             var_dir=var_dir,
             store="redis",
             redis_connection=connection,
             data_dir=work / "feast-repo",
         )
-        repo = feature_store.write_feature_store_yaml(serve_settings).parent
+        repo = store_admin.write_feature_store_yaml(serve_settings).parent
         known = next(t for t in data.sample_population(var_dir / "data", 50) if t.kind == "known")
         grpc_file = data.write_data_file(
             work / "features.json",

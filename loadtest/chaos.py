@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, ghz
-from services.features import store as feature_store
-from services.features.settings import FeaturesSettings
+from services.featurestore import admin as store_admin
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ class Chaos:
         self.var_dir = var_dir
         self.log_dir = log_dir
         self.plan = plan
-        data_dir = FeaturesSettings(var_dir=var_dir).data_path
+        data_dir = FeatureStoreSettings(var_dir=var_dir).data_path
         population = data.sample_population(data_dir, 400)
         # ghz stamps each call's timestamp itself, so the file stays valid for every row.
         self.data_file = data.write_data_file(
@@ -143,12 +143,12 @@ class Chaos:
             mesh.stop()
 
     def _materialize_redis(self, config: MeshConfig) -> None:
-        settings = FeaturesSettings(
+        settings = FeatureStoreSettings(
             var_dir=self.var_dir,
             store="redis",
             redis_connection=f"{config.host}:{config.redis_port}",
         )
-        feature_store.materialize(settings)
+        store_admin.materialize(settings)
 
     def _run(
         self,

@@ -1,4 +1,9 @@
-"""The ``fraudmesh loadtest`` command: run the load-test schedule and write its report."""
+"""The load-test suite's ``fraudmesh`` commands: ``loadtest`` (rate steps to saturation, with
+a report) and ``chaos`` (the fault matrix under load).
+
+They join the product's command through the ``fraudmesh.commands`` entry point
+(``register``), so the product never imports this package.
+"""
 
 from __future__ import annotations
 
@@ -86,3 +91,44 @@ def loadtest_command(
         raise typer.Exit(1) from error
     console.print(result.markdown.read_text())
     console.print(f"report: {result.markdown}  plot: {result.plot}")
+
+
+def chaos_command(
+    var_dir: Annotated[Path, typer.Option(help="Prepared state folder (make data).")] = Path("var"),
+    rows: Annotated[str, typer.Option(help="Comma-separated rows to run (default: all).")] = "",
+    rps: Annotated[int, typer.Option(help="Steady load through Envoy, calls per second.")] = 200,
+    duration_s: Annotated[float, typer.Option(help="Load duration per row.")] = 10.0,
+    capacity_rps: Annotated[
+        int, typer.Option(help="Edge rate limit in the overload row (3x is offered).")
+    ] = 300,
+    out: Annotated[Path, typer.Option(help="Markdown report path.")] = Path(
+        "loadtest/results/chaos.md"
+    ),
+) -> None:
+    """Run the fault matrix under load and print the measured table."""
+    console = Console()
+    from loadtest.chaos import ROW_NAMES, Chaos, ChaosPlan, markdown
+
+    selected = {r.strip() for r in rows.split(",") if r.strip()} or set(ROW_NAMES)
+    unknown = selected - set(ROW_NAMES)
+    if unknown:
+        raise typer.BadParameter(f"unknown rows {sorted(unknown)}; choose from {ROW_NAMES}")
+    plan = ChaosPlan(rps=rps, duration_s=duration_s, overload_capacity_rps=capacity_rps)
+    with console.status("running the fault matrix …"):
+        result = Chaos(var_dir, var_dir / "logs" / "chaos", plan).run(selected)
+    report = markdown(result, plan)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    console.print(report, highlight=False)
+    if not all(row.passed() for row in result):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``loadtest`` and ``chaos`` to the ``fraudmesh`` command."""
+    app.command(
+        "loadtest", help="Load-test Score through Envoy with ghz; write a report and plot."
+    )(loadtest_command)
+    app.command("chaos", help="Run the fault matrix under load and print the measured table.")(
+        chaos_command
+    )

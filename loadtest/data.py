@@ -28,9 +28,7 @@ rows). ``write_data_file`` writes any of them for ghz.
 
 from __future__ import annotations
 
-import base64
 import json
-import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,9 +38,12 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+from google.protobuf import json_format
 
-from services.common import featurespec, registry
-from services.features import simulate
+from services.domain import featurespec
+from services.featurestore import layout
+from services.models import repository
+from services.models.v2 import RowRequests
 
 Stamp = Literal["now", "template"]
 """How request timestamps are set: fixed at writing time, or per call by ghz."""
@@ -92,7 +93,7 @@ def sample_population(
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    path = data_dir / simulate.TRANSACTIONS_FILE
+    path = data_dir / layout.TRANSACTIONS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {path}: run `fraudmesh features simulate` (or `make data`)")
     columns = ["timestamp", "card_id", "merchant_id", "amount_minor", "currency", "channel"]
@@ -189,8 +190,8 @@ def latest_store_rows(data_dir: Path) -> dict[tuple[str, str], dict[str, float]]
     """Per (kind, id), the newest store feature values: what the online store holds."""
     out: dict[tuple[str, str], dict[str, float]] = {}
     for kind, file, key, names in (
-        ("card", simulate.CARD_FEATURES_FILE, "card_id", featurespec.CARD_FEATURES),
-        ("merchant", simulate.MERCHANT_FEATURES_FILE, "merchant_id", featurespec.MERCHANT_FEATURES),
+        ("card", layout.CARD_FEATURES_FILE, "card_id", featurespec.CARD_FEATURES),
+        ("merchant", layout.MERCHANT_FEATURES_FILE, "merchant_id", featurespec.MERCHANT_FEATURES),
     ):
         frame = pd.read_parquet(data_dir / file, columns=[key, "event_timestamp", *names])
         latest = frame.sort_values("event_timestamp").drop_duplicates(key, keep="last")
@@ -202,7 +203,7 @@ def latest_store_rows(data_dir: Path) -> dict[tuple[str, str], dict[str, float]]
 def model_vectors(
     population: Sequence[Txn],
     data_dir: Path,
-    metadata: registry.ModelMetadata,
+    metadata: repository.ModelMetadata,
     now_s: float | None = None,
 ) -> list[list[float]]:
     """The model input the gateway would build for each transaction, scored now."""
@@ -239,19 +240,13 @@ def infer_requests(
 
     Leave ``outputs`` empty to compare servers whose output names differ (every server then
     returns its default outputs)."""
+    builder = RowRequests(model_name, model_version, input_name, len(vectors[0]) if vectors else 0)
     requests = []
     for vector in vectors:
-        raw = struct.pack(f"<{len(vector)}f", *vector)
-        message: dict[str, Any] = {
-            "model_name": model_name,
-            "inputs": [{"name": input_name, "datatype": "FP32", "shape": ["1", str(len(vector))]}],
-            "raw_input_contents": [base64.b64encode(raw).decode("ascii")],
-        }
-        if model_version:
-            message["model_version"] = model_version
-        if outputs:
-            message["outputs"] = [{"name": o} for o in outputs]
-        requests.append(message)
+        message = builder.request(list(vector))
+        for name in outputs:
+            message.outputs.add(name=name)
+        requests.append(json_format.MessageToDict(message, preserving_proto_field_name=True))
     return requests
 
 
@@ -288,7 +283,7 @@ def write_all(
     """Writes ``score.json``, ``features.json`` and ``infer.json`` into ``out_dir`` from one
     population sample and the latest published model."""
     population = sample_population(data_dir, n, mix, seed)
-    metadata, _ = registry.load(model_root)
+    metadata, _ = repository.load(model_root)
     now = time.time()
     return DataFiles(
         score=write_data_file(out_dir / "score.json", score_requests(population, stamp, now)),

@@ -36,11 +36,13 @@ from fraud.v1 import features_pb2, features_pb2_grpc, scoring_pb2, scoring_pb2_g
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from loadtest.priority import normal_priority
-from services.common import envoy, featurespec
+from services.common import envoy
 from services.common.channels import insecure_channel
 from services.common.server import serve
 from services.common.settings import ServerSettings
+from services.domain import featurespec
 from services.mesh import Process, free_port, grpc_serving
+from services.models import repository
 
 N_FEATURES = len(featurespec.MODEL_FEATURES)
 
@@ -93,7 +95,7 @@ class NoopScorer(v2_grpc.GRPCInferenceServiceServicer):
     def __init__(self) -> None:
         tensor = v2.ModelInferResponse.InferOutputTensor
         self._response = v2.ModelInferResponse(
-            model_name="fraud-lgbm",
+            model_name=repository.DEFAULT_MODEL_NAME,
             model_version="1",
             outputs=[
                 tensor(name="label", datatype="INT64", shape=[1]),
@@ -117,7 +119,7 @@ class NoopGateway(scoring_pb2_grpc.FraudScoringServicer):
         self._features: features_pb2_grpc.FeatureServiceStub | None = None
         self._scorer: v2_grpc.GRPCInferenceServiceStub | None = None
         self._infer = v2.ModelInferRequest(
-            model_name="fraud-lgbm",
+            model_name=repository.DEFAULT_MODEL_NAME,
             model_version="1",
             inputs=[
                 v2.ModelInferRequest.InferInputTensor(

@@ -21,11 +21,11 @@ from pathlib import Path
 from loadtest import data, ghz, report
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
-from services.common import registry
-from services.features import simulate
-from services.features import store as feature_store
-from services.features.settings import FeaturesSettings
+from services.featurestore import admin as store_admin
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port, grpc_serving
+from services.models import repository
 
 DEFAULT_RATES: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)
 """Offered rates (requests/s) of the default schedule."""
@@ -136,9 +136,9 @@ def gateway_answers(metrics_url: str) -> Callable[[], dict[str, float]]:
 
 def check_state(var_dir: Path) -> None:
     """Fails with the command to run when data or a model is missing."""
-    if not simulate.data_present(var_dir / "data"):
+    if not layout.data_present(var_dir / "data"):
         raise FileNotFoundError(f"no simulated data under {var_dir}/data: run `make data`")
-    if registry.latest_version(var_dir / "models") is None:
+    if repository.latest_version(var_dir / "models") is None:
         raise FileNotFoundError(f"no published model under {var_dir}/models: run `make data`")
 
 
@@ -171,8 +171,8 @@ def start_mesh(
         log(f"ready: {name} (pid {mesh.processes[name].pid})")
         if name == "redis":
             log("materializing features into redis …")
-            feature_store.materialize(
-                FeaturesSettings(
+            store_admin.materialize(
+                FeatureStoreSettings(
                     var_dir=var_dir,
                     store="redis",
                     redis_connection=f"{config.host}:{config.redis_port}",

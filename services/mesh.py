@@ -28,6 +28,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import envoy
+from services.common.settings import ServerSettings, to_env
+from services.features.settings import FeaturesSettings
+from services.featurestore.settings import FeatureStoreSettings
+from services.gateway.settings import GatewaySettings
+from services.scorer.settings import ScorerSettings
 
 STARTUP_NICENESS = 10
 """Children start at this niceness and get normal priority once ready: the seconds of CPU
@@ -239,21 +244,25 @@ class MeshConfig:
 
     def service_env(self) -> dict[str, str]:
         """Environment that points every service at this mesh's ports and state."""
-        var = str(self.var_dir)
+        host, var = self.host, self.var_dir
         env = {
-            "FRAUD_GATEWAY_PORT": str(self.gateway_port),
-            "FRAUD_GATEWAY_VAR_DIR": var,
-            "FRAUD_GATEWAY_FEATURES_TARGET": f"{self.host}:{self.features_port}",
-            "FRAUD_GATEWAY_SCORER_TARGET": f"{self.host}:{self.scorer_port}",
-            "FRAUD_FEATURES_PORT": str(self.features_port),
-            "FRAUD_FEATURES_VAR_DIR": var,
-            "FRAUD_FEATURES_STORE": self.store,
-            "FRAUD_FEATURES_REDIS_CONNECTION": f"{self.host}:{self.redis_port}",
-            "FRAUD_SCORER_PORT": str(self.scorer_port),
-            "FRAUD_SCORER_VAR_DIR": var,
+            **to_env(
+                GatewaySettings,
+                port=self.gateway_port,
+                var_dir=var,
+                features_target=f"{host}:{self.features_port}",
+                scorer_target=f"{host}:{self.scorer_port}",
+                in_process=True if self.gateway_in_process else None,
+            ),
+            **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
+            **to_env(
+                FeatureStoreSettings,
+                var_dir=var,
+                store=self.store,
+                redis_connection=f"{host}:{self.redis_port}",
+            ),
+            **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
-        if self.gateway_in_process:
-            env["FRAUD_GATEWAY_IN_PROCESS"] = "true"
         return {**env, **self.extra_env}
 
 
@@ -285,27 +294,23 @@ class Mesh:
                 ready=lambda: tcp_open(c.host, c.redis_port),
                 log_path=logs / "redis.log",
             )
-        services = [
-            ("features", "features", c.features_port),
-            ("scorer", "scorer", c.scorer_port),
-            ("gateway", "gateway", c.gateway_port),
+        services: list[tuple[str, str, type[ServerSettings], int]] = [
+            ("features", "features", FeaturesSettings, c.features_port),
+            ("scorer", "scorer", ScorerSettings, c.scorer_port),
+            ("gateway", "gateway", GatewaySettings, c.gateway_port),
         ]
         services += [
-            (f"gateway-{i}", "gateway", port) for i, port in enumerate(c.extra_gateway_ports, 2)
+            (f"gateway-{i}", "gateway", GatewaySettings, port)
+            for i, port in enumerate(c.extra_gateway_ports, 2)
         ]
-        for name, module, port in services:
+        for name, module, settings_class, port in services:
             self.processes[name] = Process(
                 name,
                 [sys.executable, "-m", f"services.{module}"],
                 ready=_serving_probe(f"{c.host}:{port}"),
                 env={
                     **env,
-                    f"FRAUD_{module.upper()}_PORT": str(port),
-                    **(
-                        {f"FRAUD_{module.upper()}_METRICS_PORT": str(c.metrics_ports[name])}
-                        if name in c.metrics_ports
-                        else {}
-                    ),
+                    **to_env(settings_class, port=port, metrics_port=c.metrics_ports.get(name)),
                 },
                 log_path=logs / f"{name}.log",
             )

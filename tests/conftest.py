@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from services.common import registry
-from services.features import simulate, store
-from services.features.settings import FeaturesSettings
-from services.scorer import train
+from services.featurestore import admin
+from services.featurestore.settings import FeatureStoreSettings
+from services.models import repository
+from services.pipelines import simulate, train
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class PreparedEnv:
     env: dict[str, str]
     """Environment that points every service at this state (SQLite online store)."""
 
-    def features_settings(self, **overrides: Any) -> FeaturesSettings:
-        """Feature settings on this state; overrides (e.g. ``store="redis"``) on top."""
+    def store_settings(self, **overrides: Any) -> FeatureStoreSettings:
+        """Feature store settings on this state; overrides (e.g. ``store="redis"``) on top."""
         fields: dict[str, Any] = {"var_dir": self.var_dir, "store": "sqlite", **overrides}
-        return FeaturesSettings(**fields)
+        return FeatureStoreSettings(**fields)
 
 
 @pytest.fixture(scope="session")
@@ -45,13 +45,13 @@ def prepared_env(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     """Small preset (window ending today, so features are fresh now), applied,
     materialized into SQLite, and a model trained and published on it."""
     var_dir = tmp_path_factory.mktemp("var")
-    settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     simulate.write(simulate.simulate(simulate.preset("small")), settings.data_path)
-    store.apply(settings)
-    store.materialize(settings)
+    admin.apply(settings)
+    admin.materialize(settings)
     model_root = var_dir / "models"
     result = train.train(settings, model_root)
-    assert result.metadata.version == registry.latest_version(model_root)
+    assert result.metadata.version == repository.latest_version(model_root)
     return PreparedEnv(
         var_dir=var_dir,
         data_dir=settings.data_path,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+S = TypeVar("S", bound=BaseSettings)
 
 
 class ServerSettings(BaseSettings):
@@ -39,3 +42,32 @@ class ServerSettings(BaseSettings):
     trace_sample_ratio: float = Field(
         0.01, ge=0, le=1, description="Share of new traces sampled when tracing is on."
     )
+
+
+def env_name(settings_class: type[BaseSettings], field: str) -> str:
+    """The environment variable that sets ``field`` of ``settings_class``."""
+    if field not in settings_class.model_fields:
+        raise KeyError(f"{settings_class.__name__} has no setting {field!r}")
+    return f"{settings_class.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def to_env(settings_class: type[BaseSettings], **values: object) -> dict[str, str]:
+    """Environment variables that give ``settings_class`` these field values (None skipped)."""
+    env: dict[str, str] = {}
+    for field, value in values.items():
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        env[env_name(settings_class, field)] = text
+    return env
+
+
+def from_mapping(settings_class: type[S], env: Mapping[str, str]) -> S:
+    """The settings a process started with ``env`` on top of this one's would build."""
+    prefix = str(settings_class.model_config.get("env_prefix", "")).upper()
+    fields: dict[str, Any] = {}
+    for key, value in env.items():
+        name = key.upper().removeprefix(prefix).lower()
+        if key.upper().startswith(prefix) and name in settings_class.model_fields:
+            fields[name] = value
+    return settings_class(**fields)

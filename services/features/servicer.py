@@ -11,20 +11,12 @@ import grpc
 
 from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import Unavailable
+from services.domain.featurespec import FeatureRead
+from services.domain.validation import check_id
 
-# (value or None, status code, event timestamp in epoch seconds or None), one per feature.
-FeatureRead = Sequence[tuple[float | None, int, float | None]]
-Reader = Callable[[str, str, float], FeatureRead]
-
-MAX_ID_LENGTH = 128
-
-
-def _check_id(field: str, value: str) -> None:
-    if not value:
-        raise InvalidArgument(field, "is required")
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
+Reader = Callable[[str, str, float], Sequence[FeatureRead]]
+"""Reads (card_id, merchant_id, as_of_s) → one FeatureRead per store feature."""
 
 
 class FeatureServicer(pb_grpc.FeatureServiceServicer):
@@ -38,8 +30,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
     async def GetFeatures(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetFeaturesResponse:
-        _check_id("card_id", request.card_id)
-        _check_id("merchant_id", request.merchant_id)
+        check_id("card_id", request.card_id)
+        check_id("merchant_id", request.merchant_id)
         read = self.read
         if read is None:
             raise Unavailable("feature store is still connecting")

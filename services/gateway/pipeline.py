@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from services.common import featurespec
-from services.common.registry import ModelMetadata
+from services.domain import featurespec
+from services.domain.rules import RulesEngine
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.rules import RulesEngine
 from services.gateway.validate import Transaction
+from services.models.repository import ModelMetadata
 
 
 class Decision(enum.Enum):

@@ -7,13 +7,13 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServerSettings
 from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
 from services.gateway.validate import Limits
+from services.models.settings import ModelServerSettings
 
 
-class GatewaySettings(ServerSettings):
+class GatewaySettings(ModelServerSettings):
     """Where the dependencies are, how the budget is split, what input is plausible."""
 
     model_config = SettingsConfigDict(env_prefix="FRAUD_GATEWAY_", extra="ignore", frozen=True)
@@ -28,20 +28,13 @@ class GatewaySettings(ServerSettings):
     in_process: bool = Field(
         False,
         description="Read the online store and run the model inside the gateway instead of "
-        "calling the feature service and the scorer over gRPC (services/gateway/local.py); "
+        "calling the feature service and the scorer over gRPC (services/gateway/inprocess.py); "
         "the store settings then come from FRAUD_FEATURES_*.",
     )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
-    model_root: Path | None = Field(
-        None, description="Folder of published models; default <var_dir>/models."
-    )
-    model_name: str = Field("fraud-lgbm", description="Model whose metadata drives decisions.")
-    model_version: str | None = Field(
-        None, description="Model version; unset uses the latest published version."
-    )
     rules_path: Path | None = Field(
-        None, description="Rules fallback file; unset uses the rules shipped with the gateway."
+        None, description="Rules fallback file; unset uses the rules shipped with fraudmesh."
     )
     budget_ms: float = Field(
         42.0, gt=0, description="End-to-end budget when the client's deadline is not shorter."
@@ -100,11 +93,6 @@ class GatewaySettings(ServerSettings):
             wait_duration_in_open_state_s=self.breaker_wait_s,
             permitted_number_of_calls_in_half_open_state=self.breaker_half_open_calls,
         )
-
-    @property
-    def models_path(self) -> Path:
-        """The folder models are published to."""
-        return self.model_root or self.var_dir / "models"
 
     @property
     def budget_policy(self) -> BudgetPolicy:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common import currency as iso4217
-from services.common import featurespec
 from services.common.errors import InvalidArgument
-
-MAX_ID_LENGTH = 128
+from services.domain import money
+from services.domain.validation import check_currency, check_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +35,6 @@ class Transaction:
     card_not_present: bool
 
 
-def _check_id(field: str, value: str, required: bool = True) -> None:
-    if not value:
-        if required:
-            raise InvalidArgument(field, "is required")
-        return
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
-    if not value.isprintable():
-        raise InvalidArgument(field, "contains non-printable characters")
-
-
 def validate(
     *,
     transaction_id: str,
@@ -62,15 +49,14 @@ def validate(
     limits: Limits,
 ) -> Transaction:
     """Returns the transaction if it is plausible; raises InvalidArgument naming the field."""
-    _check_id("transaction_id", transaction_id)
-    _check_id("card_id", card_id)
-    _check_id("merchant_id", merchant_id)
-    _check_id("terminal_id", terminal_id, required=False)
-    if not iso4217.is_known(currency):
-        raise InvalidArgument("currency", f"{currency!r} is not an ISO 4217 currency code")
+    check_id("transaction_id", transaction_id)
+    check_id("card_id", card_id)
+    check_id("merchant_id", merchant_id)
+    check_id("terminal_id", terminal_id, required=False)
+    check_currency("currency", currency)
     if amount_minor <= 0:
         raise InvalidArgument("amount_minor", "must be positive")
-    amount_eur = featurespec.amount_eur(amount_minor, currency)
+    amount_eur = money.amount_eur(amount_minor, currency)
     if amount_eur > limits.max_amount_eur:
         raise InvalidArgument(
             "amount_minor",

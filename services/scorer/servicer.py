@@ -10,7 +10,7 @@ import numpy as np
 from inference import grpc_predict_v2_pb2 as pb
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, NotFound, Unavailable
-from services.scorer.model import OnnxModel
+from services.models.onnx import OnnxModel
 
 SERVER_NAME = "fraudmesh-scorer"
 SERVER_VERSION = "0.1.0"

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServerSettings
+from services.models.settings import ModelServerSettings
 
 
-class ScorerSettings(ServerSettings):
+class ScorerSettings(ModelServerSettings):
     """How the scorer finds its model and runs it."""
 
     model_config = SettingsConfigDict(env_prefix="FRAUD_SCORER_", extra="ignore", frozen=True)
 
     port: int = Field(50053, ge=0, le=65535, description="gRPC port of the v2 inference API.")
-    model_root: Path | None = Field(
-        None, description="Folder of published models; default <var_dir>/models."
-    )
-    model_name: str = Field("fraud-lgbm", description="Name of the model to serve.")
-    model_version: str | None = Field(
-        None, description="Version to serve; unset serves the latest published version."
-    )
     intra_op_threads: int = Field(
         1,
         ge=1,
@@ -34,8 +25,3 @@ class ScorerSettings(ServerSettings):
         ge=0,
         description="Fault injection for resilience tests: delay every ModelInfer by this much.",
     )
-
-    @property
-    def models_path(self) -> Path:
-        """The folder models are published to."""
-        return self.model_root or self.var_dir / "models"

@@ -12,9 +12,9 @@ import grpc
 import pandas as pd
 import pytest
 
-from services.features import simulate
-from services.features import store as feature_store
-from services.features.settings import FeaturesSettings
+from services.featurestore import admin as store_admin
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig
 
 
@@ -30,7 +30,7 @@ class Known:
 @pytest.fixture(scope="session")
 def known(prepared_env: Any) -> Known:
     """A busy card, a merchant it uses, and a typical amount of it."""
-    tx = pd.read_parquet(prepared_env.data_dir / simulate.TRANSACTIONS_FILE)
+    tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
     tx = tx[tx["currency"] == "EUR"]
     card = tx["card_id"].value_counts().index[0]
     mine = tx[tx["card_id"] == card]
@@ -50,12 +50,12 @@ def start_mesh(prepared_env: Any, log_dir: Path, store: str = "sqlite", **env: s
 
     def ready(name: str) -> None:
         if name == "redis":
-            settings = FeaturesSettings(
+            settings = FeatureStoreSettings(
                 var_dir=prepared_env.var_dir,
                 store="redis",
                 redis_connection=f"{config.host}:{config.redis_port}",
             )
-            feature_store.materialize(settings)
+            store_admin.materialize(settings)
 
     mesh.start(timeout_s=120, on_ready=ready)
     return mesh

@@ -360,6 +360,10 @@ async def test_field_violations_pass_through_envoy(client: Client) -> None:
     assert [v.field for v in bad_request.field_violations] == ["currency"]
 
 
+ROUNDING_S = 0.005
+"""Slack for the grpc-timeout header's rounding up, well below the 20 ms between the caps."""
+
+
 @pytest.mark.parametrize(
     ("client_timeout_s", "cap_s"),
     [(None, 0.050), (5.0, 0.050), (0.030, 0.030)],
@@ -372,7 +376,9 @@ async def test_gateway_gets_the_callers_deadline_capped_at_the_route_limit(
     await pb_grpc.FraudScoringStub(client.channel).Score(_request(), timeout=client_timeout_s)
     (remaining,) = gateway.scoring.time_remaining
     assert remaining is not None
-    assert 0 < remaining <= cap_s
+    # The grpc-timeout header is rounded up to its unit on every hop, so the remaining time
+    # may exceed the cap by a little; the two caps (30 and 50 ms) stay far apart.
+    assert 0 < remaining <= cap_s + ROUNDING_S
 
 
 async def test_a_call_past_the_limit_ends_with_deadline_exceeded(client: Client) -> None:

@@ -20,11 +20,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from services.common import featurespec
 from services.common.errors import Unavailable
-from services.features import simulate, store
-from services.features.feature_repo import definitions
-from services.features.settings import FeaturesSettings
+from services.domain import featurespec
+from services.domain.featurespec import FeatureStatus
+from services.featurestore import admin
+from services.featurestore.online import OnlineFeatureReader
+from services.featurestore.repo import definitions
+from services.featurestore.settings import FeatureStoreSettings
+from services.pipelines import simulate
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +47,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simulate.Si
     """The small preset simulated into a fresh state folder and applied to its registry."""
     var_dir = tmp_path_factory.mktemp("feature-store")
     sim = simulate.simulate(simulate.preset("small", end=END))
-    settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     simulate.write(sim, settings.data_path)
-    store.apply(settings)
+    admin.apply(settings)
     return var_dir, sim
 
 
@@ -91,23 +94,23 @@ def redis_server() -> Iterator[str]:
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def online(
     request: pytest.FixtureRequest, dataset: tuple[Path, simulate.Simulation]
-) -> FeaturesSettings:
+) -> FeatureStoreSettings:
     """Settings of a materialized online store, once per store kind."""
     var_dir, _ = dataset
     if request.param == "redis":
         connection = request.getfixturevalue("redis_server")
-        settings = FeaturesSettings(var_dir=var_dir, store="redis", redis_connection=connection)
+        settings = FeatureStoreSettings(var_dir=var_dir, store="redis", redis_connection=connection)
     else:
-        settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+        settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     steps: list[tuple[str, int, int]] = []
-    store.materialize(settings, progress=lambda *step: steps.append(step))
+    admin.materialize(settings, progress=lambda *step: steps.append(step))
     assert steps[-1] == ("", 2, 2)
     return settings
 
 
 @pytest.fixture
-def reader(online: FeaturesSettings) -> Iterator[store.OnlineFeatureReader]:
-    r = store.OnlineFeatureReader(online)
+def reader(online: FeatureStoreSettings) -> Iterator[OnlineFeatureReader]:
+    r = OnlineFeatureReader(online)
     yield r
     r.close()
 
@@ -124,7 +127,7 @@ def _busy(sim: simulate.Simulation) -> tuple[str, str]:
 
 
 def test_known_card_and_merchant_are_present_with_their_newest_row(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     _, sim = dataset
     card, merchant = _busy(sim)
@@ -134,61 +137,61 @@ def test_known_card_and_merchant_are_present_with_their_newest_row(
     expected_merchant = _latest(sim.merchant_features, "merchant_id", merchant)
     for name, (value, status, event_s) in zip(featurespec.STORE_FEATURES, rows, strict=True):
         expected = expected_card if name in featurespec.CARD_FEATURES else expected_merchant
-        assert status == store.PRESENT, name
+        assert status == FeatureStatus.PRESENT, name
         assert value == pytest.approx(float(expected[name])), name
         assert event_s == expected["event_timestamp"].timestamp(), name
 
 
-def test_unknown_entities_are_missing_not_errors(reader: store.OnlineFeatureReader) -> None:
+def test_unknown_entities_are_missing_not_errors(reader: OnlineFeatureReader) -> None:
     rows = reader.read("card-unknown", "merch-unknown", END_S)
-    assert rows == [(None, store.MISSING, None)] * len(featurespec.STORE_FEATURES)
+    assert rows == [(None, FeatureStatus.MISSING, None)] * len(featurespec.STORE_FEATURES)
 
 
 def test_unknown_merchant_leaves_the_card_present(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     card, _ = _busy(dataset[1])
     rows = reader.read(card, "merch-unknown", END_S)
-    assert {status for _, status, _ in rows[:N_CARD]} == {store.PRESENT}
-    assert {status for _, status, _ in rows[N_CARD:]} == {store.MISSING}
+    assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.PRESENT}
+    assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.MISSING}
 
 
 def test_features_far_after_the_data_are_stale(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     card, merchant = _busy(dataset[1])
     rows = reader.read(card, merchant, END_S + 60 * 86_400)
-    assert {status for _, status, _ in rows} == {store.STALE}
+    assert {status for _, status, _ in rows} == {FeatureStatus.STALE}
     assert all(value is not None and event_s is not None for value, _, event_s in rows)
 
 
 def test_staleness_is_judged_per_view(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     card, merchant = _busy(dataset[1])
     # Past the merchant view's 14 days, within the card view's 30.
     rows = reader.read(card, merchant, END_S + 20 * 86_400)
-    assert {status for _, status, _ in rows[:N_CARD]} == {store.PRESENT}
-    assert {status for _, status, _ in rows[N_CARD:]} == {store.STALE}
+    assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.PRESENT}
+    assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.STALE}
 
 
 def test_max_age_setting_overrides_the_ttl(
-    online: FeaturesSettings, dataset: tuple[Path, simulate.Simulation]
+    online: FeatureStoreSettings, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     card, merchant = _busy(dataset[1])
-    strict = store.OnlineFeatureReader(
+    strict = OnlineFeatureReader(
         online.model_copy(update={"card_max_age_s": 1.0, "merchant_max_age_s": 1e9})
     )
     try:
         rows = strict.read(card, merchant, END_S)
     finally:
         strict.close()
-    assert {status for _, status, _ in rows[:N_CARD]} == {store.STALE}
-    assert {status for _, status, _ in rows[N_CARD:]} == {store.PRESENT}
+    assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.STALE}
+    assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.PRESENT}
 
 
 def test_concurrent_reads_agree_with_serial_ones(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
 ) -> None:
     tx = dataset[1].transactions.tail(200)
     cards, merchants = tx["card_id"].tolist(), tx["merchant_id"].tolist()
@@ -200,7 +203,7 @@ def test_concurrent_reads_agree_with_serial_ones(
 
 @pytest.mark.parametrize("as_of_s", [END_S, END_S + 20 * 86_400], ids=["fresh", "merchant-stale"])
 def test_direct_read_equals_get_online_features(
-    reader: store.OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation], as_of_s: float
+    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation], as_of_s: float
 ) -> None:
     tx = dataset[1].transactions.tail(300)
     pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
@@ -211,7 +214,9 @@ def test_direct_read_equals_get_online_features(
         direct = reader.read(card, merchant, as_of_s)
         assert direct == reader.read_generic(card, merchant, as_of_s), (card, merchant)
         seen.update(status for _, status, _ in direct)
-    expected = {store.PRESENT, store.MISSING} | ({store.STALE} if as_of_s > END_S else set())
+    expected = {FeatureStatus.PRESENT, FeatureStatus.MISSING} | (
+        {FeatureStatus.STALE} if as_of_s > END_S else set()
+    )
     assert expected <= seen
 
 
@@ -224,10 +229,10 @@ def test_a_hung_redis_fails_the_read_within_the_timeout(
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         host, port = silent.getsockname()
-        settings = FeaturesSettings(
+        settings = FeatureStoreSettings(
             var_dir=var_dir, store="redis", redis_connection=f"{host}:{port}", redis_timeout_ms=50
         )
-        reader = store.OnlineFeatureReader(settings)
+        reader = OnlineFeatureReader(settings)
         try:
             started = time.monotonic()
             with pytest.raises(Unavailable, match="TimeoutError"):
@@ -239,7 +244,7 @@ def test_a_hung_redis_fails_the_read_within_the_timeout(
 
 def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, simulate.Simulation]) -> None:
     var_dir, sim = dataset
-    fs = store.feature_store(FeaturesSettings(var_dir=var_dir, store="sqlite"))
+    fs = admin.feature_store(FeatureStoreSettings(var_dir=var_dir, store="sqlite"))
     tx = sim.transactions
     card = tx["card_id"].value_counts().index[0]
     mine = tx[tx["card_id"] == card]
@@ -275,7 +280,7 @@ def test_stock_feast_cli_uses_the_generated_config(
     dataset: tuple[Path, simulate.Simulation],
 ) -> None:
     var_dir, _ = dataset
-    settings = FeaturesSettings(var_dir=var_dir, store="sqlite")
+    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     feast = Path(sys.executable).with_name("feast")
     result = subprocess.run(
         [str(feast), "-c", str(settings.data_path), "feature-views", "list"],

@@ -20,10 +20,11 @@ from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from services.common import featurespec, registry
-from services.features import store as feature_store
-from services.features.settings import FeaturesSettings
+from services.domain import featurespec
+from services.featurestore import admin as store_admin
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
+from services.models import repository
 
 from .conftest import Known, start_mesh
 
@@ -64,7 +65,7 @@ def _score(mesh: Mesh, request: pb.ScoreRequest) -> pb.ScoreResponse:
 def _score_through_services(mesh: Mesh, request: pb.ScoreRequest, prepared_env: Any) -> float:
     """The same transaction scored by the feature service and the scorer over gRPC."""
     c = mesh.config
-    metadata, _ = registry.load(prepared_env.var_dir / "models", "fraud-lgbm")
+    metadata, _ = repository.load(prepared_env.var_dir / "models", "fraud-lgbm")
     with grpc.insecure_channel(f"{c.host}:{c.features_port}") as channel:
         found = features_pb2_grpc.FeatureServiceStub(channel).GetFeatures(
             features_pb2.GetFeaturesRequest(
@@ -124,8 +125,8 @@ def test_in_process_falls_back_to_defaults_without_redis(
         assert all(a.elapsed_ms < 42.0 for a in answers)
     finally:
         local_mesh.restart("redis")
-        feature_store.materialize(
-            FeaturesSettings(
+        store_admin.materialize(
+            FeatureStoreSettings(
                 var_dir=prepared_env.var_dir,
                 store="redis",
                 redis_connection=f"{local_mesh.config.host}:{local_mesh.config.redis_port}",

@@ -21,7 +21,7 @@ from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from services.common import featurespec
+from services.domain import featurespec
 from services.mesh import Mesh
 
 from .conftest import Known, go_tool

@@ -13,8 +13,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from services.features import store as feature_store
-from services.features.settings import FeaturesSettings
+from services.featurestore import admin as store_admin
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 
 from .conftest import Known, start_mesh
@@ -70,8 +70,8 @@ def test_redis_down_means_defaults_then_recovers(
     assert response.elapsed_ms < 42.0
     redis_mesh.restart("redis")
     c = redis_mesh.config
-    feature_store.materialize(
-        FeaturesSettings(
+    store_admin.materialize(
+        FeatureStoreSettings(
             var_dir=prepared_env.var_dir,
             store="redis",
             redis_connection=f"{c.host}:{c.redis_port}",

@@ -1,4 +1,4 @@
-"""The feature spec: names and order, currency conversion, defaults, scalar = vectorized."""
+"""The feature spec: names and order, defaults, scalar = vectorized, statuses as in the proto."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 import pandas as pd
-import pytest
 
-from services.common import featurespec as fs
+from services.domain import featurespec as fs
 
 CURRENCIES = ["EUR", "USD", "GBP", "CHF", "SEK", "JPY", "KWD", "NGN", "JOD"]
 
@@ -24,31 +23,6 @@ def test_model_features_are_store_features_then_request_features() -> None:
     assert fs.STORE_FEATURES == fs.CARD_FEATURES + fs.MERCHANT_FEATURES
     assert set(fs.HELPER_FEATURES) <= set(fs.STORE_FEATURES)
     assert not set(fs.HELPER_FEATURES) & set(fs.MODEL_FEATURES)
-
-
-@pytest.mark.parametrize(
-    ("amount_minor", "currency", "eur"),
-    [
-        (1234, "EUR", 12.34),
-        (1000, "USD", 9.2),
-        (1000, "GBP", 11.7),
-        (2500, "CHF", 26.25),
-        (10_000, "SEK", 8.7),
-        (1000, "JPY", 6.1),  # no minor unit
-        (1000, "KWD", 3.0),  # three decimals
-        (1234, "NGN", 12.34),  # valid ISO 4217, no rate: fallback rate 1.0, ISO exponent
-        (1234, "JOD", 1.234),  # fallback rate, ISO exponent 3
-        (1234, "XXZ", 12.34),  # unknown everywhere: fallback exponent 2
-    ],
-)
-def test_amount_eur(amount_minor: int, currency: str, eur: float) -> None:
-    assert fs.amount_eur(amount_minor, currency) == pytest.approx(eur)
-
-
-def test_every_rate_has_an_exponent() -> None:
-    assert set(fs.EUR_PER_UNIT) == set(fs.CURRENCY_EXPONENT)
-    for code in ("EUR", "USD", "GBP", "CHF", "SEK", "JPY"):
-        assert code in fs.EUR_PER_UNIT
 
 
 def test_missing_store_features_take_defaults() -> None:
@@ -178,3 +152,10 @@ def test_population_defaults_are_medians_of_present_values() -> None:
     d = fs.population_defaults(raw)
     assert set(d) == set(fs.MODEL_FEATURES)
     assert d["card_txn_count_1h"] == raw["card_txn_count_1h"].dropna().median()
+
+
+def test_feature_status_numbers_are_the_protos() -> None:
+    from fraud.v1 import features_pb2
+
+    for status in fs.FeatureStatus:
+        assert features_pb2.FeatureStatus.Value(f"FEATURE_STATUS_{status.name}") == status

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common import featurespec, registry
+from services.domain import featurespec
+from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.gateway.breaker import BreakerConfig, CircuitBreaker, State
 from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.metrics import GatewayMetrics
@@ -19,8 +20,8 @@ from services.gateway.pipeline import (
     ScoredBy,
     Source,
 )
-from services.gateway.rules import DEFAULT_RULES, RulesEngine
 from services.gateway.validate import Transaction
+from services.models import repository
 
 NOW = 1_800_000_000.0
 POLICY = BudgetPolicy()
@@ -66,16 +67,16 @@ class Model:
         return self.value
 
 
-def _metadata() -> registry.ModelMetadata:
-    return registry.ModelMetadata(
+def _metadata() -> repository.ModelMetadata:
+    return repository.ModelMetadata(
         version="3",
         feature_order=list(featurespec.MODEL_FEATURES),
         input_name="input",
         output_name="probabilities",
-        thresholds=registry.Thresholds(review=0.3, decline=0.8),
+        thresholds=repository.Thresholds(review=0.3, decline=0.8),
         default_features=dict.fromkeys(featurespec.MODEL_FEATURES, 1.0),
         metrics={},
-        training_window=registry.TrainingWindow(
+        training_window=repository.TrainingWindow(
             start=datetime(2026, 1, 1, tzinfo=UTC),
             end=datetime(2026, 3, 1, tzinfo=UTC),
             holdout_start=datetime(2026, 2, 17, tzinfo=UTC),

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common import featurespec
 from services.common.errors import FailedPrecondition
-from services.gateway.rules import DEFAULT_RULES, RulesEngine
+from services.domain import featurespec
+from services.domain.rules import DEFAULT_RULES, RulesEngine
 
 RULES = """
 version: test-1

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway.rules import RulesEngine
-from services.gateway.rules_quality import rules_metrics
+from services.domain.rules import RulesEngine
+from services.domain.rules_quality import rules_metrics
 
 RULES = """
 version: q

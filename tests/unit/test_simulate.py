@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from services.common import featurespec
-from services.features import simulate
+from services.domain import featurespec
+from services.featurestore import layout
+from services.pipelines import simulate
 
 END = date(2026, 1, 15)
 
@@ -29,7 +30,7 @@ def test_same_seed_gives_identical_frames_and_bytes(
     pd.testing.assert_frame_equal(sim.merchant_features, again.merchant_features)
     first = simulate.write(sim, tmp_path / "a")
     second = simulate.write(again, tmp_path / "b")
-    for name in simulate.DATA_FILES:
+    for name in layout.DATA_FILES:
         assert first[name].read_bytes() == second[name].read_bytes(), name
 
 

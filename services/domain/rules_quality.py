@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.gateway.rules import RulesEngine
+from services.domain.rules import RulesEngine
 
 
 def rules_metrics(

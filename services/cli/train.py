@@ -22,12 +22,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from services.common import registry
 from services.common.errors import FailedPrecondition
-from services.features.settings import from_env
+from services.featurestore.settings import from_env
+from services.models import repository
 
 if TYPE_CHECKING:
-    from services.scorer.train import TrainResult
+    from services.pipelines.train import TrainResult
 
 console = Console()
 
@@ -59,13 +59,13 @@ def train_command(
     ] = False,
 ) -> None:
     """Train on Feast's point-in-time features, evaluate, export to ONNX and publish."""
-    from services.scorer import train
+    from services.pipelines import train
 
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
-    existing = registry.latest_version(root, registry.DEFAULT_MODEL_NAME)
+    existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
     if if_missing and existing is not None:
-        console.print(f"{registry.DEFAULT_MODEL_NAME} v{existing} is already published in {root}")
+        console.print(f"{repository.DEFAULT_MODEL_NAME} v{existing} is already published in {root}")
         return
     columns = (
         SpinnerColumn(),

@@ -1,9 +1,17 @@
-"""The ``fraudmesh`` command: run the mesh, score a transaction, train, manage features."""
+"""The ``fraudmesh`` command: run the mesh, score a transaction, train, manage features.
+
+This package is the composition root: it may import every part of fraudmesh, and nothing
+imports it. Commands that live outside the product (the load-test suite's ``loadtest``
+and ``chaos``) join through the ``fraudmesh.commands`` entry-point group: each entry
+point names a function that takes this Typer app and adds its commands, so the product
+never imports the load-test package; it is loaded only when installed beside it.
+"""
 
 from __future__ import annotations
 
 import signal
 import threading
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
@@ -12,10 +20,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from loadtest import cli as loadtest_cli
 from services import client
-from services.features import cli as features_cli
-from services.scorer import cli as scorer_cli
+from services.cli import features as features_cli
+from services.cli import train as train_cli
+from services.common.settings import from_mapping
+from services.featurestore.settings import FeatureStoreSettings
 
 app = typer.Typer(
     name="fraudmesh",
@@ -25,10 +34,7 @@ app = typer.Typer(
 )
 app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
-    scorer_cli.train_command
-)
-app.command("loadtest", help="Load-test Score through Envoy with ghz; write a report and plot.")(
-    loadtest_cli.loadtest_command
+    train_cli.train_command
 )
 console = Console()
 
@@ -63,7 +69,7 @@ def up(
     ] = False,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; stop them on Ctrl-C/SIGTERM."""
-    from services import demo as demo_mod
+    from services.cli import demo as demo_mod
     from services.mesh import Mesh, MeshConfig
 
     if store not in ("sqlite", "redis"):
@@ -90,7 +96,8 @@ def up(
     def ready(name: str) -> None:
         console.print(f"[green]ready[/green] {name} (pid {mesh.processes[name].pid})")
         if name == "redis":
-            features_cli.materialize_into(config.service_env(), console)
+            store = from_mapping(FeatureStoreSettings, config.service_env())
+            features_cli.materialize_into(store, console)
 
     with console.status("starting the mesh …"):
         try:
@@ -135,37 +142,6 @@ def up(
 
 
 @app.command()
-def chaos(
-    var_dir: Annotated[Path, typer.Option(help="Prepared state folder (make data).")] = Path("var"),
-    rows: Annotated[str, typer.Option(help="Comma-separated rows to run (default: all).")] = "",
-    rps: Annotated[int, typer.Option(help="Steady load through Envoy, calls per second.")] = 200,
-    duration_s: Annotated[float, typer.Option(help="Load duration per row.")] = 10.0,
-    capacity_rps: Annotated[
-        int, typer.Option(help="Edge rate limit in the overload row (3x is offered).")
-    ] = 300,
-    out: Annotated[Path, typer.Option(help="Markdown report path.")] = Path(
-        "loadtest/results/chaos.md"
-    ),
-) -> None:
-    """Run the fault matrix under load and print the measured table."""
-    from loadtest.chaos import ROW_NAMES, Chaos, ChaosPlan, markdown
-
-    selected = {r.strip() for r in rows.split(",") if r.strip()} or set(ROW_NAMES)
-    unknown = selected - set(ROW_NAMES)
-    if unknown:
-        raise typer.BadParameter(f"unknown rows {sorted(unknown)}; choose from {ROW_NAMES}")
-    plan = ChaosPlan(rps=rps, duration_s=duration_s, overload_capacity_rps=capacity_rps)
-    with console.status("running the fault matrix …"):
-        result = Chaos(var_dir, var_dir / "logs" / "chaos", plan).run(selected)
-    report = markdown(result, plan)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
-    console.print(report, highlight=False)
-    if not all(row.passed() for row in result):
-        raise typer.Exit(1)
-
-
-@app.command()
 def score(
     card_id: Annotated[str, typer.Option(help="Card to charge.")],
     merchant_id: Annotated[str, typer.Option(help="Merchant paid.")],
@@ -190,8 +166,18 @@ def score(
     console.print(client.describe(response))
 
 
+COMMANDS_GROUP = "fraudmesh.commands"
+"""Entry-point group of the functions that add commands to ``app`` (see the module doc)."""
+
+
+def _add_installed_commands() -> None:
+    for entry in entry_points(group=COMMANDS_GROUP):
+        entry.load()(app)
+
+
 def main() -> None:
     """Console-script entry point."""
+    _add_installed_commands()
     app()
 
 

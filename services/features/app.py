@@ -10,23 +10,25 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from fraud.v1 import features_pb2_grpc as pb_grpc
-from services.common import featurespec
+from services.domain import featurespec
 from services.features.servicer import FeatureServicer
 from services.features.settings import FeaturesSettings
-from services.features.store import OnlineFeatureReader
+from services.featurestore.online import OnlineFeatureReader
+from services.featurestore.settings import FeatureStoreSettings
 
 log = logging.getLogger(__name__)
 
 WARMUP_READS = 20
 
 
-class FeaturesService:
+class FeaturesApp:
     """Serves the model's store-backed features from the Feast online store."""
 
     name = "features"
 
-    def __init__(self, settings: FeaturesSettings) -> None:
+    def __init__(self, settings: FeaturesSettings, store: FeatureStoreSettings) -> None:
         self.settings = settings
+        self.store = store
         self.executor = ThreadPoolExecutor(
             max_workers=settings.read_threads, thread_name_prefix="feast-read"
         )
@@ -43,13 +45,13 @@ class FeaturesService:
     async def start(self) -> None:
         """Opens the Feast store and makes warm-up reads before serving."""
         loop = asyncio.get_running_loop()
-        reader = await loop.run_in_executor(self.executor, OnlineFeatureReader, self.settings)
+        reader = await loop.run_in_executor(self.executor, OnlineFeatureReader, self.store)
         now = time.time()
         for _ in range(WARMUP_READS):
             await loop.run_in_executor(self.executor, reader.read, "warmup-card", "warmup-m", now)
         self.reader = reader
         self.servicer.read = reader.read
-        log.info("feature store ready", extra={"store": self.settings.store})
+        log.info("feature store ready", extra={"store": self.store.store})
 
     async def close(self) -> None:
         """Closes the store and the read threads."""

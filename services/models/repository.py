@@ -1,4 +1,4 @@
-"""The model registry: published model versions as folders of ONNX model plus metadata.
+"""The model repository: published model versions as folders of ONNX model plus metadata.
 
 Layout: ``<model_root>/<name>/<version>/`` holds ``model.onnx``, ``metadata.json`` and
 whatever else training wrote (metrics, curves). Versions are increasing integers. A

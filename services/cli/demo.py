@@ -8,8 +8,8 @@ import pandas as pd
 from rich.console import Console
 
 from services import client
-from services.features import simulate
-from services.features.settings import FeaturesSettings
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import MeshConfig
 
 
@@ -22,10 +22,10 @@ def _latest(frame: pd.DataFrame, key: str) -> pd.DataFrame:
 
 def samples(config: MeshConfig) -> list[client.Sample]:
     """A legitimate payment, two fraud-like ones, an unknown card and an invalid request."""
-    data = FeaturesSettings(var_dir=config.var_dir).data_path
-    tx = pd.read_parquet(data / simulate.TRANSACTIONS_FILE)
-    cards = _latest(pd.read_parquet(data / simulate.CARD_FEATURES_FILE), "card_id")
-    merchants = _latest(pd.read_parquet(data / simulate.MERCHANT_FEATURES_FILE), "merchant_id")
+    data = FeatureStoreSettings(var_dir=config.var_dir).data_path
+    tx = pd.read_parquet(data / layout.TRANSACTIONS_FILE)
+    cards = _latest(pd.read_parquet(data / layout.CARD_FEATURES_FILE), "card_id")
+    merchants = _latest(pd.read_parquet(data / layout.MERCHANT_FEATURES_FILE), "merchant_id")
 
     eur = tx[(tx["currency"] == "EUR") & ~tx["is_fraud"]]
     card = str(eur["card_id"].value_counts().index[0])

@@ -43,16 +43,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.common import featurespec
-
-TRANSACTIONS_FILE = "transactions.parquet"
-"""Labelled transactions, sorted by time."""
-CARD_FEATURES_FILE = "card_features.parquet"
-"""Feast source of the card feature view."""
-MERCHANT_FEATURES_FILE = "merchant_features.parquet"
-"""Feast source of the merchant feature view."""
-DATA_FILES = (TRANSACTIONS_FILE, CARD_FEATURES_FILE, MERCHANT_FEATURES_FILE)
-"""Every file ``write`` produces."""
+from services.domain import featurespec, money
+from services.featurestore.layout import (
+    CARD_FEATURES_FILE,
+    MERCHANT_FEATURES_FILE,
+    TRANSACTIONS_FILE,
+)
 
 LEGIT = "none"
 """``fraud_scenario`` of a genuine transaction."""
@@ -65,10 +61,8 @@ SCENARIOS: dict[str, float] = {
 }
 """Fraud scenarios and the number of their transactions per genuine transaction."""
 
-CARD_PRESENT = "card_present"
-"""``channel`` of a transaction at a physical terminal."""
-CARD_NOT_PRESENT = "card_not_present"
-"""``channel`` of an online (e-commerce) transaction."""
+CARD_PRESENT = featurespec.CARD_PRESENT
+CARD_NOT_PRESENT = featurespec.CARD_NOT_PRESENT
 
 # Countries: ISO 3166 numeric code, currency, (lat, lon) centre, UTC offset in hours,
 # share of customers, share of merchants.
@@ -232,11 +226,6 @@ def write(sim: Simulation, data_dir: Path) -> dict[str, Path]:
         tmp.replace(path)
         paths[name] = path
     return paths
-
-
-def data_present(data_dir: Path) -> bool:
-    """True when every file ``write`` produces exists in ``data_dir``."""
-    return all((data_dir / name).is_file() for name in DATA_FILES)
 
 
 # --- the world ---------------------------------------------------------------------------
@@ -608,8 +597,8 @@ def _finish(world: _World, tx: _Tx, end_s: int) -> _Tx:
     # Price in the merchant's currency, then read the EUR amount back exactly the way
     # serving will (featurespec), so stored aggregates and request features agree.
     country = world.merchant_country[tx["merchant"]]
-    scale = np.array([featurespec.minor_per_major(c) for c in _CURRENCY])[country]
-    rate = np.array([featurespec.eur_per_unit(c) for c in _CURRENCY])[country]
+    scale = np.array([money.minor_per_major(c) for c in _CURRENCY])[country]
+    rate = np.array([money.eur_per_unit(c) for c in _CURRENCY])[country]
     eur = np.clip(tx.pop("eur"), 0.3, _MAX_AMOUNT_EUR)
     tx["amount_minor"] = np.maximum(1, np.round(eur / rate * scale)).astype(np.int64)
     tx["eur"] = tx["amount_minor"] / scale * rate

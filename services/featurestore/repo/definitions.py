@@ -9,8 +9,8 @@ from datetime import timedelta
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
 from feast.types import Float64, Int64
 
-from services.common import featurespec
-from services.features.simulate import CARD_FEATURES_FILE, MERCHANT_FEATURES_FILE
+from services.domain import featurespec
+from services.featurestore.layout import CARD_FEATURES_FILE, MERCHANT_FEATURES_FILE
 
 CARD_TTL = timedelta(days=30)
 """Oldest card row training's point-in-time join accepts; online reads judge staleness by it."""

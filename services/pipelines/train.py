@@ -39,13 +39,14 @@ from sklearn.metrics import (
     roc_curve,
 )
 
-from services.common import featurespec, registry
 from services.common.errors import FailedPrecondition
-from services.features import simulate, store
-from services.features.feature_repo import definitions
-from services.features.settings import FeaturesSettings
-from services.gateway.rules import DEFAULT_RULES, RulesEngine
-from services.gateway.rules_quality import rules_metrics
+from services.domain import featurespec
+from services.domain.rules import DEFAULT_RULES, RulesEngine
+from services.domain.rules_quality import rules_metrics
+from services.featurestore import admin, layout
+from services.featurestore.repo import definitions
+from services.featurestore.settings import FeatureStoreSettings
+from services.models import repository
 
 INPUT_NAME = "input"
 """Name of the ONNX model's float32 [batch, n_features] input."""
@@ -86,13 +87,13 @@ class TrainParams:
 class TrainResult:
     """The published version and how long each step took."""
 
-    metadata: registry.ModelMetadata
+    metadata: repository.ModelMetadata
     folder: Path
     seconds: dict[str, float]
 
 
 def train(
-    settings: FeaturesSettings,
+    settings: FeatureStoreSettings,
     model_root: Path,
     params: TrainParams | None = None,
     progress: Progress | None = None,
@@ -145,7 +146,7 @@ def train(
         work = Path(tmp)
         started = time.perf_counter()
         report("export", 0, 1)
-        onnx_path = work / registry.MODEL_FILE
+        onnx_path = work / repository.MODEL_FILE
         _export(booster, len(featurespec.MODEL_FEATURES), onnx_path)
         report("export", 1, 1)
         timed("export", started)
@@ -166,7 +167,7 @@ def train(
         (work / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
         _plot_curves(y[holdout], scores, thresholds, work / "curves.png")
         booster.save_model(str(work / "lightgbm.txt"))
-        metadata = registry.ModelMetadata(
+        metadata = repository.ModelMetadata(
             version="0",  # publish() assigns the real one
             feature_order=list(featurespec.MODEL_FEATURES),
             input_name=INPUT_NAME,
@@ -184,24 +185,22 @@ def train(
         )
         files = {
             name: work / name
-            for name in (registry.MODEL_FILE, "metrics.json", "curves.png", "lightgbm.txt")
+            for name in (repository.MODEL_FILE, "metrics.json", "curves.png", "lightgbm.txt")
         }
-        folder = registry.publish(model_root, metadata, files)
-        published, _ = registry.load(model_root, metadata.name, folder.name)
+        folder = repository.publish(model_root, metadata, files)
+        published, _ = repository.load(model_root, metadata.name, folder.name)
         report("publish", 1, 1)
         timed("publish", started)
     return TrainResult(published, folder, seconds)
 
 
-def _training_frame(settings: FeaturesSettings) -> pd.DataFrame:
+def _training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
     """Transactions with their point-in-time store features from Feast, in time order."""
     data_dir = settings.data_path
-    if not simulate.data_present(data_dir):
-        raise TrainingDataError(
-            f"no simulated data in {data_dir}: run `fraudmesh features simulate`"
-        )
-    tx = pd.read_parquet(data_dir / simulate.TRANSACTIONS_FILE)
-    fs = store.feature_store(settings)
+    if not layout.data_present(data_dir):
+        raise TrainingDataError(f"no dataset in {data_dir}: run `fraudmesh features simulate`")
+    tx = pd.read_parquet(data_dir / layout.TRANSACTIONS_FILE)
+    fs = admin.feature_store(settings)
     try:
         service = fs.get_feature_service(definitions.FEATURE_SERVICE)
     except FeatureServiceNotFoundException as error:
@@ -222,11 +221,11 @@ def _training_frame(settings: FeaturesSettings) -> pd.DataFrame:
     features = features.set_index("transaction_id")[list(featurespec.STORE_FEATURES)]
     frame = tx.join(features, on="transaction_id")
     frame["timestamp_s"] = frame["timestamp"].astype("datetime64[ns, UTC]").astype("int64") / 1e9
-    frame["card_not_present"] = frame["channel"] == simulate.CARD_NOT_PRESENT
+    frame["card_not_present"] = frame["channel"] == featurespec.CARD_NOT_PRESENT
     return frame.sort_values("timestamp", kind="stable").reset_index(drop=True)
 
 
-def _window(timestamps: pd.Series, params: TrainParams) -> registry.TrainingWindow:
+def _window(timestamps: pd.Series, params: TrainParams) -> repository.TrainingWindow:
     """Whole UTC days: warm-up left out, the latest share of days held out."""
     first = timestamps.min().floor("D")
     end = timestamps.max().floor("D") + pd.Timedelta(days=1)
@@ -235,7 +234,7 @@ def _window(timestamps: pd.Series, params: TrainParams) -> registry.TrainingWind
     holdout_days = max(1, round(days * params.holdout_fraction))
     if days - holdout_days < 1:
         raise TrainingDataError(f"{days} days after the warm-up are too few to train and hold out")
-    return registry.TrainingWindow(
+    return repository.TrainingWindow(
         start=start.to_pydatetime(),
         end=end.to_pydatetime(),
         holdout_start=(end - pd.Timedelta(days=holdout_days)).to_pydatetime(),
@@ -312,7 +311,7 @@ def _threshold_at_fpr(negative_scores: np.ndarray, fpr: float) -> float:
 
 def _evaluate(
     y: np.ndarray, scores: np.ndarray, scenarios: pd.Series, params: TrainParams
-) -> tuple[dict[str, float], registry.Thresholds]:
+) -> tuple[dict[str, float], repository.Thresholds]:
     """Holdout metrics and the review/decline thresholds."""
     negatives = scores[y == 0]
     review = _threshold_at_fpr(negatives, params.review_fpr)
@@ -333,18 +332,18 @@ def _evaluate(
     fpr_label = f"{params.review_fpr:.0%}".replace("%", "pct")
     metrics[f"recall_at_{fpr_label}_fpr"] = metrics["recall_at_review"]
     metrics[f"precision_at_{fpr_label}_fpr"] = metrics["precision_at_review"]
+    # Recall per fraud pattern, where the data names the pattern of each fraud case.
     scenario_values = scenarios.to_numpy()
-    for scenario in simulate.SCENARIOS:
+    for scenario in sorted(set(scenario_values[y == 1].tolist())):
         cases = scenario_values == scenario
-        if cases.any():
-            metrics[f"recall_at_review/{scenario}"] = float((scores[cases] >= review).mean())
-    return metrics, registry.Thresholds(review=review, decline=decline)
+        metrics[f"recall_at_review/{scenario}"] = float((scores[cases] >= review).mean())
+    return metrics, repository.Thresholds(review=review, decline=decline)
 
 
 def _export(booster: lgb.Booster, n_features: int, path: Path) -> None:
     model = onnxmltools.convert_lightgbm(
         booster,
-        name="fraud-lgbm",
+        name=repository.DEFAULT_MODEL_NAME,
         initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))],
         zipmap=False,
     )
@@ -362,7 +361,7 @@ def _parity(onnx_path: Path, x: np.ndarray, expected: np.ndarray) -> float:
 
 
 def _plot_curves(
-    y: np.ndarray, scores: np.ndarray, thresholds: registry.Thresholds, path: Path
+    y: np.ndarray, scores: np.ndarray, thresholds: repository.Thresholds, path: Path
 ) -> None:
     import matplotlib
 

@@ -1,17 +1,17 @@
-"""gRPC clients of the gateway's dependencies; they turn RPC failures into DependencyError."""
+"""gRPC clients of the gateway's dependencies (feature service, scorer); they turn RPC
+failures into DependencyError."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 
 import grpc
 
 from fraud.v1 import features_pb2, features_pb2_grpc
-from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from services.common.registry import ModelMetadata
 from services.gateway.pipeline import DependencyError
+from services.models.repository import ModelMetadata
+from services.models.v2 import BadResponse, RowRequests, fraud_probability
 
 _PRESENT = features_pb2.FEATURE_STATUS_PRESENT
 
@@ -47,36 +47,17 @@ class GrpcModelClient:
 
     def __init__(self, channel: grpc.aio.Channel, metadata: ModelMetadata) -> None:
         self._stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        self._n = len(metadata.feature_order)
-        self._pack = struct.Struct(f"<{self._n}f").pack
-        # Everything but the row is the same on every call: built once, copied per call
-        # (a third of the cost of building the nested messages each time).
-        self._template = v2.ModelInferRequest(
-            model_name=metadata.name,
-            model_version=metadata.version,
-            inputs=[
-                v2.ModelInferRequest.InferInputTensor(
-                    name=metadata.input_name, datatype="FP32", shape=(1, self._n)
-                )
-            ],
-            outputs=[v2.ModelInferRequest.InferRequestedOutputTensor(name=metadata.output_name)],
-        )
-
-    def request(self, vector: list[float]) -> v2.ModelInferRequest:
-        """The ModelInfer request for one feature vector."""
-        request = v2.ModelInferRequest()
-        request.CopyFrom(self._template)
-        request.raw_input_contents.append(self._pack(*vector))
-        return request
+        self._requests = RowRequests.for_model(metadata)
 
     async def score(self, vector: list[float], timeout_s: float) -> float:
         """Fraud probability of one row."""
         try:
-            response = await self._stub.ModelInfer(self.request(vector), timeout=timeout_s)
+            response = await self._stub.ModelInfer(
+                self._requests.request(vector), timeout=timeout_s
+            )
         except grpc.aio.AioRpcError as error:
             raise DependencyError("scorer", _reason(error), error.details() or "") from error
         try:
-            # probabilities is FP32 [1, 2]: (legitimate, fraud).
-            return float(struct.unpack("<2f", response.raw_output_contents[0])[1])
-        except (IndexError, struct.error) as error:
+            return fraud_probability(response)
+        except BadResponse as error:
             raise DependencyError("scorer", "bad_response", str(error)) from error

@@ -2,7 +2,7 @@
 
 With ``FRAUD_GATEWAY_IN_PROCESS=true`` the gateway keeps its pipeline, budget, breakers and
 fallbacks but replaces its two gRPC clients with these: ``LocalFeatureClient`` reads the
-Feast online store through the feature service's own reader (``OnlineFeatureReader``, the
+Feast online store through the feature service's reader (``OnlineFeatureReader``, the
 same keys, freshness rules and parity-tested read path), and ``LocalModelClient`` runs the
 published ONNX model with ONNX Runtime. Each Score then costs one gRPC server call instead
 of one server call plus two client calls and two more server calls, which on a small
@@ -21,17 +21,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from services.common import featurespec
 from services.common.errors import Unavailable
-from services.features import store
+from services.domain import featurespec
+from services.domain.featurespec import FeatureStatus
+from services.featurestore.online import OnlineFeatureReader
 from services.gateway.pipeline import DependencyError
-from services.scorer.model import OnnxModel
+from services.models.onnx import OnnxModel
 
 
 class LocalFeatureClient:
     """Store features from the online store, read in this process."""
 
-    def __init__(self, reader: store.OnlineFeatureReader) -> None:
+    def __init__(self, reader: OnlineFeatureReader) -> None:
         self._reader = reader
         self._names = featurespec.STORE_FEATURES
 
@@ -44,7 +45,7 @@ class LocalFeatureClient:
         except Unavailable as error:
             raise DependencyError("features", "unavailable", error.message) from error
         return {
-            name: value if status == store.PRESENT else None
+            name: value if status == FeatureStatus.PRESENT else None
             for name, (value, status, _) in zip(self._names, rows, strict=True)
         }
 

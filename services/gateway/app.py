@@ -1,7 +1,7 @@
 """The gateway as a Service for the shared runtime: model metadata, rules, channels, warm-up.
 
 By default the gateway calls the feature service and the scorer over gRPC; with
-``in_process`` it reads the online store and runs the model itself (``local.py``)."""
+``in_process`` it reads the online store and runs the model itself (``inprocess.py``)."""
 
 from __future__ import annotations
 
@@ -13,29 +13,37 @@ from collections.abc import Callable
 import grpc
 
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from services.common import featurespec, registry
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
+from services.domain import featurespec
+from services.domain.rules import DEFAULT_RULES, RulesEngine
+from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
-from services.gateway.clients import GrpcFeatureClient, GrpcModelClient
+from services.gateway.dependencies import GrpcFeatureClient, GrpcModelClient
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import FeatureClient, ModelClient, Pipeline
-from services.gateway.rules import DEFAULT_RULES, RulesEngine
 from services.gateway.servicer import FraudScoringServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.validate import Transaction
+from services.models import repository
 
 log = logging.getLogger(__name__)
 
 
-class GatewayService:
+class GatewayApp:
     """Answers fraud.v1.FraudScoring/Score through the feature service and the scorer."""
 
     name = "gateway"
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: FeatureStoreSettings | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.settings = settings
+        self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.servicer = FraudScoringServicer(
             settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
@@ -52,7 +60,7 @@ class GatewayService:
         """Loads model metadata and rules, opens channels, waits for and warms the dependencies."""
         s = self.settings
         try:
-            metadata, _ = registry.load(s.models_path, s.model_name, s.model_version)
+            metadata, _ = repository.load(s.models_path, s.model_name, s.model_version)
         except FileNotFoundError as error:
             raise FailedPrecondition(str(error)) from error
         if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
@@ -94,17 +102,18 @@ class GatewayService:
         )
 
     async def _in_process(
-        self, metadata: registry.ModelMetadata
+        self, metadata: repository.ModelMetadata
     ) -> tuple[FeatureClient, ModelClient]:
         """Opens the online store and loads the ONNX model of ``metadata`` in this process."""
         # Imported here: Feast and ONNX Runtime stay out of a gateway that calls the services.
-        from services.features.settings import FeaturesSettings
-        from services.features.store import OnlineFeatureReader
-        from services.gateway.local import LocalFeatureClient, LocalModelClient
-        from services.scorer.model import OnnxModel
+        from services.featurestore.online import OnlineFeatureReader
+        from services.gateway.inprocess import LocalFeatureClient, LocalModelClient
+        from services.models.onnx import OnnxModel
 
         s = self.settings
-        store_settings = FeaturesSettings()
+        if self.store is None:
+            raise FailedPrecondition("in-process mode needs the feature store's settings")
+        store_settings = self.store
         # A read blocks the event loop: bound it by the feature call's slice of the budget.
         timeout_ms = min(store_settings.redis_timeout_ms, s.features_cap_ms)
         store_settings = store_settings.model_copy(update={"redis_timeout_ms": timeout_ms})

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from enum import IntEnum
+from typing import TYPE_CHECKING, NamedTuple
 
-from services.common import currency as iso4217
+from services.domain.money import amount_eur, eur_per_unit, minor_per_major
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,6 +29,37 @@ CARD_VIEW = "card_features"
 
 MERCHANT_VIEW = "merchant_features"
 """Feast feature view of the merchant aggregates (entity ``merchant``, join key ``merchant_id``)."""
+
+CARD_PRESENT = "card_present"
+"""``channel`` of a transaction at a physical terminal."""
+CARD_NOT_PRESENT = "card_not_present"
+"""``channel`` of an online (e-commerce) transaction."""
+
+
+class FeatureStatus(IntEnum):
+    """Whether a store feature's value can be trusted; numbered as ``fraud.v1.FeatureStatus``."""
+
+    PRESENT = 1
+    """Read from the store and fresh."""
+    MISSING = 2
+    """Unknown entity or a null value."""
+    STALE = 3
+    """Older than its view's freshness limit."""
+
+
+class FeatureRead(NamedTuple):
+    """One store feature as read: its value, status and event time."""
+
+    value: float | None
+    """The stored value; None when missing."""
+    status: FeatureStatus
+    """Present, missing or stale."""
+    event_s: float | None
+    """Event time of the stored row (epoch seconds); None when missing."""
+
+
+MISSING_READ = FeatureRead(None, FeatureStatus.MISSING, None)
+"""The read of a feature the store does not hold."""
 
 CARD_FEATURES: tuple[str, ...] = (
     "card_txn_count_1h",
@@ -78,54 +110,6 @@ MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 
 SMALL_AMOUNT_EUR = 2.0
 """Amounts below this count as small (card testing) in ``card_small_txn_count_1h``."""
-
-CURRENCY_EXPONENT: dict[str, int] = {
-    "EUR": 2, "USD": 2, "GBP": 2, "CHF": 2, "SEK": 2, "NOK": 2, "DKK": 2, "PLN": 2,
-    "CZK": 2, "HUF": 2, "RON": 2, "CAD": 2, "AUD": 2, "NZD": 2, "BRL": 2, "MXN": 2,
-    "CNY": 2, "HKD": 2, "SGD": 2, "INR": 2, "THB": 2, "TRY": 2, "ZAR": 2, "AED": 2,
-    "JPY": 0, "KRW": 0, "ISK": 0, "KWD": 3, "BHD": 3,
-}  # fmt: skip
-"""Minor-unit exponent (ISO 4217) of every currency with a rate in ``EUR_PER_UNIT``."""
-
-EUR_PER_UNIT: dict[str, float] = {
-    "EUR": 1.0, "USD": 0.92, "GBP": 1.17, "CHF": 1.05, "SEK": 0.087, "NOK": 0.086,
-    "DKK": 0.134, "PLN": 0.232, "CZK": 0.040, "HUF": 0.0025, "RON": 0.201, "CAD": 0.68,
-    "AUD": 0.61, "NZD": 0.56, "BRL": 0.17, "MXN": 0.050, "CNY": 0.127, "HKD": 0.118,
-    "SGD": 0.69, "INR": 0.011, "THB": 0.026, "TRY": 0.027, "ZAR": 0.050, "AED": 0.25,
-    "JPY": 0.0061, "KRW": 0.00067, "ISK": 0.0066, "KWD": 3.0, "BHD": 2.44,
-}  # fmt: skip
-"""Fixed conversion rates: EUR per major unit. Frozen so that features never move with markets."""
-
-FALLBACK_EUR_PER_UNIT = 1.0
-"""Rate for a valid currency missing from ``EUR_PER_UNIT``: a neutral guess, not a conversion."""
-
-FALLBACK_EXPONENT = 2
-"""Exponent for a currency in neither table here nor ISO 4217 (the most common exponent)."""
-
-# Minor units per major unit, precomputed so the request path does no exponentiation.
-_MINOR_PER_MAJOR: dict[str, float] = {
-    code: float(10**exp) for code, exp in (iso4217.EXPONENT | CURRENCY_EXPONENT).items()
-}
-_FALLBACK_MINOR_PER_MAJOR = float(10**FALLBACK_EXPONENT)
-
-
-def minor_per_major(currency: str) -> float:
-    """Minor units in one major unit of ``currency`` (100.0 for EUR, 1.0 for JPY)."""
-    return _MINOR_PER_MAJOR.get(currency, _FALLBACK_MINOR_PER_MAJOR)
-
-
-def eur_per_unit(currency: str) -> float:
-    """EUR value of one major unit of ``currency``; ``FALLBACK_EUR_PER_UNIT`` if unknown."""
-    return EUR_PER_UNIT.get(currency, FALLBACK_EUR_PER_UNIT)
-
-
-def amount_eur(amount_minor: int, currency: str) -> float:
-    """Converts an amount in minor units of ``currency`` to EUR with the fixed rate table."""
-    return (
-        amount_minor
-        / _MINOR_PER_MAJOR.get(currency, _FALLBACK_MINOR_PER_MAJOR)
-        * EUR_PER_UNIT.get(currency, FALLBACK_EUR_PER_UNIT)
-    )
 
 
 def model_vector(

@@ -1,4 +1,4 @@
-"""The runtime contract of a model: load once, then predict fraud probabilities."""
+"""A published model version run by ONNX Runtime: load once, then predict fraud probabilities."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from services.common import registry
 from services.common.errors import FailedPrecondition
+from services.models import repository
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
 class OnnxModel:
     """A published model version served by ONNX Runtime."""
 
-    def __init__(self, metadata: registry.ModelMetadata, folder: Path, threads: int = 1) -> None:
+    def __init__(self, metadata: repository.ModelMetadata, folder: Path, threads: int = 1) -> None:
         self.metadata = metadata
         self.folder = folder
         options = ort.SessionOptions()
@@ -61,7 +61,7 @@ class OnnxModel:
     ) -> OnnxModel:
         """Loads the given version (default: the latest published) of model ``name``."""
         try:
-            metadata, folder = registry.load(model_root, name, version)
+            metadata, folder = repository.load(model_root, name, version)
         except FileNotFoundError as error:
             raise FailedPrecondition(str(error)) from error
         return cls(metadata, folder, threads)

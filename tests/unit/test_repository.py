@@ -1,4 +1,4 @@
-"""The model registry: versions, atomic publishing, loading and its errors."""
+"""The model repository: versions, atomic publishing, loading and its errors."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from services.common import registry
-from services.common.featurespec import MODEL_FEATURES
+from services.domain.featurespec import MODEL_FEATURES
+from services.models import repository
 
 
-def metadata(**changes: object) -> registry.ModelMetadata:
+def metadata(**changes: object) -> repository.ModelMetadata:
     fields: dict[str, object] = {
         "version": "0",
         "feature_order": list(MODEL_FEATURES),
         "input_name": "input",
         "output_name": "probabilities",
-        "thresholds": registry.Thresholds(review=0.1, decline=0.8),
+        "thresholds": repository.Thresholds(review=0.1, decline=0.8),
         "default_features": dict.fromkeys(MODEL_FEATURES, 0.0),
         "metrics": {"pr_auc": 0.7},
-        "training_window": registry.TrainingWindow(
+        "training_window": repository.TrainingWindow(
             start=datetime(2026, 1, 1, tzinfo=UTC),
             end=datetime(2026, 3, 1, tzinfo=UTC),
             holdout_start=datetime(2026, 2, 17, tzinfo=UTC),
@@ -34,7 +34,7 @@ def metadata(**changes: object) -> registry.ModelMetadata:
         "onnxruntime_version": "1.31.1",
     }
     fields.update(changes)
-    return registry.ModelMetadata.model_validate(fields)
+    return repository.ModelMetadata.model_validate(fields)
 
 
 @pytest.fixture
@@ -45,45 +45,45 @@ def model_file(tmp_path: Path) -> Path:
 
 
 def test_nothing_published_says_how_to_train(tmp_path: Path) -> None:
-    assert registry.latest_version(tmp_path / "models") is None
-    with pytest.raises(registry.ModelNotFoundError, match="fraudmesh train"):
-        registry.load(tmp_path / "models")
+    assert repository.latest_version(tmp_path / "models") is None
+    with pytest.raises(repository.ModelNotFoundError, match="fraudmesh train"):
+        repository.load(tmp_path / "models")
     # Callers that only know FileNotFoundError still catch it.
     with pytest.raises(FileNotFoundError):
-        registry.load(tmp_path / "models", "fraud-lgbm")
+        repository.load(tmp_path / "models", "fraud-lgbm")
 
 
 def test_publish_assigns_increasing_versions(tmp_path: Path, model_file: Path) -> None:
     root = tmp_path / "models"
-    first = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
-    second = registry.publish(
-        root, metadata(metrics={"pr_auc": 0.8}), {registry.MODEL_FILE: model_file}
+    first = repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
+    second = repository.publish(
+        root, metadata(metrics={"pr_auc": 0.8}), {repository.MODEL_FILE: model_file}
     )
     assert first == root / "fraud-lgbm" / "1"
     assert second == root / "fraud-lgbm" / "2"
-    assert registry.latest_version(root) == "2"
-    latest, folder = registry.load(root)
+    assert repository.latest_version(root) == "2"
+    latest, folder = repository.load(root)
     assert (latest.version, folder) == ("2", second)
     assert latest.metrics == {"pr_auc": 0.8}
-    older, _ = registry.load(root, "fraud-lgbm", "1")
+    older, _ = repository.load(root, "fraud-lgbm", "1")
     assert older.version == "1"
-    assert (first / registry.MODEL_FILE).read_bytes() == b"not really onnx"
+    assert (first / repository.MODEL_FILE).read_bytes() == b"not really onnx"
     # Nothing half-written is left behind.
     assert sorted(p.name for p in (root / "fraud-lgbm").iterdir()) == ["1", "2"]
 
 
 def test_unknown_version_lists_the_published_ones(tmp_path: Path, model_file: Path) -> None:
     root = tmp_path / "models"
-    registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
-    with pytest.raises(registry.ModelNotFoundError, match=r"published: 1"):
-        registry.load(root, "fraud-lgbm", "7")
+    repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
+    with pytest.raises(repository.ModelNotFoundError, match=r"published: 1"):
+        repository.load(root, "fraud-lgbm", "7")
 
 
 def test_incomplete_folders_are_not_versions(tmp_path: Path, model_file: Path) -> None:
     root = tmp_path / "models"
     (root / "fraud-lgbm" / "5").mkdir(parents=True)  # e.g. a crashed copy by hand
-    assert registry.latest_version(root) is None
-    published = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+    assert repository.latest_version(root) is None
+    published = repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
     assert published.name == "6"
 
 
@@ -93,7 +93,7 @@ def test_concurrent_publishers_get_distinct_versions(tmp_path: Path, model_file:
     lock = threading.Lock()
 
     def publish() -> None:
-        path = registry.publish(root, metadata(), {registry.MODEL_FILE: model_file})
+        path = repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
         with lock:
             results.append(path)
 
@@ -104,18 +104,18 @@ def test_concurrent_publishers_get_distinct_versions(tmp_path: Path, model_file:
         thread.join()
     assert sorted(int(p.name) for p in results) == [1, 2, 3, 4, 5, 6]
     for path in results:
-        loaded, _ = registry.load(root, "fraud-lgbm", path.name)
+        loaded, _ = repository.load(root, "fraud-lgbm", path.name)
         assert loaded.version == path.name
 
 
 def test_publish_needs_the_model_file(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=registry.MODEL_FILE):
-        registry.publish(tmp_path, metadata(), {})
+    with pytest.raises(ValueError, match=repository.MODEL_FILE):
+        repository.publish(tmp_path, metadata(), {})
 
 
 def test_metadata_validation() -> None:
     with pytest.raises(ValidationError, match="below review"):
-        registry.Thresholds(review=0.5, decline=0.2)
+        repository.Thresholds(review=0.5, decline=0.2)
     with pytest.raises(ValidationError, match="default_features lacks"):
         metadata(default_features={"amount_eur": 1.0})
-    assert metadata().name == registry.DEFAULT_MODEL_NAME
+    assert metadata().name == repository.DEFAULT_MODEL_NAME

@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -21,13 +21,12 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from services.common.errors import FailedPrecondition
-from services.features import simulate as simulator
-from services.features.settings import FeaturesSettings, from_env
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings, from_env
+from services.pipelines import simulate as simulator
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 console = Console()
-
-ENV_PREFIX = "FRAUD_FEATURES_"
 
 
 class PresetName(enum.StrEnum):
@@ -43,19 +42,9 @@ VarDirOption = Annotated[
 ]
 
 
-def settings_from_env(env: Mapping[str, str]) -> FeaturesSettings:
-    """Settings as a feature service started with ``env`` (on top of ours) would build them."""
-    fields: dict[str, Any] = {
-        key.removeprefix(ENV_PREFIX).lower(): value
-        for key, value in env.items()
-        if key.startswith(ENV_PREFIX)
-    }
-    return from_env(**fields)
-
-
 @app.command()
 def simulate(
-    seed: Annotated[int | None, typer.Option(help="Simulator seed (default: settings).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Simulator seed (default: 7).")] = None,
     preset: Annotated[
         PresetName | None, typer.Option(help="Data size: default (~200k) or small (~40k).")
     ] = None,
@@ -69,16 +58,13 @@ def simulate(
     ] = False,
 ) -> None:
     """Simulate transactions with fraud and write the Parquet files Feast reads."""
-    settings = from_env(
-        var_dir=var_dir,
-        sim_seed=seed,
-        sim_preset=preset.value if preset else None,
-        sim_end=end.date() if end else None,
-    )
-    if if_missing and simulator.data_present(settings.data_path):
+    settings = from_env(var_dir=var_dir)
+    if if_missing and layout.data_present(settings.data_path):
         console.print(f"data already in {settings.data_path}; nothing to do")
         return
-    params = simulator.preset(settings.sim_preset, seed=settings.sim_seed, end=settings.sim_end)
+    params = simulator.preset(
+        preset.value if preset else "default", seed=seed, end=end.date() if end else None
+    )
     started = time.perf_counter()
     with console.status("simulating …") as status:
         sim = simulator.simulate(params, progress=lambda step: status.update(f"{step} …"))
@@ -104,11 +90,11 @@ def simulate(
 @app.command()
 def apply(var_dir: VarDirOption = None) -> None:
     """Register the entities, sources, feature views and feature service in the registry."""
-    from services.features import store
+    from services.featurestore import admin
 
     settings = from_env(var_dir=var_dir)
     with console.status("applying the Feast repo …"), _failures():
-        store.apply(settings)
+        admin.apply(settings)
     console.print(
         f"applied to {settings.registry_file} (feature_store.yaml in {settings.data_path})"
     )
@@ -131,9 +117,9 @@ def _failures() -> Iterator[None]:
         raise typer.Exit(1) from error
 
 
-def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
+def materialize_with_progress(settings: FeatureStoreSettings, out: Console) -> None:
     """Materializes the whole data window, showing a progress bar on ``out``."""
-    from services.features import store
+    from services.featurestore import admin
 
     started = time.perf_counter()
     columns = (
@@ -144,24 +130,23 @@ def materialize_with_progress(settings: FeaturesSettings, out: Console) -> None:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=out) as bar:
-        task = bar.add_task(f"materializing into {settings.store}", total=len(store.VIEW_NAMES))
+        task = bar.add_task(f"materializing into {settings.store}", total=len(admin.VIEW_NAMES))
 
         def report(view: str, done: int, total: int) -> None:
             label = f"materializing {view} into {settings.store}" if view else "materialized"
             bar.update(task, description=label, completed=done, total=total)
 
-        store.materialize(settings, progress=report)
+        admin.materialize(settings, progress=report)
     out.print(
         f"online store ({settings.store}) holds the newest features of every card and merchant "
         f"({time.perf_counter() - started:.1f} s)"
     )
 
 
-def materialize_into(env: Mapping[str, str], out: Console) -> None:
-    """Applies the repo and materializes into the store ``env`` configures (e.g. a fresh
+def materialize_into(settings: FeatureStoreSettings, out: Console) -> None:
+    """Applies the repo and materializes into the store ``settings`` name (e.g. a fresh
     Redis the mesh just started)."""
-    from services.features import store
+    from services.featurestore import admin
 
-    settings = settings_from_env(env)
-    store.apply(settings)
+    admin.apply(settings)
     materialize_with_progress(settings, out)

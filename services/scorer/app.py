@@ -7,14 +7,14 @@ import logging
 import grpc
 
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
-from services.scorer.model import OnnxModel
+from services.models.onnx import OnnxModel
 from services.scorer.servicer import InferenceServicer
 from services.scorer.settings import ScorerSettings
 
 log = logging.getLogger(__name__)
 
 
-class ScorerService:
+class ScorerApp:
     """Loads the published model with ONNX Runtime and serves it over the v2 protocol."""
 
     name = "scorer"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Make sure the system programs the tests start are present: redis-server (Redis online
+# store and its tests) and util-linux setpriv (how the mesh launches its children). Missing
+# ones are installed from Debian's packages when running as root with apt-get; otherwise
+# this says exactly what to install and fails.
+set -euo pipefail
+
+# program → Debian package
+declare -A wanted=(
+  [redis-server]=redis-server
+  [setpriv]=util-linux
+)
+
+missing=()
+for program in "${!wanted[@]}"; do
+  command -v "$program" >/dev/null || missing+=("${wanted[$program]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  echo "system-deps.sh: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "system-deps.sh: missing system packages: ${missing[*]}" >&2
+  echo "  install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi

@@ -1,0 +1,1 @@
+"""The ``fraudmesh`` command line: the composition root that wires every part together."""

@@ -1,0 +1,42 @@
+"""Checks of identifiers and codes that every public API applies the same way.
+
+Each check raises ``InvalidArgument`` naming the field. Values echoed back in a message
+are cut to ``ECHO_LIMIT`` characters: an attacker's 100 KB string must not travel back in
+a gRPC status header.
+"""
+
+from __future__ import annotations
+
+from services.common.errors import InvalidArgument
+from services.domain import money
+
+MAX_ID_LENGTH = 128
+"""Longest accepted identifier (transaction, card, merchant, terminal)."""
+
+ECHO_LIMIT = 32
+"""Longest part of a client's value repeated in an error message."""
+
+
+def shown(value: str) -> str:
+    """``value`` quoted for an error message, cut to ``ECHO_LIMIT`` characters."""
+    if len(value) <= ECHO_LIMIT:
+        return repr(value)
+    return f"{value[:ECHO_LIMIT]!r}… ({len(value)} characters)"
+
+
+def check_id(field: str, value: str, required: bool = True) -> None:
+    """An identifier: present (when required), at most ``MAX_ID_LENGTH`` printable characters."""
+    if not value:
+        if required:
+            raise InvalidArgument(field, "is required")
+        return
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
+    if not value.isprintable():
+        raise InvalidArgument(field, "contains non-printable characters")
+
+
+def check_currency(field: str, value: str) -> None:
+    """An active ISO 4217 alphabetic code, upper case."""
+    if not money.is_known(value):
+        raise InvalidArgument(field, f"{shown(value)} is not an ISO 4217 currency code")

@@ -1,0 +1,67 @@
+"""Every use of Feast's private API, in one place.
+
+The request-path reader goes to the online store directly (no ``get_online_features``:
+its request normalisation costs several times the read itself), and the offline store
+reuses Feast's own resolution of feature references. Both need names Feast does not
+promise to keep. They are wrapped here, each in one small function, and
+``tests/unit/test_feast_internals.py`` fails with the name of what moved when a Feast
+upgrade changes any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from feast import FeatureStore, FeatureView, RepoConfig
+from feast.infra.online_stores.online_store import OnlineStore
+from feast.infra.online_stores.redis import RedisOnlineStore, _versioned_fv_name
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.utils import _get_requested_feature_views_to_features_dict
+
+
+def views_to_features(
+    feature_refs: list[str], feature_views: list[FeatureView]
+) -> dict[FeatureView, list[str]]:
+    """The views ``feature_refs`` ("view:feature") name, each with its requested features."""
+    views, _ = _get_requested_feature_views_to_features_dict(feature_refs, feature_views, [])
+    return views
+
+
+def online_store(store: FeatureStore) -> OnlineStore:
+    """The online store object behind ``store`` (SQLite or Redis)."""
+    return store._get_provider().online_store
+
+
+def redis_client(online: RedisOnlineStore, config: RepoConfig) -> Any:
+    """The synchronous redis-py client the Redis online store reads and writes with."""
+    return online._get_client(config.online_store)
+
+
+def redis_keys(
+    online: RedisOnlineStore, config: RepoConfig, entity_keys: Sequence[EntityKey]
+) -> list[bytes]:
+    """The Redis key of each entity's hash, as Feast writes it."""
+    return online._generate_redis_keys_for_entities(config, list(entity_keys))
+
+
+def redis_hash_fields(
+    online: RedisOnlineStore, config: RepoConfig, view: FeatureView, names: Sequence[str]
+) -> list[str | bytes]:
+    """The hash fields of ``names`` in ``view``'s rows, then the row's timestamp field."""
+    name = _versioned_fv_name(view, config)
+    _, fields = online._generate_hset_keys_for_features(view, list(names), fv_name_override=name)
+    return fields
+
+
+def close_sync_connections(online: OnlineStore) -> None:
+    """Closes the synchronous SQLite connection or Redis client an online store opened.
+
+    Feast only closes its asynchronous clients (``FeatureStore.close``); the synchronous
+    ones live in private attributes of the store classes.
+    """
+    for attribute in ("_conn", "_client"):
+        connection = getattr(online, attribute, None)
+        if connection is not None:
+            connection.close()
+            setattr(online, attribute, None)

@@ -1,0 +1,21 @@
+"""File names of a dataset folder: the labelled transactions and the feature tables
+Feast's offline store reads. The simulator and the importer write them; the Feast
+definitions, materialization and training read them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TRANSACTIONS_FILE = "transactions.parquet"
+"""Labelled transactions, sorted by time."""
+CARD_FEATURES_FILE = "card_features.parquet"
+"""Feast source of the card feature view."""
+MERCHANT_FEATURES_FILE = "merchant_features.parquet"
+"""Feast source of the merchant feature view."""
+DATA_FILES = (TRANSACTIONS_FILE, CARD_FEATURES_FILE, MERCHANT_FEATURES_FILE)
+"""Every file a complete dataset holds."""
+
+
+def data_present(data_dir: Path) -> bool:
+    """True when every file of a dataset exists in ``data_dir``."""
+    return all((data_dir / name).is_file() for name in DATA_FILES)

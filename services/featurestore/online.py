@@ -1,0 +1,220 @@
+"""The request-path reader of the online store: one card's and one merchant's features.
+
+Feast's ``FeatureView.ttl`` bounds the offline point-in-time join but does not filter
+online reads, so ``OnlineFeatureReader`` judges freshness itself, from each value's event
+timestamp, with the same TTLs (or the limits set in the settings).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from feast import FeatureService, FeatureView
+from feast.errors import FeatureServiceNotFoundException, FeatureViewNotFoundException
+from feast.infra.online_stores.redis import RedisOnlineStore
+from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.protos.feast.types.Value_pb2 import Value
+from google.protobuf.timestamp_pb2 import Timestamp
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from services.common.errors import Unavailable
+from services.domain import featurespec
+from services.domain.featurespec import MISSING_READ, FeatureRead, FeatureStatus
+from services.featurestore import feast_internals
+from services.featurestore.admin import feature_store, not_applied
+from services.featurestore.repo import definitions
+from services.featurestore.settings import FeatureStoreSettings
+
+_STATUS_PRESENT = FieldStatus.PRESENT
+_STATUS_OUTSIDE_MAX_AGE = FieldStatus.OUTSIDE_MAX_AGE
+
+
+class _View:
+    """One feature view as the reader needs it: resolved once, used on every read."""
+
+    def __init__(
+        self, view: FeatureView, join_key: str, names: tuple[str, ...], first: int, max_age_s: float
+    ) -> None:
+        self.view = view
+        self.join_key = join_key
+        self.names = names
+        self.first = first
+        self.max_age_s = max_age_s
+
+    def entity_key(self, value: str) -> EntityKey:
+        return EntityKey(join_keys=[self.join_key], entity_values=[Value(string_val=value)])
+
+    def fill(
+        self,
+        out: list[FeatureRead],
+        event_s: float | None,
+        values: Mapping[str, Value] | None,
+        as_of_s: float,
+    ) -> None:
+        """Writes this view's slots of ``out`` from one entity's stored row."""
+        if event_s is None or values is None:
+            return  # an unknown entity: every slot stays MISSING
+        status = (
+            FeatureStatus.PRESENT if as_of_s - event_s <= self.max_age_s else FeatureStatus.STALE
+        )
+        for offset, name in enumerate(self.names):
+            value = values.get(name)
+            # ListFields is the cheapest way to the one set field of the Value oneof; an
+            # unset Value is a null the materialization wrote.
+            fields = value.ListFields() if value is not None else ()
+            if fields:
+                out[self.first + offset] = FeatureRead(float(fields[0][1]), status, event_s)
+
+
+class OnlineFeatureReader:
+    """Reads the store features of one card and one merchant from Feast's online store.
+
+    Feast owns the definitions, the keys and the stored layout; on the request path the
+    reader skips ``FeatureStore.get_online_features`` (request normalisation, registry
+    lookups, response building and type conversions, 0.5-0.7 ms of CPU a read here) and
+    goes to the online store with everything resolved once at start:
+
+    - SQLite: the store's own ``online_read`` for each view (about 0.11 ms a read);
+    - Redis: one pipelined ``HMGET`` of both entities' hashes in a single round trip, with
+      the keys and hashed field names computed by Feast's Redis store (about 0.15 ms),
+      over a connection whose socket timeout (``redis_timeout_ms``, no retries) bounds a
+      hung server.
+
+    ``read_generic`` is the same read through ``get_online_features``; tests hold the two
+    equal. Freshness is judged here, from each view's event timestamp against ``as_of_s``
+    (Feast does not filter online reads by TTL).
+
+    Thread-safe: reads are serialized by a lock, because Feast's online stores open their
+    connections lazily without locking and the SQLite store shares one connection.
+    """
+
+    def __init__(self, settings: FeatureStoreSettings) -> None:
+        self._store = feature_store(settings, read_timeout_ms=settings.redis_timeout_ms)
+        try:
+            self._service: FeatureService = self._store.get_feature_service(
+                definitions.FEATURE_SERVICE
+            )
+            card_view = self._store.get_feature_view(featurespec.CARD_VIEW)
+            merchant_view = self._store.get_feature_view(featurespec.MERCHANT_VIEW)
+        except (FeatureServiceNotFoundException, FeatureViewNotFoundException) as error:
+            raise not_applied(settings) from error
+        card_age = settings.card_max_age_s or definitions.CARD_TTL.total_seconds()
+        merchant_age = settings.merchant_max_age_s or definitions.MERCHANT_TTL.total_seconds()
+        self._card = _View(card_view, "card_id", featurespec.CARD_FEATURES, 0, card_age)
+        self._merchant = _View(
+            merchant_view,
+            "merchant_id",
+            featurespec.MERCHANT_FEATURES,
+            len(featurespec.CARD_FEATURES),
+            merchant_age,
+        )
+        self._config = self._store.config
+        self._online = feast_internals.online_store(self._store)
+        self._read: Callable[[str, str, float], list[FeatureRead]]
+        if isinstance(self._online, RedisOnlineStore):
+            self._hash_fields = tuple(self._redis_fields(v) for v in (self._card, self._merchant))
+            # No retries: redis-py's default (three, with backoff up to seconds) turns a
+            # hung server into a multi-second stall; a failed read is answered with
+            # defaults by the gateway and the next read reconnects.
+            feast_internals.redis_client(self._online, self._config).set_retry(
+                Retry(NoBackoff(), 0)
+            )
+            self._read = self._read_redis
+        else:
+            self._read = self._read_views
+        self._lock = threading.Lock()
+
+    def read(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        """Each STORE_FEATURES value with its status, judged fresh against ``as_of_s``."""
+        try:
+            with self._lock:
+                return self._read(card_id, merchant_id, as_of_s)
+        except (RedisError, sqlite3.Error) as error:
+            # UNAVAILABLE, not INTERNAL: the caller falls back and the next read retries.
+            raise Unavailable(
+                f"online store read failed: {type(error).__name__}: {error}"
+            ) from error
+
+    def _read_views(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
+        for view, value in ((self._card, card_id), (self._merchant, merchant_id)):
+            ((stamp, values),) = self._online.online_read(
+                self._config, view.view, [view.entity_key(value)], list(view.names)
+            )
+            view.fill(out, stamp.timestamp() if stamp is not None else None, values, as_of_s)
+        return out
+
+    def _redis_fields(self, view: _View) -> list[str | bytes]:
+        online = self._online
+        assert isinstance(online, RedisOnlineStore)
+        return feast_internals.redis_hash_fields(online, self._config, view.view, view.names)
+
+    def _read_redis(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        online = self._online
+        assert isinstance(online, RedisOnlineStore)
+        card, merchant = self._card, self._merchant
+        keys = feast_internals.redis_keys(
+            online, self._config, [card.entity_key(card_id), merchant.entity_key(merchant_id)]
+        )
+        # One round trip: both entities' hashes in a single non-transactional pipeline.
+        with feast_internals.redis_client(online, self._config).pipeline(transaction=False) as pipe:
+            for key, fields in zip(keys, self._hash_fields, strict=True):
+                pipe.hmget(key, fields)
+            replies = pipe.execute()
+        out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
+        for view, reply in zip((card, merchant), replies, strict=True):
+            raw_stamp = reply[-1]
+            if not raw_stamp:
+                continue  # no timestamp field: the entity was never materialized
+            stamp = Timestamp.FromString(cast(bytes, raw_stamp))
+            values = {
+                name: Value.FromString(cast(bytes, raw))
+                for name, raw in zip(view.names, reply, strict=False)
+                if raw
+            }
+            view.fill(out, stamp.seconds + stamp.nanos * 1e-9, values, as_of_s)
+        return out
+
+    def read_generic(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+        """The same read through ``FeatureStore.get_online_features`` (slower; the reference)."""
+        with self._lock:
+            response = self._store.get_online_features(
+                self._service, [{"card_id": card_id, "merchant_id": merchant_id}]
+            ).proto
+        out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
+        slots = {
+            name: (view.first + offset, view.max_age_s)
+            for view in (self._card, self._merchant)
+            for offset, name in enumerate(view.names)
+        }
+        # The response lists features in an order of Feast's choosing; match them by name.
+        for name, vector in zip(response.metadata.feature_names.val, response.results, strict=True):
+            slot = slots.get(name)
+            if slot is None:  # a join key echoed back
+                continue
+            status = vector.statuses[0]
+            if status != _STATUS_PRESENT and status != _STATUS_OUTSIDE_MAX_AGE:
+                continue
+            fields = vector.values[0].ListFields()
+            if not fields:
+                continue
+            stamp = vector.event_timestamps[0]
+            event_s = stamp.seconds + stamp.nanos * 1e-9
+            index, max_age = slot
+            fresh = as_of_s - event_s <= max_age
+            out[index] = FeatureRead(
+                float(fields[0][1]),
+                FeatureStatus.PRESENT if fresh else FeatureStatus.STALE,
+                event_s,
+            )
+        return out
+
+    def close(self) -> None:
+        """Closes the online store's connection (SQLite file or Redis client)."""
+        feast_internals.close_sync_connections(self._online)
