@@ -52,6 +52,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import accumulate
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from services.common import featurespec
@@ -1073,11 +1074,13 @@ class _Reader:
         (count,) = struct.unpack("<I", self._take(4))
         lengths = self._array("I", count)
         blob = bytes(self._take(sum(lengths)))
-        out, at = [], 0
-        for size in lengths:
-            out.append(blob[at : at + size].decode())
-            at += size
-        return out
+        ends = list(accumulate(lengths))
+        starts = [0, *ends][:-1]
+        text = blob.decode()
+        if len(text) == len(blob):
+            # ASCII (the usual ids): byte offsets are character offsets, one decode suffices.
+            return [text[a:b] for a, b in zip(starts, ends, strict=True)]
+        return [blob[a:b].decode() for a, b in zip(starts, ends, strict=True)]
 
     def latest(self) -> _Latest:
         known, value, at_us = self.ints(3)
