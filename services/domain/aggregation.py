@@ -138,8 +138,8 @@ def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
     rows = _Rows.sort(tx, "card_id")
     eur, t = rows.eur, rows.t
     hi = rows.end
-    lo_1h, lo_24h = rows.after(t - _HOUR_US), rows.after(t - _DAY_US)
-    lo_7d, lo_30d = rows.after(t - 7 * _DAY_US), rows.after(t - _CARD_HORIZON_US)
+    lo_1h, lo_24h = rows.after(_HOUR_US), rows.after(_DAY_US)
+    lo_7d, lo_30d = rows.after(7 * _DAY_US), rows.after(_CARD_HORIZON_US)
     n_7d, n_30d = hi - lo_7d, hi - lo_30d
     first = rows.first
     mean_30d = _window_sum(eur, lo_30d, hi, first) / n_30d
@@ -162,25 +162,22 @@ def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
         "card_distinct_merchants_24h": _window_distinct(rows.code, merchant, t, lo_24h),
         "card_small_txn_count_1h": _window_sum(small, lo_1h, hi, first),
         "card_last_txn_s": np.floor_divide(t, _US),
+        "card_home_country": rows.latest_known("card_home_country"),
     }
-    frame = pd.DataFrame({name: values[keep] for name, values in columns.items()})
-    frame["card_home_country"] = _codes(rows.latest_known("card_home_country")[keep])
-    frame["event_timestamp"] = _utc(frame["event_timestamp"].to_numpy())
-    return frame[["card_id", "event_timestamp", *featurespec.CARD_FEATURES]]
+    return _table(columns, keep, featurespec.CARD_FEATURES)
 
 
 def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
     """Merchant aggregates after every (merchant, timestamp); rows sorted by merchant, then time."""
     import numpy as np
-    import pandas as pd
 
     delay_us = _micros_of(label_delay)
     rows = _Rows.sort(tx, "merchant_id")
     eur, t, first = rows.eur, rows.t, rows.first
     hi = rows.end
-    lo_7d, lo_28d = rows.after(t - 7 * _DAY_US), rows.after(t - 28 * _DAY_US)
-    known_lo = rows.after(t - delay_us - _FRAUD_WINDOW_US)
-    known_hi = rows.after(t - delay_us)
+    lo_7d, lo_28d = rows.after(7 * _DAY_US), rows.after(28 * _DAY_US)
+    known_lo = rows.after(delay_us + _FRAUD_WINDOW_US)
+    known_hi = rows.after(delay_us)
     known = known_hi - known_lo
     fraud_flag = rows.fraud
     frauds = _window_sum(fraud_flag.astype(np.int64), known_lo, known_hi, first)
@@ -193,12 +190,10 @@ def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELA
         "merchant_txn_count_7d": hi - lo_7d,
         "merchant_amount_mean_28d": _window_sum(eur, lo_28d, hi, first) / (hi - lo_28d),
         "merchant_fraud_rate_28d": rate,
+        "merchant_category": rows.latest_known("merchant_category"),
+        "merchant_country": rows.latest_known("merchant_country"),
     }
-    frame = pd.DataFrame({name: values[keep] for name, values in columns.items()})
-    frame["merchant_category"] = _codes(rows.latest_known("merchant_category")[keep])
-    frame["merchant_country"] = _codes(rows.latest_known("merchant_country")[keep])
-    frame["event_timestamp"] = _utc(frame["event_timestamp"].to_numpy())
-    return frame[["merchant_id", "event_timestamp", *featurespec.MERCHANT_FEATURES]]
+    return _table(columns, keep, featurespec.MERCHANT_FEATURES)
 
 
 def amounts_eur(tx: pd.DataFrame) -> np.ndarray:
@@ -236,17 +231,27 @@ class _Rows:
     any realistic size where entity * epoch-microseconds would not.
     """
 
-    def __init__(self, tx: pd.DataFrame, order: np.ndarray, code: np.ndarray, ids: np.ndarray):
+    def __init__(
+        self, tx: pd.DataFrame, order: np.ndarray, code: np.ndarray, ids: np.ndarray, t: np.ndarray
+    ) -> None:
         import numpy as np
 
         self._tx = tx
         self.order = order
         self.code = code[order]
         self.ids = ids[self.code]
-        self.t = timestamps_us(tx["timestamp"])[order]
-        self.times = np.unique(self.t)
+        self.t = t[order]
+        n = len(order)
+        # Binary searches run much faster over ascending needles, so ranks are looked up in
+        # global time order and scattered back.
+        self._by_time = np.argsort(self.t, kind="stable")
+        sorted_t = self.t[self._by_time]
+        new = np.r_[True, sorted_t[1:] != sorted_t[:-1]] if n else np.zeros(0, dtype=bool)
+        self.times = sorted_t[new]
+        rank = np.empty(n, dtype=np.int64)
+        rank[self._by_time] = np.cumsum(new) - 1
         self.base = self.code * np.int64(len(self.times) + 1)
-        self.key = self.base + np.searchsorted(self.times, self.t)
+        self.key = self.base + rank
         self.first = _first_rows(self.code)
         self.end = np.searchsorted(self.key, self.key, side="right")
         self.last_of_instant = np.r_[self.key[1:] != self.key[:-1], True]
@@ -268,19 +273,21 @@ class _Rows:
         t = timestamps_us(tx["timestamp"])
         order = np.lexsort((t, code))
         order = _order_ties_by_id(order, code, t, tx["transaction_id"].to_numpy(dtype=object))
-        return cls(tx, order, code, np.asarray(ids, dtype=object))
+        return cls(tx, order, code, np.asarray(ids, dtype=object), t)
 
     def column(self, name: str) -> np.ndarray:
         """A raw column in row order."""
         return self._tx[name].to_numpy()[self.order]
 
-    def after(self, bound: np.ndarray) -> np.ndarray:
-        """Per row: the first row of its entity whose timestamp is later than ``bound``."""
+    def after(self, width_us: int) -> np.ndarray:
+        """Per row at t: the first row of its entity whose timestamp is later than t - width."""
         import numpy as np
 
-        return np.searchsorted(
-            self.key, self.base + np.searchsorted(self.times, bound, side="right"), side="left"
-        )
+        rank = np.empty(len(self.t), dtype=np.int64)
+        needles = self.t[self._by_time] - width_us
+        rank[self._by_time] = np.searchsorted(self.times, needles, side="right")
+        # Entity-major keys with ranks ascending inside each entity: ascending needles.
+        return np.searchsorted(self.key, self.base + rank, side="left")
 
     @property
     def fraud(self) -> np.ndarray:
@@ -456,6 +463,27 @@ def _window_distinct(
     return out
 
 
+_CODES = frozenset({"card_home_country", "merchant_category", "merchant_country"})
+
+
+def _table(
+    columns: dict[str, np.ndarray], keep: np.ndarray, features: tuple[str, ...]
+) -> pd.DataFrame:
+    """The kept rows as a frame: entity id, ``event_timestamp``, then ``features`` in order."""
+    import pandas as pd
+
+    entity, timestamp = list(columns)[:2]
+    out: dict[str, object] = {
+        entity: columns[entity][keep],
+        timestamp: _utc(columns[timestamp][keep]),
+    }
+    for name in features:
+        values = columns[name][keep]
+        out[name] = _codes(values) if name in _CODES else values
+    # Fresh arrays: no copy, and no consolidation into 2-D blocks (a full copy of the table).
+    return pd.DataFrame(out, copy=False)
+
+
 def _codes(values: np.ndarray) -> np.ndarray:
     """Codes as int64 when all are known, else float64 with NaN for the unknown ones."""
     import numpy as np
@@ -555,12 +583,15 @@ _NAN = float("nan")
 
 
 @dataclass(slots=True)
-class _Latest:
+class LatestCode:
     """A code with the (timestamp, transaction id) it was last seen at."""
 
     value: int | None = None
+    """The code; None while unknown."""
     at_us: int = _NEVER
+    """Timestamp of the transaction that carried it."""
     at_id: str = ""
+    """Id of the transaction that carried it (orders transactions of one instant)."""
 
     def offer(self, value: int | None, at_us: int, at_id: str) -> None:
         """Takes ``value`` if it is known and at least as new as the held one."""
@@ -573,12 +604,15 @@ class _Latest:
 
 
 @dataclass(slots=True)
-class _Events:
+class Events:
     """An entity's recent events, sorted by (timestamp, transaction id)."""
 
     times_us: list[int] = field(default_factory=list)
+    """Epoch microseconds, ascending."""
     ids: list[str] = field(default_factory=list)
+    """Transaction ids, parallel to ``times_us``."""
     eur: list[float] = field(default_factory=list)
+    """Amounts in EUR, parallel to ``times_us``."""
     where: dict[str, int] = field(default_factory=dict)
     """Transaction id → timestamp, for idempotency and labels."""
 
@@ -640,10 +674,12 @@ class _Events:
 class CardState:
     """A card's events of the last 30 days and what the row needs besides them."""
 
-    events: _Events = field(default_factory=_Events)
+    events: Events = field(default_factory=Events)
+    """Transactions of the last 30 days."""
     merchants: list[str] = field(default_factory=list)
     """Merchant of each event, parallel to ``events``."""
-    home_country: _Latest = field(default_factory=_Latest)
+    home_country: LatestCode = field(default_factory=LatestCode)
+    """Latest known ISO 3166 numeric home country."""
     duplicates: int = 0
     """Events ignored because their transaction id was already counted."""
     too_old: int = 0
@@ -739,9 +775,13 @@ def apply_card(state: CardState | None, event: TransactionEvent) -> Update[CardS
 # --- merchants ----------------------------------------------------------------------------
 
 
-class _Label(NamedTuple):
+class Label(NamedTuple):
+    """An outcome for one transaction and when it was reported."""
+
     is_fraud: bool
+    """True for fraud, False for a legitimate verdict."""
     reported_us: int
+    """Epoch microseconds of the report."""
 
 
 @dataclass(slots=True)
@@ -750,13 +790,16 @@ class MerchantState:
 
     label_delay_us: int = _LABEL_DELAY_US
     """Time from a transaction to the moment its label may be used (see the module docstring)."""
-    events: _Events = field(default_factory=_Events)
-    labels: dict[str, _Label] = field(default_factory=dict)
+    events: Events = field(default_factory=Events)
+    """Transactions within the horizon."""
+    labels: dict[str, Label] = field(default_factory=dict)
     """Labels of transactions in ``events``: frauds, and legitimate outcomes reported later."""
-    pending: dict[str, _Label] = field(default_factory=dict)
+    pending: dict[str, Label] = field(default_factory=dict)
     """Labels of transactions not seen yet."""
-    category: _Latest = field(default_factory=_Latest)
-    country: _Latest = field(default_factory=_Latest)
+    category: LatestCode = field(default_factory=LatestCode)
+    """Latest known MCC."""
+    country: LatestCode = field(default_factory=LatestCode)
+    """Latest known ISO 3166 numeric country."""
     duplicates: int = 0
     """Events and labels ignored because they were already counted."""
     too_old: int = 0
@@ -837,14 +880,14 @@ def merchant_row(state: MerchantState) -> FeatureRow | None:
     }
 
 
-def _newer(label: _Label, held: _Label) -> bool:
+def _newer(label: Label, held: Label) -> bool:
     """Whether ``label`` replaces ``held``: a later report, or another verdict at the same time."""
     return label.reported_us > held.reported_us or (
         label.reported_us == held.reported_us and label != held
     )
 
 
-def _put_label(state: MerchantState, tid: str, label: _Label, *, keep_legit: bool) -> bool:
+def _put_label(state: MerchantState, tid: str, label: Label, *, keep_legit: bool) -> bool:
     """Holds ``label`` for a counted transaction unless a newer one is held; True if changed.
 
     A legitimate label with nothing to overrule changes no count; it is kept only when
@@ -884,7 +927,7 @@ def apply_merchant(state: MerchantState | None, event: TransactionEvent) -> Upda
     state.country.offer(event.merchant_country, t_us, tid)
     held = state.pending.pop(tid, None)
     if event.is_fraud is not None:
-        implied = _Label(bool(event.is_fraud), t_us + state.label_delay_us)
+        implied = Label(bool(event.is_fraud), t_us + state.label_delay_us)
         _put_label(state, tid, implied, keep_legit=False)
     if held is not None:
         _put_label(state, tid, held, keep_legit=True)
@@ -900,7 +943,7 @@ def _evict_merchant(state: MerchantState) -> int:
     return capped
 
 
-def _hold_pending(state: MerchantState, tid: str, label: _Label) -> None:
+def _hold_pending(state: MerchantState, tid: str, label: Label) -> None:
     """Holds a label for a transaction not seen yet, within ``MAX_PENDING_LABELS``."""
     pending = state.pending
     pending[tid] = label
@@ -927,7 +970,7 @@ def apply_label(
     later report wins. A label for a transaction not seen yet is held (``Change.PENDING``)
     until it arrives, or until it is too old to matter; at most ``MAX_PENDING_LABELS``.
     """
-    label = _Label(bool(is_fraud), _seconds_to_micros(reported_at_s))
+    label = Label(bool(is_fraud), _seconds_to_micros(reported_at_s))
     if state is None:
         state = MerchantState()
     ev = state.events
@@ -1018,12 +1061,12 @@ class _Writer:
         self._parts.append(_le(array("I", [len(b) for b in encoded])))
         self._parts.append(b"".join(encoded))
 
-    def latest(self, latest: _Latest) -> None:
+    def latest(self, latest: LatestCode) -> None:
         known = latest.value is not None
         self.ints(int(known), latest.value if latest.value is not None else 0, latest.at_us)
         self.strs([latest.at_id])
 
-    def events(self, events: _Events) -> None:
+    def events(self, events: Events) -> None:
         self.strs(events.ids)
         self._parts.append(_le(array("q", events.times_us)))
         self._parts.append(_le(array("d", events.eur)))
@@ -1034,7 +1077,7 @@ class _Writer:
         self.strs(list(table))
         self._parts.append(_le(index))
 
-    def labels(self, labels: dict[str, _Label]) -> None:
+    def labels(self, labels: dict[str, Label]) -> None:
         self.strs(list(labels))
         self._parts.append(bytes(int(v.is_fraud) for v in labels.values()))
         self._parts.append(_le(array("q", [v.reported_us for v in labels.values()])))
@@ -1082,26 +1125,26 @@ class _Reader:
             return [text[a:b] for a, b in zip(starts, ends, strict=True)]
         return [blob[a:b].decode() for a, b in zip(starts, ends, strict=True)]
 
-    def latest(self) -> _Latest:
+    def latest(self) -> LatestCode:
         known, value, at_us = self.ints(3)
         (at_id,) = self.strs()
-        return _Latest(value if known else None, at_us, at_id)
+        return LatestCode(value if known else None, at_us, at_id)
 
-    def events(self) -> _Events:
+    def events(self) -> Events:
         ids = self.strs()
         times = self._array("q", len(ids)).tolist()
         eur = self._array("d", len(ids)).tolist()
-        return _Events(times, ids, eur, dict(zip(ids, times, strict=True)))
+        return Events(times, ids, eur, dict(zip(ids, times, strict=True)))
 
     def interned(self, count: int) -> list[str]:
         table = self.strs()
         return [table[i] for i in self._array("I", count)]
 
-    def labels(self) -> dict[str, _Label]:
+    def labels(self) -> dict[str, Label]:
         ids = self.strs()
         flags = bytes(self._take(len(ids)))
         reported = self._array("q", len(ids)).tolist()
-        return {tid: _Label(bool(f), r) for tid, f, r in zip(ids, flags, reported, strict=True)}
+        return {tid: Label(bool(f), r) for tid, f, r in zip(ids, flags, reported, strict=True)}
 
     def done(self) -> None:
         if self._at != len(self._data):
