@@ -3,7 +3,7 @@
 ``batch`` builds a synthetic raw transaction frame of each size (90 days, ~38 transactions per
 card, merchants with a heavy-tailed popularity so that busy merchants have thousands of
 transactions a week), writes it to Parquet once, then runs each engine in a fresh process
-over it and reports wall time and peak RSS. Engines: ``numpy`` (the product's
+over it and reports the best wall time of ``--repeat`` runs, its CPU time and the peak RSS. Engines: ``numpy`` (the product's
 ``services.domain.aggregation``), and for comparison the same tables written for DuckDB
 (window functions with RANGE frames) and Polars (grouped rolling windows), when those
 packages are installed (they are not product dependencies). ``--check`` compares every
@@ -321,18 +321,29 @@ def _compare(name: str, got: pd.DataFrame, want: pd.DataFrame, features: Sequenc
     return f"{name}: worst relative difference {worst:.2e}"
 
 
-def _one(engine: str, path: Path, check: bool) -> dict[str, object]:
-    """Runs one engine over the Parquet input in this process; wall times and peak RSS."""
+def _one(engine: str, path: Path, check: bool, repeat: int) -> dict[str, object]:
+    """Runs one engine over the Parquet input in this process; wall and CPU time, peak RSS.
+
+    The best of ``repeat`` runs is reported: on a shared machine the fastest run is the one
+    least disturbed by other processes. CPU time counts every thread of the process.
+    """
     tx = pd.read_parquet(path)
     loaded_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    cards, merchants = _RUN[engine](tx)
-    elapsed = time.perf_counter() - start
+    best: tuple[float, float] | None = None
+    for _ in range(repeat):
+        cpu = time.process_time()
+        start = time.perf_counter()
+        cards, merchants = _RUN[engine](tx)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if best is None or wall < best[0]:
+            best = (wall, cpu)
+    assert best is not None
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result: dict[str, object] = {
         "engine": engine,
         "rows": len(tx),
-        "seconds": round(elapsed, 2),
+        "wall_s": round(best[0], 2),
+        "cpu_s": round(best[1], 2),
         "peak_rss_mb": round(peak_kb / 1024),
         "rss_after_load_mb": round(loaded_kb / 1024),
         "card_rows": len(cards),
@@ -347,7 +358,9 @@ def _one(engine: str, path: Path, check: bool) -> dict[str, object]:
     return result
 
 
-def batch(rows: Sequence[int], engines: Sequence[str], check: bool) -> list[dict[str, object]]:
+def batch(
+    rows: Sequence[int], engines: Sequence[str], check: bool, repeat: int
+) -> list[dict[str, object]]:
     """Each engine over each size, each in a fresh process; prints and returns the results."""
     results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as folder:
@@ -357,6 +370,7 @@ def batch(rows: Sequence[int], engines: Sequence[str], check: bool) -> list[dict
             for engine in engines:
                 proc = subprocess.run(
                     [sys.executable, "-m", "loadtest.aggregation_bench", "one", engine, str(path)]
+                    + ["--repeat", str(repeat)]
                     + (["--check"] if check else []),
                     capture_output=True,
                     text=True,
@@ -431,17 +445,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--rows", type=int, nargs="+", default=[200_000, 2_000_000])
     b.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     b.add_argument("--check", action="store_true", help="compare each engine with the product's")
+    b.add_argument(
+        "--repeat", type=int, default=3, help="runs per engine and size; the best counts"
+    )
     i = sub.add_parser("incremental", help="cost per event of the incremental path")
     i.add_argument("--events", type=int, default=200_000)
     one = sub.add_parser("one", help="run one engine over a Parquet file (child process)")
     one.add_argument("engine", choices=ENGINES)
     one.add_argument("path", type=Path)
     one.add_argument("--check", action="store_true")
+    one.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "one":
-        print(json.dumps(_one(args.engine, args.path, args.check)))
+        print(json.dumps(_one(args.engine, args.path, args.check, args.repeat)))
     elif args.command == "batch":
-        batch(args.rows, args.engines, args.check)
+        batch(args.rows, args.engines, args.check, args.repeat)
     else:
         print(json.dumps(incremental(args.events), indent=1))
     return 0

@@ -966,7 +966,9 @@ def apply_label(
     """Records an outcome for one of the merchant's transactions, reported at ``reported_at_s``.
 
     The label counts in rows at or after ``reported_at_s`` whose fraud-rate window holds the
-    transaction (the delay rule of the batch path). Of two labels for one transaction the
+    transaction (the delay rule of the batch path): one reported after the merchant's newest
+    transaction first shows in the row of its next one, exactly as training sees it. The
+    returned row is the row as of the newest transaction. Of two labels for one transaction the
     later report wins. A label for a transaction not seen yet is held (``Change.PENDING``)
     until it arrives, or until it is too old to matter; at most ``MAX_PENDING_LABELS``.
     """
