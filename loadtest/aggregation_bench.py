@@ -393,6 +393,28 @@ def _timed_map(fn: Callable[[T], U], items: Sequence[T]) -> tuple[list[U], float
     return out, (time.perf_counter_ns() - start) / max(1, len(items)) / 1e3
 
 
+def _busiest_merchant(extra: int = 2_000) -> tuple[float, float]:
+    """Microseconds per event and state bytes of a merchant holding ``MAX_MERCHANT_EVENTS``."""
+    cap = agg.MAX_MERCHANT_EVENTS
+    horizon_s = 35 * 86_400
+    state: agg.MerchantState | None = None
+
+    def event(i: int, t: float) -> agg.TransactionEvent:
+        return agg.TransactionEvent(
+            f"busy-{i:08d}", t, "card-0", "merch-busy", 2_500, "EUR", agg.CARD_PRESENT
+        )
+
+    step = horizon_s / (cap + extra)
+    for i in range(cap):
+        state = agg.apply_merchant(state, event(i, _START_S + i * step)).state
+    start = time.perf_counter_ns()
+    for i in range(cap, cap + extra):
+        state = agg.apply_merchant(state, event(i, _START_S + i * step)).state
+    per_event = (time.perf_counter_ns() - start) / extra / 1e3
+    assert state is not None
+    return per_event, float(len(state.to_bytes()))
+
+
 def incremental(n_events: int, seed: int = 1) -> dict[str, float]:
     """Replays events in time order; microseconds per card and merchant event, encoding costs."""
     tx = synthetic_transactions(n_events, seed)
@@ -418,8 +440,11 @@ def incremental(n_events: int, seed: int = 1) -> dict[str, float]:
     _, card_dec = _timed_map(agg.CardState.from_bytes, card_blobs)
     merchant_blobs, merchant_enc = _timed_map(agg.MerchantState.to_bytes, merchant_states)
     _, merchant_dec = _timed_map(agg.MerchantState.from_bytes, merchant_blobs)
+    busy_us, busy_bytes = _busiest_merchant()
     return {
         "events": len(events),
+        "merchant_at_cap_us_mean": busy_us,
+        "merchant_at_cap_state_bytes": busy_bytes,
         "card_us_mean": float(card_ns[tail].mean() / 1e3),
         "card_us_p50": float(np.percentile(card_ns[tail], 50) / 1e3),
         "card_us_p99": float(np.percentile(card_ns[tail], 99) / 1e3),

@@ -518,8 +518,8 @@ class TransactionEvent:
     """Amount in minor units of ``currency``."""
     currency: str
     """ISO 4217 code."""
-    channel: str = CARD_PRESENT
-    """``CARD_PRESENT`` or ``CARD_NOT_PRESENT``."""
+    channel: str
+    """``CARD_PRESENT`` or ``CARD_NOT_PRESENT`` (carried for the event's consumers)."""
     card_home_country: int | None = None
     """ISO 3166 numeric code of the card's home country, when known."""
     merchant_country: int | None = None

@@ -81,6 +81,7 @@ def _event(tid: str, t: float, amount_minor: int = 1_000, **kw: object) -> Trans
         "card_id": "c1",
         "merchant_id": "m1",
         "currency": "EUR",
+        "channel": agg.CARD_NOT_PRESENT,
         "card_home_country": 276,
         "merchant_country": 276,
         "merchant_category": 5411,
