@@ -16,7 +16,7 @@ import pytest
 from services.featurestore import admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import repository
-from services.pipelines import simulate, train
+from services.pipelines import dataset, simulate, train
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def prepared_env(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     materialized into SQLite, and a model trained and published on it."""
     var_dir = tmp_path_factory.mktemp("var")
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
-    simulate.write(simulate.simulate(simulate.preset("small")), settings.data_path)
+    sim = simulate.simulate(simulate.preset("small"))
+    dataset.write(dataset.Dataset.from_transactions(sim.transactions), settings.data_path)
     admin.apply(settings)
     admin.materialize(settings)
     model_root = var_dir / "models"

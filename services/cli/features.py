@@ -23,6 +23,7 @@ from rich.table import Table
 from services.common.errors import FailedPrecondition
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings, from_env
+from services.pipelines import dataset
 from services.pipelines import simulate as simulator
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -68,8 +69,10 @@ def simulate(
     started = time.perf_counter()
     with console.status("simulating …") as status:
         sim = simulator.simulate(params, progress=lambda step: status.update(f"{step} …"))
+        status.update("computing card and merchant features …")
+        data = dataset.Dataset.from_transactions(sim.transactions)
         status.update("writing Parquet …")
-        paths = simulator.write(sim, settings.data_path)
+        paths = dataset.write(data, settings.data_path)
     elapsed = time.perf_counter() - started
     tx = sim.transactions
     table = Table(title=f"simulated {len(tx):,} transactions in {elapsed:.1f} s")

@@ -1,4 +1,4 @@
-"""Deterministic transaction simulator and the feature tables Feast serves from it.
+"""Deterministic transaction simulator: labelled card transactions with realistic fraud.
 
 ``simulate`` draws customers (home country and location), their cards, merchants
 (category, country, location, 1-3 terminals) and card transactions over ``days`` days
@@ -9,25 +9,12 @@ each tagged with the scenario that produced it (see ``SCENARIOS``). One numpy Ge
 seeded from ``seed`` draws everything in a fixed order: the same seed and parameters give
 byte-identical Parquet files.
 
-Feature tables (Feast's offline store, one row per transaction):
-
-* ``card_features.parquet``: for every transaction, the card's aggregates *including that
-  transaction*, stamped ``event_timestamp`` = the transaction time. So the row with the
-  newest timestamp is what the online store holds after materialization: the card's state
-  right after its latest transaction, which is what a new transaction finds when it
-  arrives.
-* ``merchant_features.parquet``: the same for merchants; the fraud rate covers the 28
-  days ending 7 days before each row, because chargebacks reveal fraud about a week
-  late. Rows are unique per (merchant, timestamp) and include every transaction of that
-  second.
-
-Training joins each transaction at ``timestamp - 1 µs`` (point in time), so it sees the
-state after the card's and merchant's *previous* transactions: exactly what serving sees.
-Card timestamps are made strictly increasing (whole seconds) so that join is never
-ambiguous.
-
-``transactions.parquet`` holds the transactions with their labels, for training and as
-load-test input.
+The simulator produces raw transactions and labels only: ``transactions.parquet``'s rows
+in the schema every dataset has (``domain.aggregation.RAW_COLUMNS``), plus ``customer_id``
+and ``fraud_scenario`` (which pattern produced a fraud; training reports recall per
+pattern). ``pipelines.dataset`` computes the feature tables from them with the same
+aggregation the live updater applies per event. Card timestamps are made strictly
+increasing (whole seconds), so each card row stands for exactly one transaction.
 """
 
 from __future__ import annotations
@@ -36,19 +23,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from services.domain import featurespec, money
-from services.featurestore.layout import (
-    CARD_FEATURES_FILE,
-    MERCHANT_FEATURES_FILE,
-    TRANSACTIONS_FILE,
-)
 
 LEGIT = "none"
 """``fraud_scenario`` of a genuine transaction."""
@@ -61,8 +40,6 @@ SCENARIOS: dict[str, float] = {
 }
 """Fraud scenarios and the number of their transactions per genuine transaction."""
 
-CARD_PRESENT = featurespec.CARD_PRESENT
-CARD_NOT_PRESENT = featurespec.CARD_NOT_PRESENT
 
 # Countries: ISO 3166 numeric code, currency, (lat, lon) centre, UTC offset in hours,
 # share of customers, share of merchants.
@@ -178,12 +155,10 @@ def preset(name: str, *, seed: int | None = None, end: date | None = None) -> Si
 
 @dataclass(frozen=True)
 class Simulation:
-    """The simulated world: labelled transactions and the two feature tables."""
+    """The simulated world's labelled transactions (the raw input of ``pipelines.dataset``)."""
 
     params: SimulationParams
     transactions: pd.DataFrame
-    card_features: pd.DataFrame
-    merchant_features: pd.DataFrame
 
 
 Progress = Callable[[str], None]
@@ -191,7 +166,8 @@ Progress = Callable[[str], None]
 
 
 def simulate(params: SimulationParams, progress: Progress | None = None) -> Simulation:
-    """Simulates transactions and derives the card and merchant feature tables."""
+    """Simulates labelled transactions (``domain.aggregation.RAW_COLUMNS`` plus ids of the
+    customer and the fraud scenario)."""
     say = progress or (lambda _: None)
     if params.n_customers < 10 or params.days < 8:
         raise ValueError("simulate at least 10 customers over at least 8 days")
@@ -204,28 +180,8 @@ def simulate(params: SimulationParams, progress: Progress | None = None) -> Simu
     legit = _legit_transactions(rng, world, start_s, end_s)
     say("drawing fraud")
     fraud = _fraud_transactions(rng, world, legit, start_s, end_s)
-    say("computing card and merchant features")
     tx = _finish(world, _concat([legit, *fraud]), end_s)
-    return Simulation(params, _transactions_frame(world, tx), *_feature_frames(world, tx))
-
-
-def write(sim: Simulation, data_dir: Path) -> dict[str, Path]:
-    """Writes the three Parquet files into ``data_dir``, each atomically; returns their paths."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    frames = {
-        TRANSACTIONS_FILE: sim.transactions,
-        CARD_FEATURES_FILE: sim.card_features,
-        MERCHANT_FEATURES_FILE: sim.merchant_features,
-    }
-    paths = {}
-    for name, frame in frames.items():
-        path = data_dir / name
-        tmp = path.with_suffix(".parquet.tmp")
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(path)
-        paths[name] = path
-    return paths
+    return Simulation(params, _transactions_frame(world, tx))
 
 
 # --- the world ---------------------------------------------------------------------------
@@ -634,71 +590,18 @@ def _transactions_frame(world: _World, tx: _Tx) -> pd.DataFrame:
             ],
             "amount_minor": tx["amount_minor"][order],
             "currency": tx["currency"][order],
-            "channel": np.where(world.merchant_online[merchant], CARD_NOT_PRESENT, CARD_PRESENT),
+            "card_home_country": _CODE[world.card_country[card]],
+            "merchant_country": _CODE[world.merchant_country[merchant]],
+            "merchant_category": _MCC[world.merchant_category[merchant]],
+            "channel": np.where(
+                world.merchant_online[merchant],
+                featurespec.CARD_NOT_PRESENT,
+                featurespec.CARD_PRESENT,
+            ),
             "is_fraud": scenario > 0,
             "fraud_scenario": np.array(_SCENARIO_NAMES, dtype=object)[scenario],
         }
     )
-
-
-def _windows(key: np.ndarray, width: int) -> np.ndarray:
-    """For rows sorted by key (= entity block + time): first row of the window (t - width, t]."""
-    return np.searchsorted(key, key - width, side="right")
-
-
-def _window_sum(
-    values: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray
-) -> np.ndarray:
-    """Sum of ``values[lo:hi]`` for each row; ``first`` is the row's entity's first row.
-
-    Cumulative sums restart at each entity, so they stay small and the differences exact
-    to ~1e-12 instead of carrying the rounding of a sum over the whole table.
-    """
-    local = pd.Series(values).groupby(first).cumsum().to_numpy()
-    prefix = np.concatenate([[0], local])  # prefix[k] = local sum up to row k - 1
-
-    def upto(k: np.ndarray) -> np.ndarray:
-        return np.where(k > first, prefix[k], 0)
-
-    return upto(hi) - upto(lo)
-
-
-def _window_max(values: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """Max of ``values[lo:i+1]`` for each row i; windows are short, so lag by lag."""
-    out = values.copy()
-    idx = np.arange(len(values))
-    for lag in range(1, int((idx - lo).max(initial=0)) + 1):
-        rows = np.flatnonzero(idx - lo >= lag)
-        out[rows] = np.maximum(out[rows], values[rows - lag])
-    return out
-
-
-def _window_distinct(
-    entity: np.ndarray, other: np.ndarray, t: np.ndarray, lo: np.ndarray
-) -> np.ndarray:
-    """Distinct ``other`` values among rows lo..i of each row i (same entity, sorted by t).
-
-    Row j counts for row i when it is the last occurrence of its value up to time t_i,
-    i.e. when the next row of the same (entity, other) pair comes after t_i.
-    """
-    n = len(t)
-    pair_order = np.lexsort((np.arange(n), other, entity))
-    same_pair = (entity[pair_order][1:] == entity[pair_order][:-1]) & (
-        other[pair_order][1:] == other[pair_order][:-1]
-    )
-    next_t = np.full(n, np.iinfo(np.int64).max)
-    next_t[pair_order[:-1][same_pair]] = t[pair_order[1:][same_pair]]
-    idx = np.arange(n)
-    out = np.ones(n, dtype=np.int64)  # the row itself is always the last occurrence up to t_i
-    for lag in range(1, int((idx - lo).max(initial=0)) + 1):
-        rows = np.flatnonzero(idx - lo >= lag)
-        out[rows] += next_t[rows - lag] > t[rows]
-    return out
-
-
-def _feature_frames(world: _World, tx: _Tx) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Card and merchant aggregates after every transaction (see the module docstring)."""
-    return _card_features(world, tx), _merchant_features(world, tx)
 
 
 def _first_rows(entity: np.ndarray) -> np.ndarray:
@@ -706,70 +609,3 @@ def _first_rows(entity: np.ndarray) -> np.ndarray:
     n = len(entity)
     starts = np.r_[True, entity[1:] != entity[:-1]]
     return np.maximum.accumulate(np.where(starts, np.arange(n), 0))
-
-
-def _card_features(world: _World, tx: _Tx) -> pd.DataFrame:
-    card, t, eur = tx["card"], tx["t"], tx["eur"]  # sorted by card, then strictly by t
-    key = card * _BLOCK + t
-    first = _first_rows(card)
-    hi = np.arange(len(t)) + 1
-    lo_1h, lo_24h = _windows(key, _HOUR), _windows(key, _DAY)
-    lo_7d, lo_30d = _windows(key, 7 * _DAY), _windows(key, 30 * _DAY)
-    n_7d, n_30d = hi - lo_7d, hi - lo_30d
-    mean_30d = _window_sum(eur, lo_30d, hi, first) / n_30d
-    var_30d = _window_sum(eur * eur, lo_30d, hi, first) / n_30d - mean_30d**2
-    small = (eur < featurespec.SMALL_AMOUNT_EUR).astype(np.int64)
-    columns = {
-        "card_id": _ids("card", world.n_cards, 6)[card],
-        "event_timestamp": _utc(t),
-        "card_txn_count_1h": hi - lo_1h,
-        "card_txn_count_24h": hi - lo_24h,
-        "card_txn_count_7d": n_7d,
-        "card_amount_sum_24h": _window_sum(eur, lo_24h, hi, first),
-        "card_amount_mean_7d": _window_sum(eur, lo_7d, hi, first) / n_7d,
-        "card_amount_max_7d": _window_max(eur, lo_7d),
-        "card_amount_mean_30d": mean_30d,
-        # Population std (0 for a single transaction); clipped: cancellation can go below 0.
-        "card_amount_std_30d": np.sqrt(np.maximum(var_30d, 0.0)),
-        "card_distinct_merchants_24h": _window_distinct(card, tx["merchant"], t, lo_24h),
-        "card_small_txn_count_1h": _window_sum(small, lo_1h, hi, first),
-        "card_last_txn_s": t,
-        "card_home_country": _CODE[world.card_country[card]],
-    }
-    frame = pd.DataFrame(columns)
-    return frame[["card_id", "event_timestamp", *featurespec.CARD_FEATURES]]
-
-
-_LABEL_DELAY_S = 7 * _DAY
-_FRAUD_RATE_WINDOW_S = 28 * _DAY
-
-
-def _merchant_features(world: _World, tx: _Tx) -> pd.DataFrame:
-    order = np.lexsort((tx["t"], tx["merchant"]))
-    merchant, t = tx["merchant"][order], tx["t"][order]
-    eur = tx["eur"][order]
-    fraud = (tx["scenario"][order] > 0).astype(np.int64)
-    key = merchant * _BLOCK + t
-    first = _first_rows(merchant)
-    # Rows with equal (merchant, t) all belong to the window ending at t: the window end is
-    # the last such row, not the row itself.
-    hi = np.searchsorted(key, key, side="right")
-    lo_7d, lo_28d = _windows(key, 7 * _DAY), _windows(key, 28 * _DAY)
-    # Labels known at t: transactions in (t - 35 d, t - 7 d].
-    known_lo = _windows(key, _LABEL_DELAY_S + _FRAUD_RATE_WINDOW_S)
-    known_hi = np.searchsorted(key, key - _LABEL_DELAY_S, side="right")
-    known = known_hi - known_lo
-    frauds = _window_sum(fraud, known_lo, known_hi, first)
-    rate = np.divide(frauds, known, out=np.zeros(len(t)), where=known > 0)
-    columns = {
-        "merchant_id": _ids("merch", len(world.merchant_online), 5)[merchant],
-        "event_timestamp": _utc(t),
-        "merchant_txn_count_7d": hi - lo_7d,
-        "merchant_amount_mean_28d": _window_sum(eur, lo_28d, hi, first) / (hi - lo_28d),
-        "merchant_fraud_rate_28d": rate,
-        "merchant_category": _MCC[world.merchant_category[merchant]],
-        "merchant_country": _CODE[world.merchant_country[merchant]],
-    }
-    last_of_second = np.r_[key[1:] != key[:-1], True]
-    frame = pd.DataFrame(columns)[last_of_second].reset_index(drop=True)
-    return frame[["merchant_id", "event_timestamp", *featurespec.MERCHANT_FEATURES]]

@@ -28,6 +28,8 @@ from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.repo import definitions
 from services.featurestore.settings import FeatureStoreSettings
 from services.pipelines import simulate
+from services.pipelines.dataset import Dataset
+from services.pipelines.dataset import write as write_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +45,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, simulate.Simulation]:
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Dataset]:
     """The small preset simulated into a fresh state folder and applied to its registry."""
     var_dir = tmp_path_factory.mktemp("feature-store")
-    sim = simulate.simulate(simulate.preset("small", end=END))
+    sim = Dataset.from_transactions(
+        simulate.simulate(simulate.preset("small", end=END)).transactions
+    )
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
-    simulate.write(sim, settings.data_path)
+    write_dataset(sim, settings.data_path)
     admin.apply(settings)
     return var_dir, sim
 
@@ -92,9 +96,7 @@ def redis_server() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def online(
-    request: pytest.FixtureRequest, dataset: tuple[Path, simulate.Simulation]
-) -> FeatureStoreSettings:
+def online(request: pytest.FixtureRequest, dataset: tuple[Path, Dataset]) -> FeatureStoreSettings:
     """Settings of a materialized online store, once per store kind."""
     var_dir, _ = dataset
     if request.param == "redis":
@@ -119,7 +121,7 @@ def _latest(frame: pd.DataFrame, key: str, entity: str) -> pd.Series:
     return frame[frame[key] == entity].iloc[-1]
 
 
-def _busy(sim: simulate.Simulation) -> tuple[str, str]:
+def _busy(sim: Dataset) -> tuple[str, str]:
     """A card and a merchant whose newest rows are in the data's last day."""
     last_day = sim.transactions["timestamp"] >= pd.Timestamp(END, tz="UTC") - pd.Timedelta(days=1)
     recent = sim.transactions[last_day]
@@ -127,7 +129,7 @@ def _busy(sim: simulate.Simulation) -> tuple[str, str]:
 
 
 def test_known_card_and_merchant_are_present_with_their_newest_row(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     _, sim = dataset
     card, merchant = _busy(sim)
@@ -148,7 +150,7 @@ def test_unknown_entities_are_missing_not_errors(reader: OnlineFeatureReader) ->
 
 
 def test_unknown_merchant_leaves_the_card_present(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     card, _ = _busy(dataset[1])
     rows = reader.read(card, "merch-unknown", END_S)
@@ -157,7 +159,7 @@ def test_unknown_merchant_leaves_the_card_present(
 
 
 def test_features_far_after_the_data_are_stale(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     card, merchant = _busy(dataset[1])
     rows = reader.read(card, merchant, END_S + 60 * 86_400)
@@ -166,7 +168,7 @@ def test_features_far_after_the_data_are_stale(
 
 
 def test_staleness_is_judged_per_view(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     card, merchant = _busy(dataset[1])
     # Past the merchant view's 14 days, within the card view's 30.
@@ -176,7 +178,7 @@ def test_staleness_is_judged_per_view(
 
 
 def test_max_age_setting_overrides_the_ttl(
-    online: FeatureStoreSettings, dataset: tuple[Path, simulate.Simulation]
+    online: FeatureStoreSettings, dataset: tuple[Path, Dataset]
 ) -> None:
     card, merchant = _busy(dataset[1])
     strict = OnlineFeatureReader(
@@ -191,7 +193,7 @@ def test_max_age_setting_overrides_the_ttl(
 
 
 def test_concurrent_reads_agree_with_serial_ones(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation]
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     tx = dataset[1].transactions.tail(200)
     cards, merchants = tx["card_id"].tolist(), tx["merchant_id"].tolist()
@@ -203,7 +205,7 @@ def test_concurrent_reads_agree_with_serial_ones(
 
 @pytest.mark.parametrize("as_of_s", [END_S, END_S + 20 * 86_400], ids=["fresh", "merchant-stale"])
 def test_direct_read_equals_get_online_features(
-    reader: OnlineFeatureReader, dataset: tuple[Path, simulate.Simulation], as_of_s: float
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset], as_of_s: float
 ) -> None:
     tx = dataset[1].transactions.tail(300)
     pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
@@ -221,7 +223,7 @@ def test_direct_read_equals_get_online_features(
 
 
 def test_a_hung_redis_fails_the_read_within_the_timeout(
-    dataset: tuple[Path, simulate.Simulation],
+    dataset: tuple[Path, Dataset],
 ) -> None:
     var_dir, _ = dataset
     # Accepts connections (the kernel completes the handshake) and never answers.
@@ -242,7 +244,7 @@ def test_a_hung_redis_fails_the_read_within_the_timeout(
             reader.close()
 
 
-def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, simulate.Simulation]) -> None:
+def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, Dataset]) -> None:
     var_dir, sim = dataset
     fs = admin.feature_store(FeatureStoreSettings(var_dir=var_dir, store="sqlite"))
     tx = sim.transactions
@@ -277,7 +279,7 @@ def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, simulate.Sim
 
 
 def test_stock_feast_cli_uses_the_generated_config(
-    dataset: tuple[Path, simulate.Simulation],
+    dataset: tuple[Path, Dataset],
 ) -> None:
     var_dir, _ = dataset
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")

@@ -11,7 +11,7 @@ import pytest
 
 from services.domain import featurespec
 from services.featurestore import layout
-from services.pipelines import simulate
+from services.pipelines import dataset, simulate
 
 END = date(2026, 1, 15)
 
@@ -21,15 +21,21 @@ def sim() -> simulate.Simulation:
     return simulate.simulate(simulate.preset("small", end=END))
 
 
+@pytest.fixture(scope="module")
+def data(sim: simulate.Simulation) -> dataset.Dataset:
+    return dataset.Dataset.from_transactions(sim.transactions)
+
+
 def test_same_seed_gives_identical_frames_and_bytes(
-    sim: simulate.Simulation, tmp_path: Path
+    data: dataset.Dataset, sim: simulate.Simulation, tmp_path: Path
 ) -> None:
     again = simulate.simulate(simulate.preset("small", end=END))
     pd.testing.assert_frame_equal(sim.transactions, again.transactions)
-    pd.testing.assert_frame_equal(sim.card_features, again.card_features)
-    pd.testing.assert_frame_equal(sim.merchant_features, again.merchant_features)
-    first = simulate.write(sim, tmp_path / "a")
-    second = simulate.write(again, tmp_path / "b")
+    again_data = dataset.Dataset.from_transactions(again.transactions)
+    pd.testing.assert_frame_equal(data.card_features, again_data.card_features)
+    pd.testing.assert_frame_equal(data.merchant_features, again_data.merchant_features)
+    first = dataset.write(data, tmp_path / "a")
+    second = dataset.write(again_data, tmp_path / "b")
     for name in layout.DATA_FILES:
         assert first[name].read_bytes() == second[name].read_bytes(), name
 
@@ -59,7 +65,7 @@ def test_small_preset_size_window_and_columns(sim: simulate.Simulation) -> None:
     end = pd.Timestamp(END, tz="UTC")
     assert tx["timestamp"].max() < end
     assert tx["timestamp"].min() >= end - pd.Timedelta(days=60)
-    assert set(tx["channel"]) == {simulate.CARD_PRESENT, simulate.CARD_NOT_PRESENT}
+    assert set(tx["channel"]) == {featurespec.CARD_PRESENT, featurespec.CARD_NOT_PRESENT}
     assert (tx["amount_minor"] > 0).all()
     assert set(tx["currency"]) >= {"EUR", "USD", "GBP", "CHF", "SEK", "JPY"}
     assert tx["timestamp"].is_monotonic_increasing
@@ -92,29 +98,31 @@ def test_scenarios_look_like_their_story(sim: simulate.Simulation) -> None:
     assert eur[tx["fraud_scenario"] == "compromised_card"].median() > 3 * eur[legit].median()
 
 
-def test_card_timestamps_strictly_increase(sim: simulate.Simulation) -> None:
-    cards = sim.card_features
+def test_card_timestamps_strictly_increase(data: dataset.Dataset, sim: simulate.Simulation) -> None:
+    cards = data.card_features
     assert len(cards) == len(sim.transactions)
     same_card = cards["card_id"].to_numpy()[1:] == cards["card_id"].to_numpy()[:-1]
     steps = np.diff(cards["event_timestamp"].astype("int64").to_numpy())
     assert (steps[same_card] > 0).all()
-    merchants = sim.merchant_features
+    merchants = data.merchant_features
     assert not merchants.duplicated(["merchant_id", "event_timestamp"]).any()
 
 
-def test_feature_tables_have_the_spec_columns(sim: simulate.Simulation) -> None:
-    assert list(sim.card_features.columns) == [
+def test_feature_tables_have_the_spec_columns(
+    data: dataset.Dataset, sim: simulate.Simulation
+) -> None:
+    assert list(data.card_features.columns) == [
         "card_id",
         "event_timestamp",
         *featurespec.CARD_FEATURES,
     ]
-    assert list(sim.merchant_features.columns) == [
+    assert list(data.merchant_features.columns) == [
         "merchant_id",
         "event_timestamp",
         *featurespec.MERCHANT_FEATURES,
     ]
-    assert not sim.card_features.isna().any().any()
-    assert not sim.merchant_features.isna().any().any()
+    assert not data.card_features.isna().any().any()
+    assert not data.merchant_features.isna().any().any()
 
 
 def _naive_card_row(history: pd.DataFrame, at: pd.Timestamp) -> dict[str, float]:
@@ -140,7 +148,9 @@ def _naive_card_row(history: pd.DataFrame, at: pd.Timestamp) -> dict[str, float]
     }
 
 
-def test_card_aggregates_match_a_brute_force_computation(sim: simulate.Simulation) -> None:
+def test_card_aggregates_match_a_brute_force_computation(
+    data: dataset.Dataset, sim: simulate.Simulation
+) -> None:
     tx = sim.transactions.copy()
     tx["eur"] = [
         featurespec.amount_eur(int(a), str(c))
@@ -149,7 +159,7 @@ def test_card_aggregates_match_a_brute_force_computation(sim: simulate.Simulatio
     # Busy cards and card-testing victims exercise the windows hardest.
     busiest = tx["card_id"].value_counts().index[:3].tolist()
     tested = tx.loc[tx["fraud_scenario"] == "card_testing", "card_id"].unique()[:2].tolist()
-    features = sim.card_features.set_index(["card_id", "event_timestamp"])
+    features = data.card_features.set_index(["card_id", "event_timestamp"])
     for card in busiest + tested:
         history = tx[tx["card_id"] == card]
         for at in history["timestamp"]:
@@ -158,9 +168,11 @@ def test_card_aggregates_match_a_brute_force_computation(sim: simulate.Simulatio
                 assert stored[name] == pytest.approx(value, rel=1e-9, abs=1e-9), (card, at, name)
 
 
-def test_merchant_fraud_rate_only_uses_labels_a_week_old(sim: simulate.Simulation) -> None:
+def test_merchant_fraud_rate_only_uses_labels_a_week_old(
+    data: dataset.Dataset, sim: simulate.Simulation
+) -> None:
     tx = sim.transactions
-    merchants = sim.merchant_features
+    merchants = data.merchant_features
     merchant = tx.loc[tx["fraud_scenario"] == "compromised_terminal", "merchant_id"].iat[0]
     history = tx[tx["merchant_id"] == merchant]
     rows = merchants[merchants["merchant_id"] == merchant]

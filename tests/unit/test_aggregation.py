@@ -1,0 +1,640 @@
+"""Feature aggregation: batch tables equal the simulator's, a brute force, and event-by-event replay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import date, timedelta
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from services.domain import aggregation as agg
+from services.domain import featurespec
+from services.domain.aggregation import Change, TransactionEvent
+from services.pipelines import simulate
+
+END = date(2026, 1, 15)
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+HOUR = 3_600.0
+DAY = 86_400.0
+REL = 1e-9
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim() -> simulate.Simulation:
+    return simulate.simulate(simulate.preset("small", end=END))
+
+
+@pytest.fixture(scope="module")
+def raw(sim: simulate.Simulation) -> pd.DataFrame:
+    """The simulator's transactions: a raw frame with every optional column."""
+    return sim.transactions.copy()
+
+
+@pytest.fixture(scope="module")
+def reported(raw: pd.DataFrame) -> pd.DataFrame:
+    """``raw`` with fraud labels reported at varied times: early, on time and weeks late."""
+    rng = np.random.default_rng(11)
+    tx = raw.copy()
+    delay_s = rng.choice([0.0, 3 * DAY, 7 * DAY, 9 * DAY, 20 * DAY], size=len(tx))
+    jitter = rng.integers(0, 3_600, size=len(tx)).astype(float)
+    tx["fraud_reported_at"] = tx["timestamp"] + pd.to_timedelta(delay_s + jitter, unit="s")
+    tx.loc[~tx["is_fraud"], "fraud_reported_at"] = pd.NaT
+    return tx
+
+
+def _frame(rows: Iterable[dict[str, object]]) -> pd.DataFrame:
+    """A raw transaction frame from short dicts (``t`` in epoch seconds)."""
+    frame = pd.DataFrame(list(rows))
+    micros = np.round(frame.pop("t").to_numpy(dtype=np.float64) * 1e6).astype(np.int64)
+    frame["timestamp"] = pd.to_datetime(micros, unit="us", utc=True).astype("datetime64[us, UTC]")
+    defaults: dict[str, object] = {
+        "merchant_id": "m1",
+        "card_id": "c1",
+        "currency": "EUR",
+        "channel": featurespec.CARD_NOT_PRESENT,
+        "is_fraud": False,
+    }
+    for name, value in defaults.items():
+        if name not in frame.columns:
+            frame[name] = value
+    return frame
+
+
+def _event(tid: str, t: float, amount_minor: int = 1_000, **kw: object) -> TransactionEvent:
+    fields: dict[str, object] = {
+        "card_id": "c1",
+        "merchant_id": "m1",
+        "currency": "EUR",
+        "channel": featurespec.CARD_NOT_PRESENT,
+        "card_home_country": 276,
+        "merchant_country": 276,
+        "merchant_category": 5411,
+    } | kw
+    return TransactionEvent(tid, t, amount_minor=amount_minor, **fields)  # type: ignore[arg-type]
+
+
+def _replay_cards(events: Iterable[TransactionEvent]) -> dict[str, agg.CardState]:
+    states: dict[str, agg.CardState] = {}
+    for event in events:
+        states[event.card_id] = agg.apply_card(states.get(event.card_id), event).state
+    return states
+
+
+# --- comparisons --------------------------------------------------------------------------
+
+
+def _assert_rows_close(got: pd.DataFrame, want: pd.DataFrame, names: Iterable[str]) -> None:
+    """Equal counts and codes; floats within ``REL`` (std through its square, see the module)."""
+    assert len(got) == len(want)
+    for name in names:
+        a = got[name].to_numpy(dtype=np.float64)
+        b = want[name].to_numpy(dtype=np.float64)
+        assert (np.isnan(a) == np.isnan(b)).all(), name
+        a, b = np.nan_to_num(a), np.nan_to_num(b)
+        if name == "card_amount_std_30d":
+            scale = got["card_amount_mean_30d"].to_numpy() ** 2 + b**2
+            bad = np.abs(a**2 - b**2) > REL * scale
+        else:
+            bad = np.abs(a - b) > REL * np.maximum(np.abs(b), 1e-12)
+        assert not bad.any(), (name, got[bad].head(), want[bad].head())
+
+
+# --- batch path -------------------------------------------------------------------------
+
+
+def test_batch_tables_have_the_spec_columns(raw: pd.DataFrame) -> None:
+    cards = agg.card_feature_table(raw)
+    merchants = agg.merchant_feature_table(raw)
+    assert list(cards.columns) == ["card_id", "event_timestamp", *featurespec.CARD_FEATURES]
+    assert list(merchants.columns) == [
+        "merchant_id",
+        "event_timestamp",
+        *featurespec.MERCHANT_FEATURES,
+    ]
+    assert not cards.isna().any().any()
+    assert not merchants.isna().any().any()
+
+
+def test_batch_ignores_input_order(raw: pd.DataFrame) -> None:
+    shuffled = raw.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        agg.card_feature_table(shuffled), agg.card_feature_table(raw), rtol=1e-12
+    )
+    pd.testing.assert_frame_equal(
+        agg.merchant_feature_table(shuffled), agg.merchant_feature_table(raw), rtol=1e-12
+    )
+
+
+def test_amounts_convert_exactly_as_serving() -> None:
+    tx = _frame(
+        {"transaction_id": f"t{i}", "t": T0 + i, "amount_minor": m, "currency": c}
+        for i, (m, c) in enumerate([(1999, "EUR"), (1234, "JPY"), (1001, "KWD"), (7, "XXX")])
+    )
+    want = [
+        featurespec.amount_eur(int(m), str(c))
+        for m, c in zip(tx.amount_minor, tx.currency, strict=True)
+    ]
+    assert agg.amounts_eur(tx).tolist() == want
+
+
+def test_batch_validates_its_input() -> None:
+    tx = _frame([{"transaction_id": "a", "t": T0, "amount_minor": 100}])
+    with pytest.raises(ValueError, match="lack column"):
+        agg.card_feature_table(tx.drop(columns=["channel"]))
+    naive = tx.assign(timestamp=tx["timestamp"].dt.tz_localize(None))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        agg.merchant_feature_table(naive)
+
+
+# --- brute force on hostile data: ties, missing codes, late reports ------------------------
+
+
+def _hostile_frame(seed: int, n: int = 400) -> pd.DataFrame:
+    """Few entities, timestamps on a coarse grid (many ties), codes often missing or changing."""
+    rng = np.random.default_rng(seed)
+    step = rng.choice([600.0, 3_600.0, 0.5], size=n, p=[0.6, 0.3, 0.1])
+    t = T0 + np.round(rng.uniform(0, 50 * DAY, size=n) / step) * step
+    is_fraud = rng.random(n) < 0.15
+    report = rng.choice([0.0, 2 * DAY, 7 * DAY, 12 * DAY, np.nan], size=n)
+    frame = _frame(
+        {
+            "transaction_id": f"tx-{rng.integers(10**6):06d}-{i}",
+            "t": float(t[i]),
+            "card_id": f"c{rng.integers(3)}",
+            "merchant_id": f"m{rng.integers(3)}",
+            "amount_minor": int(rng.choice([5, 150, 2_000, 99_999])),
+            "currency": str(rng.choice(["EUR", "JPY", "GBP"])),
+            "is_fraud": bool(is_fraud[i]),
+            "card_home_country": rng.choice([276.0, 250.0, np.nan]),
+            "merchant_country": rng.choice([826.0, np.nan]),
+            "merchant_category": rng.choice([5411.0, 5999.0, np.nan, np.nan]),
+        }
+        for i in range(n)
+    )
+    frame["fraud_reported_at"] = frame["timestamp"] + pd.to_timedelta(report, unit="s")
+    # Every entity starts unknown, so rows before its first known code hold NaN.
+    for entity, code in (("card_id", "card_home_country"), ("merchant_id", "merchant_category")):
+        frame.loc[frame.groupby(entity)["timestamp"].idxmin(), code] = np.nan
+    return frame
+
+
+def _latest(history: pd.DataFrame, name: str) -> float:
+    known = history.dropna(subset=[name]).sort_values(["timestamp", "transaction_id"])
+    return float(known[name].iloc[-1]) if len(known) else math.nan
+
+
+def _brute_cards(tx: pd.DataFrame) -> pd.DataFrame:
+    tx = tx.assign(eur=agg.amounts_eur(tx))
+    rows = []
+    for (card, at), _ in tx.groupby(["card_id", "timestamp"]):
+        mine = tx[(tx["card_id"] == card) & (tx["timestamp"] <= at)]
+
+        def window(
+            span: timedelta, mine: pd.DataFrame = mine, at: pd.Timestamp = at
+        ) -> pd.DataFrame:
+            return mine[mine["timestamp"] > at - span]
+
+        h1, d1 = window(timedelta(hours=1)), window(timedelta(days=1))
+        d7, d30 = window(timedelta(days=7)), window(timedelta(days=30))
+        rows.append(
+            {
+                "card_id": card,
+                "event_timestamp": at,
+                "card_txn_count_1h": len(h1),
+                "card_txn_count_24h": len(d1),
+                "card_txn_count_7d": len(d7),
+                "card_amount_sum_24h": d1["eur"].sum(),
+                "card_amount_mean_7d": d7["eur"].mean(),
+                "card_amount_max_7d": d7["eur"].max(),
+                "card_amount_mean_30d": d30["eur"].mean(),
+                "card_amount_std_30d": d30["eur"].std(ddof=0),
+                "card_distinct_merchants_24h": d1["merchant_id"].nunique(),
+                "card_small_txn_count_1h": int((h1["eur"] < featurespec.SMALL_AMOUNT_EUR).sum()),
+                "card_last_txn_s": math.floor(at.timestamp()),
+                "card_home_country": _latest(mine, "card_home_country"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _brute_merchants(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
+    tx = tx.assign(eur=agg.amounts_eur(tx))
+    reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
+    rows = []
+    for (merchant, at), _ in tx.groupby(["merchant_id", "timestamp"]):
+        mine = tx[(tx["merchant_id"] == merchant) & (tx["timestamp"] <= at)]
+        d7 = mine[mine["timestamp"] > at - timedelta(days=7)]
+        d28 = mine[mine["timestamp"] > at - timedelta(days=28)]
+        known = mine[
+            (mine["timestamp"] > at - delay - timedelta(days=28))
+            & (mine["timestamp"] <= at - delay)
+        ]
+        frauds = (known["is_fraud"] & (reported[known.index] <= at)).sum()
+        rows.append(
+            {
+                "merchant_id": merchant,
+                "event_timestamp": at,
+                "merchant_txn_count_7d": len(d7),
+                "merchant_amount_mean_28d": d28["eur"].mean(),
+                "merchant_fraud_rate_28d": frauds / len(known) if len(known) else 0.0,
+                "merchant_category": _latest(mine, "merchant_category"),
+                "merchant_country": _latest(mine, "merchant_country"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_batch_equals_a_brute_force_on_ties_gaps_and_late_reports(seed: int) -> None:
+    tx = _hostile_frame(seed)
+    assert tx.duplicated(["card_id", "timestamp"]).any()  # the data has ties to cover
+    cards = agg.card_feature_table(tx)
+    assert not cards.duplicated(["card_id", "event_timestamp"]).any()
+    _assert_rows_close(cards, _brute_cards(tx), featurespec.CARD_FEATURES)
+    assert cards["card_home_country"].isna().any()
+    assert cards["card_home_country"].dtype == np.float64
+    for delay in (agg.LABEL_DELAY, timedelta(days=3)):
+        merchants = agg.merchant_feature_table(tx, label_delay=delay)
+        _assert_rows_close(merchants, _brute_merchants(tx, delay), featurespec.MERCHANT_FEATURES)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_incremental_equals_the_brute_force_on_hostile_data(seed: int) -> None:
+    tx = _hostile_frame(seed)
+    tx = tx.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)
+    events = list(agg.events_from_frame(tx.assign(is_fraud=None)))
+    _assert_replay_matches(tx, events, agg.card_feature_table(tx), agg.merchant_feature_table(tx))
+
+
+# --- incremental replay vs batch ------------------------------------------------------------
+
+
+class _Outcome(NamedTuple):
+    """A label as the outcome feed delivers it."""
+
+    reported_s: float
+    merchant_id: str
+    transaction_id: str
+    is_fraud: bool
+
+
+def _label_feed(tx: pd.DataFrame) -> list[_Outcome]:
+    """Every fraud's label, at its report time (default: transaction time + label delay)."""
+    frauds = tx[tx["is_fraud"]]
+    reported = frauds["fraud_reported_at"].fillna(frauds["timestamp"] + agg.LABEL_DELAY)
+    return [
+        _Outcome(r.timestamp(), m, tid, True)
+        for r, m, tid in zip(reported, frauds["merchant_id"], frauds["transaction_id"], strict=True)
+    ]
+
+
+def _assert_replay_matches(
+    tx: pd.DataFrame,
+    events: list[TransactionEvent],
+    cards_table: pd.DataFrame,
+    merchants_table: pd.DataFrame,
+) -> None:
+    """Replays ``events`` (time order) and the label feed; every row equals the batch row.
+
+    A label goes before transactions of its own instant (reported at t counts at t). A row
+    is compared once its instant is complete: after the last transaction of that
+    (entity, timestamp), the batch row's definition.
+    """
+    feed: list[tuple[float, int, TransactionEvent | _Outcome]] = [
+        (e.timestamp_s, 1, e) for e in events
+    ]
+    feed += [(o.reported_s, 0, o) for o in _label_feed(tx)]
+    feed.sort(key=lambda item: (item[0], item[1]))
+    ties_card = tx.groupby(["card_id", "timestamp"]).size()
+    ties_merchant = tx.groupby(["merchant_id", "timestamp"]).size()
+    cards: dict[str, agg.CardState] = {}
+    merchants: dict[str, agg.MerchantState] = {}
+    card_rows: list[dict[str, object]] = []
+    merchant_rows: list[dict[str, object]] = []
+
+    def record(
+        rows: list[dict[str, object]],
+        key: str,
+        entity: str,
+        times: list[int],
+        row: agg.FeatureRow | None,
+        ties: pd.Series,
+    ) -> None:
+        at = pd.Timestamp(times[-1], unit="us", tz="UTC")
+        if times.count(times[-1]) == ties[(entity, at)]:
+            assert row is not None
+            rows.append({key: entity, "event_timestamp": at, **row})
+
+    for _, _, item in feed:
+        if isinstance(item, _Outcome):
+            up = agg.apply_label(
+                merchants.get(item.merchant_id), item.transaction_id, item.is_fraud, item.reported_s
+            )
+            merchants[item.merchant_id] = up.state
+            if up.row is not None:
+                times = up.state.events.times_us
+                record(merchant_rows, "merchant_id", item.merchant_id, times, up.row, ties_merchant)
+            continue
+        c = agg.apply_card(cards.get(item.card_id), item)
+        m = agg.apply_merchant(merchants.get(item.merchant_id), item)
+        assert c.change is Change.APPLIED and m.change is Change.APPLIED
+        cards[item.card_id], merchants[item.merchant_id] = c.state, m.state
+        record(card_rows, "card_id", item.card_id, c.state.events.times_us, c.row, ties_card)
+        times = m.state.events.times_us
+        record(merchant_rows, "merchant_id", item.merchant_id, times, m.row, ties_merchant)
+
+    for rows, table, key, names in (
+        (card_rows, cards_table, "card_id", featurespec.CARD_FEATURES),
+        (merchant_rows, merchants_table, "merchant_id", featurespec.MERCHANT_FEATURES),
+    ):
+        got = pd.DataFrame(rows)
+        want = got[[key, "event_timestamp"]].merge(
+            table, on=[key, "event_timestamp"], how="left", validate="many_to_one"
+        )
+        assert want[names[0]].notna().all()
+        _assert_rows_close(got, want, names)
+        # Every batch row was reached by the replay.
+        assert set(zip(table[key], table["event_timestamp"], strict=True)) == set(
+            zip(got[key], got["event_timestamp"], strict=True)
+        )
+
+
+def test_event_by_event_replay_equals_batch_over_the_small_preset(
+    reported: pd.DataFrame,
+) -> None:
+    tx = reported
+    merchants = agg.merchant_feature_table(tx)
+    # Late reports hold some fraud back: the rates differ from the default rule's.
+    on_time = agg.merchant_feature_table(tx.drop(columns=["fraud_reported_at"]))
+    rate = "merchant_fraud_rate_28d"
+    assert (merchants[rate] < on_time[rate]).any() and (merchants[rate] <= on_time[rate]).all()
+    # Labels only through the outcome feed, as the live loop receives them.
+    events = list(agg.events_from_frame(tx.assign(is_fraud=None)))
+    _assert_replay_matches(tx, events, agg.card_feature_table(tx), merchants)
+
+
+def test_labels_carried_by_events_follow_the_default_delay_rule(raw: pd.DataFrame) -> None:
+    merchants: dict[str, agg.MerchantState] = {}
+    last: dict[str, agg.FeatureRow] = {}
+    for event in agg.events_from_frame(raw):
+        up = agg.apply_merchant(merchants.get(event.merchant_id), event)
+        merchants[event.merchant_id] = up.state
+        assert up.row is not None
+        last[event.merchant_id] = up.row
+    want = agg.merchant_feature_table(raw).groupby("merchant_id").last()
+    got = pd.DataFrame.from_dict(last, orient="index").loc[want.index]
+    _assert_rows_close(got, want, featurespec.MERCHANT_FEATURES)
+    assert want["merchant_fraud_rate_28d"].gt(0).any()
+
+
+def test_shuffled_late_and_duplicated_events_give_the_same_final_rows(
+    reported: pd.DataFrame,
+) -> None:
+    """Arrival up to 6 h late, 5% delivered twice, labels early or late, states persisted."""
+    rng = np.random.default_rng(5)
+    tx = reported
+    events = list(agg.events_from_frame(tx.assign(is_fraud=None)))
+    arrivals: list[tuple[float, TransactionEvent | _Outcome]] = []
+    for event in events:
+        arrivals.append((event.timestamp_s + rng.uniform(0, 6 * HOUR), event))
+        if rng.random() < 0.05:
+            arrivals.append((event.timestamp_s + rng.uniform(0, 12 * HOUR), event))
+    for outcome in _label_feed(tx):
+        # Some labels overtake their transaction and wait as pending ones.
+        arrival = outcome.reported_s + rng.uniform(-6 * HOUR, 2 * HOUR)
+        arrivals.append((arrival, outcome))
+        if rng.random() < 0.2:
+            arrivals.append((arrival + HOUR, outcome))
+    arrivals.sort(key=lambda a: a[0])
+
+    cards: dict[str, agg.CardState] = {}
+    merchants: dict[str, agg.MerchantState] = {}
+    changes: dict[Change, int] = dict.fromkeys(Change, 0)
+    for _, item in arrivals:
+        if isinstance(item, _Outcome):
+            up_label = agg.apply_label(
+                merchants.get(item.merchant_id), item.transaction_id, item.is_fraud, item.reported_s
+            )
+            merchants[item.merchant_id] = up_label.state
+            changes[up_label.change] += 1
+            continue
+        card = cards.get(item.card_id)
+        if card is not None and rng.random() < 0.1:
+            card = agg.CardState.from_bytes(card.to_bytes())
+        merchant_state = merchants.get(item.merchant_id)
+        if merchant_state is not None and rng.random() < 0.1:
+            merchant_state = agg.MerchantState.from_bytes(merchant_state.to_bytes())
+        c = agg.apply_card(card, item)
+        m = agg.apply_merchant(merchant_state, item)
+        cards[item.card_id], merchants[item.merchant_id] = c.state, m.state
+        changes[c.change] += 1
+        changes[m.change] += 1
+
+    # Every path was taken, and nothing was too old for the windows.
+    assert changes[Change.LATE] > 0 and changes[Change.DUPLICATE] > 0
+    assert changes[Change.PENDING] > 0 and changes[Change.TOO_OLD] == 0
+    card_rows = {k: agg.card_row(state) for k, state in cards.items()}
+    merchant_rows = {k: agg.merchant_row(state) for k, state in merchants.items()}
+    assert not any(s.evicted_by_cap for s in cards.values())
+    assert not any(s.evicted_by_cap or s.pending for s in merchants.values())
+    for rows, table, key, names in (
+        (card_rows, agg.card_feature_table(tx), "card_id", featurespec.CARD_FEATURES),
+        (
+            merchant_rows,
+            agg.merchant_feature_table(tx),
+            "merchant_id",
+            featurespec.MERCHANT_FEATURES,
+        ),
+    ):
+        want = table.groupby(key).last()
+        got = pd.DataFrame.from_dict(rows, orient="index").loc[want.index]
+        _assert_rows_close(got, want, names)
+
+
+# --- window edges, ties, eviction, idempotency, late events --------------------------------
+
+
+def test_windows_are_half_open_at_microsecond_resolution() -> None:
+    state: agg.CardState | None = None
+    for tid, t in (("a", T0), ("b", T0 + 0.000001), ("c", T0 + HOUR)):
+        up = agg.apply_card(state, _event(tid, t))
+        state = up.state
+    assert up.row is not None
+    # (t - 1 h, t]: "a" is exactly one hour old and out; "b" one microsecond younger and in.
+    assert up.row["card_txn_count_1h"] == 2
+    assert up.row["card_txn_count_24h"] == 3
+    batch = agg.card_feature_table(
+        _frame(
+            {"transaction_id": k, "t": t, "amount_minor": 1_000}
+            for k, t in (("a", T0), ("b", T0 + 0.000001), ("c", T0 + HOUR))
+        )
+    )
+    assert batch["card_txn_count_1h"].tolist() == [1, 2, 2]
+
+
+def test_an_instant_with_several_transactions_is_one_row_covering_all() -> None:
+    tx = _frame(
+        [
+            {"transaction_id": "b", "t": T0, "amount_minor": 100, "card_home_country": 250},
+            {"transaction_id": "a", "t": T0, "amount_minor": 300, "card_home_country": 276},
+            {"transaction_id": "c", "t": T0 - 60, "amount_minor": 50},
+        ]
+    )
+    table = agg.card_feature_table(tx)
+    assert len(table) == 2
+    row = table.iloc[-1]
+    assert row["card_txn_count_1h"] == 3
+    assert row["card_amount_max_7d"] == 3.0
+    # Latest known within an instant: the greatest transaction id, "b".
+    assert row["card_home_country"] == 250
+    assert math.isnan(table.iloc[0]["card_home_country"])
+    # Any arrival order gives the same row.
+    for order in (["c", "a", "b"], ["b", "a", "c"], ["a", "c", "b"]):
+        events = {e.transaction_id: e for e in agg.events_from_frame(tx)}
+        state = _replay_cards(events[k] for k in order)["c1"]
+        got = agg.card_row(state)
+        assert got is not None
+        assert got["card_home_country"] == 250 and got["card_txn_count_1h"] == 3
+        assert state.events.ids == ["c", "a", "b"]  # by time, then transaction id
+
+
+def test_old_events_are_evicted_and_the_cap_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = agg.apply_card(None, _event("old", T0)).state
+    up = agg.apply_card(state, _event("new", T0 + 30 * DAY))
+    # Exactly 30 days old is outside (t - 30 d, t]: evicted from the state.
+    assert up.state.events.ids == ["new"]
+    assert up.row is not None and up.row["card_txn_count_7d"] == 1
+
+    monkeypatch.setattr(agg, "MAX_CARD_EVENTS", 3)
+    full: agg.CardState | None = None
+    capped = 0
+    for i in range(5):
+        up = agg.apply_card(full, _event(f"t{i}", T0 + i))
+        full, capped = up.state, capped + up.evicted_by_cap
+    assert up.state.events.ids == ["t2", "t3", "t4"]
+    assert capped == up.state.evicted_by_cap == 2
+    assert up.row is not None and up.row["card_txn_count_1h"] == 3
+
+
+def test_a_transaction_id_counts_once() -> None:
+    first = agg.apply_card(None, _event("a", T0, 500))
+    again = agg.apply_card(first.state, _event("a", T0 + 10, 900))
+    assert again.change is Change.DUPLICATE
+    assert again.row == first.row
+    assert again.state.duplicates == 1
+    merchant = agg.apply_merchant(None, _event("a", T0))
+    assert agg.apply_merchant(merchant.state, _event("a", T0)).change is Change.DUPLICATE
+
+
+def test_late_events_merge_at_their_time_or_are_ignored_when_too_old() -> None:
+    state = agg.apply_card(None, _event("now", T0 + 40 * DAY, 1_000)).state
+    # Inside the 1 h window: every window changes.
+    inside = agg.apply_card(state, _event("late-1", T0 + 40 * DAY - 60, 100, merchant_id="m2"))
+    assert inside.change is Change.LATE
+    assert inside.row is not None
+    assert inside.row["card_txn_count_1h"] == 2
+    assert inside.row["card_distinct_merchants_24h"] == 2
+    assert inside.row["card_last_txn_s"] == int(T0 + 40 * DAY)
+    # Ten days old: only the 30-day window sees it.
+    before = dict(inside.row)
+    ten = agg.apply_card(inside.state, _event("late-10d", T0 + 30 * DAY, 4_000))
+    assert ten.change is Change.LATE and ten.row is not None
+    changed = {k for k in before if before[k] != ten.row[k]}
+    assert changed == {"card_amount_mean_30d", "card_amount_std_30d"}
+    # Thirty days old: too old for every window; nothing changes.
+    size = len(ten.state.events)
+    old = agg.apply_card(ten.state, _event("late-30d", T0 + 10 * DAY))
+    assert old.change is Change.TOO_OLD and old.row == ten.row
+    assert len(old.state.events) == size and old.state.too_old == 1
+
+
+def test_codes_are_the_latest_known_and_nan_while_unknown() -> None:
+    up = agg.apply_merchant(None, _event("a", T0, merchant_country=None, merchant_category=None))
+    assert up.row is not None and math.isnan(up.row["merchant_country"])
+    up = agg.apply_merchant(up.state, _event("b", T0 + 60, merchant_category=5999))
+    up = agg.apply_merchant(up.state, _event("c", T0 + 120, merchant_category=None))
+    # A late event does not overrule a newer known value.
+    up = agg.apply_merchant(up.state, _event("d", T0 + 30, merchant_category=4111))
+    assert up.row is not None
+    assert up.row["merchant_category"] == 5999 and up.row["merchant_country"] == 276
+
+
+def test_labels_count_once_reported_and_matured() -> None:
+    delay = agg.LABEL_DELAY.total_seconds()
+    state = agg.apply_merchant(None, _event("fraud", T0)).state
+    # Reported before its transaction arrives: held, then applied.
+    pending = agg.apply_label(None, "early", True, T0 + 100)
+    assert pending.change is Change.PENDING and pending.row is None
+    state2 = agg.apply_merchant(pending.state, _event("early", T0)).state
+    assert "early" in state2.labels and not state2.pending
+
+    # Reported 10 days after the transaction (3 days after the delay).
+    up = agg.apply_label(state, "fraud", True, T0 + 10 * DAY)
+    assert up.change is Change.APPLIED
+    up = agg.apply_merchant(up.state, _event("x", T0 + delay + 1))
+    assert up.row is not None and up.row["merchant_fraud_rate_28d"] == 0.0  # not reported yet
+    up = agg.apply_merchant(up.state, _event("y", T0 + 10 * DAY))
+    assert up.row is not None and up.row["merchant_fraud_rate_28d"] == 1.0  # 1 of 1 matured
+    # An older report changes nothing; a later legitimate verdict wins.
+    assert agg.apply_label(up.state, "fraud", False, T0 + 9 * DAY).change is Change.DUPLICATE
+    assert agg.apply_label(up.state, "fraud", True, T0 + 10 * DAY).change is Change.DUPLICATE
+    legit = agg.apply_label(up.state, "fraud", False, T0 + 10 * DAY + 1)
+    assert legit.change is Change.APPLIED
+    up = agg.apply_merchant(legit.state, _event("z", T0 + 10 * DAY + 2))
+    assert up.row is not None and up.row["merchant_fraud_rate_28d"] == 0.0
+    # A label older than the merchant's horizon is ignored.
+    far = agg.apply_merchant(up.state, _event("far", T0 + 60 * DAY)).state
+    assert agg.apply_label(far, "gone", True, T0 + 20 * DAY).change is Change.TOO_OLD
+
+
+def test_a_pending_label_keeps_the_latest_report() -> None:
+    state = agg.apply_merchant(None, _event("a", T0)).state
+    state = agg.apply_label(state, "p", False, T0 + 2 * DAY).state
+    older = agg.apply_label(state, "p", True, T0 + DAY)
+    assert older.change is Change.DUPLICATE
+    up = agg.apply_merchant(older.state, _event("p", T0 + 60))
+    assert up.state.labels["p"].is_fraud is False
+
+
+def test_pending_labels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agg, "MAX_PENDING_LABELS", 2)
+    state = agg.apply_merchant(None, _event("a", T0)).state
+    for i in range(4):
+        state = agg.apply_label(state, f"p{i}", True, T0 + i).state
+    assert sorted(state.pending) == ["p2", "p3"] and state.labels_dropped == 2
+
+
+def test_states_round_trip_through_bytes() -> None:
+    card: agg.CardState | None = None
+    merchant: agg.MerchantState | None = None
+    for i in range(50):
+        event = _event(
+            f"tx-{i}", T0 + i * 977.5, 100 + i, merchant_id=f"m{i % 4}", is_fraud=i % 7 == 0
+        )
+        card = agg.apply_card(card, event).state
+        merchant = agg.apply_merchant(merchant, replace(event, merchant_id="m1")).state
+    assert card is not None and merchant is not None
+    merchant = agg.apply_label(merchant, "later", False, T0 + DAY).state
+    merchant = agg.apply_label(merchant, "tx-3", False, T0 + DAY).state
+    card_bytes, merchant_bytes = card.to_bytes(), merchant.to_bytes()
+    assert agg.CardState.from_bytes(card_bytes) == card
+    assert agg.MerchantState.from_bytes(merchant_bytes) == merchant
+    assert len(card_bytes) < 50 * 40  # ids, times and amounts; merchants interned
+    for bad in (b"", b"X1" + card_bytes[2:], card_bytes[:-1], card_bytes + b"\0"):
+        with pytest.raises(ValueError):
+            agg.CardState.from_bytes(bad)
+    with pytest.raises(ValueError):
+        agg.MerchantState.from_bytes(card_bytes)
+
+
+def test_events_need_a_finite_time() -> None:
+    with pytest.raises(ValueError, match="not finite"):
+        agg.apply_card(None, _event("a", math.nan))
