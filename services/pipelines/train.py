@@ -219,7 +219,10 @@ def _training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
     )
     features = fs.get_historical_features(entity_df=entity_df, features=service).to_df()
     features = features.set_index("transaction_id")[list(featurespec.STORE_FEATURES)]
-    frame = tx.join(features, on="transaction_id")
+    # Store features come from the point-in-time join, as serving reads them, even where the
+    # transactions carry a column of the same name (the codes of card and merchant).
+    own = tx.drop(columns=[c for c in featurespec.STORE_FEATURES if c in tx.columns])
+    frame = own.join(features, on="transaction_id")
     frame["timestamp_s"] = frame["timestamp"].astype("datetime64[ns, UTC]").astype("int64") / 1e9
     frame["card_not_present"] = frame["channel"] == featurespec.CARD_NOT_PRESENT
     return frame.sort_values("timestamp", kind="stable").reset_index(drop=True)
