@@ -31,6 +31,11 @@ SERVER_OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
+    # Clients re-resolve a name only when a connection ends: closing each one gracefully
+    # after a minute lets round-robin clients find replicas added since (autoscaling).
+    # Calls in flight get the grace period to finish.
+    ("grpc.max_connection_age_ms", 60_000),
+    ("grpc.max_connection_age_grace_ms", 10_000),
 )
 
 
