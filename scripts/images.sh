@@ -99,6 +99,9 @@ step "build $tag"
   --label org.opencontainers.image.version="$version" \
   --label org.opencontainers.image.revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
   -f deploy/images/Containerfile -t "$tag" "$CONTEXT" >/dev/null
+# The previous build of the tag and the build stage are left untagged: vfs keeps every
+# layer as a full copy, so drop them.
+"${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
 
 step "smoke test inside $tag"
 # A copy of the published models, readable by the image's user (version folders are
