@@ -31,12 +31,21 @@ SERVER_OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
-    # Clients re-resolve a name only when a connection ends: closing each one gracefully
-    # after a minute lets round-robin clients find replicas added since (autoscaling).
-    # Calls in flight get the grace period to finish.
-    ("grpc.max_connection_age_ms", 60_000),
-    ("grpc.max_connection_age_grace_ms", 10_000),
 )
+
+CONNECTION_AGE_GRACE_MS = 10_000
+"""With ``max_connection_age_s``: how long calls in flight on a closed connection may finish."""
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """``SERVER_OPTIONS`` plus the connection age limit the settings ask for, if any."""
+    options = list(SERVER_OPTIONS)
+    if settings.max_connection_age_s is not None:
+        options += [
+            ("grpc.max_connection_age_ms", round(settings.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
+        ]
+    return options
 
 
 class Service(Protocol):
@@ -66,7 +75,7 @@ class Runtime:
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=[*telemetry.server_interceptors(), ErrorInterceptor()],
-            options=SERVER_OPTIONS,
+            options=server_options(settings),
         )
         self.port = 0
         self.stopping = asyncio.Event()
