@@ -30,7 +30,7 @@ system: ## Install the system programs the tests start (redis-server, setpriv) i
 	bash scripts/system-deps.sh
 
 .PHONY: tools
-tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl and kubeconform
+tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize
 	bash scripts/tools.sh
 
 .PHONY: gen
@@ -85,8 +85,20 @@ bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work f
 	GOBIN=$(GOBIN) go install fortio.org/fortio@v1.66.5
 	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) $(BENCH_ARGS)
 
+.PHONY: k8s-envoy
+k8s-envoy: install ## Render deploy/k8s/base/envoy-bootstrap.yaml from the Envoy template
+	bash scripts/k8s-check.sh render
+
+.PHONY: k8s-check
+k8s-check: install tools ## Build every k8s overlay; strict schemas, kube-score, envoy --mode validate
+	bash scripts/k8s-check.sh
+
+.PHONY: images
+images: data ## Build the container image with buildah (no Docker engine) and smoke-test it
+	VAR_DIR=$(VAR) bash scripts/images.sh
+
 .PHONY: test
-test: system install tools check-gen lint ## Set up and run every test
+test: system install tools check-gen lint k8s-check ## Set up and run every test
 	go test ./...
 	$(VENV)/bin/pytest -ra tests
 

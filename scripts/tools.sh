@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the pinned developer tools: the protoc plugins that produced gen/go, buf, ghz,
-# grpcurl and kubeconform. Go tools go to $(go env GOPATH)/bin (where the Makefile and
+# grpcurl, kubeconform, kube-score and kustomize (used by `make k8s-check` where kubectl,
+# whose built-in kustomize it prefers, is absent). Go tools go to $(go env GOPATH)/bin (where the Makefile and
 # scripts/gen.sh look), buf comes from npm. A tool already there at the pinned version is
 # skipped, so running this again is cheap. Needs go and npm on PATH.
 set -euo pipefail
@@ -12,6 +13,8 @@ PROTOC_GEN_GO_GRPC=v1.6.2   # google.golang.org/grpc/cmd/protoc-gen-go-grpc
 GHZ=v0.121.0
 GRPCURL=v1.9.4
 KUBECONFORM=v0.8.0
+KUBE_SCORE=v1.20.0
+KUSTOMIZE=v5.8.1            # v5.8.3 needs a newer Go than 1.26
 BUF=1.75.0                  # npm package @bufbuild/buf
 
 die() { echo "tools.sh: $*" >&2; exit 1; }
@@ -45,6 +48,8 @@ go_tool protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 go_tool ghz github.com/bojand/ghz/cmd/ghz github.com/bojand/ghz "$GHZ"
 go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl github.com/fullstorydev/grpcurl "$GRPCURL"
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform github.com/yannh/kubeconform "$KUBECONFORM"
+go_tool kube-score github.com/zegl/kube-score/cmd/kube-score github.com/zegl/kube-score "$KUBE_SCORE"
+go_tool kustomize sigs.k8s.io/kustomize/kustomize/v5 sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE"
 
 have=$(buf --version 2>/dev/null || true)
 if [ "$have" = "$BUF" ]; then

@@ -45,9 +45,14 @@ VarDirOption = Annotated[
 
 @app.command()
 def simulate(
-    seed: Annotated[int | None, typer.Option(help="Simulator seed (default: 7).")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Simulator seed (default: FRAUD_SIMULATOR_SEED or 7).")
+    ] = None,
     preset: Annotated[
-        PresetName | None, typer.Option(help="Data size: default (~200k) or small (~40k).")
+        PresetName | None,
+        typer.Option(
+            help="Data size: default (~200k) or small (~40k); default FRAUD_SIMULATOR_PRESET."
+        ),
     ] = None,
     end: Annotated[
         datetime | None,
@@ -63,8 +68,11 @@ def simulate(
     if if_missing and layout.data_present(settings.data_path):
         console.print(f"data already in {settings.data_path}; nothing to do")
         return
+    defaults = simulator.SimulatorSettings()
     params = simulator.preset(
-        preset.value if preset else "default", seed=seed, end=end.date() if end else None
+        preset.value if preset else defaults.preset,
+        seed=defaults.seed if seed is None else seed,
+        end=end.date() if end else defaults.end,
     )
     started = time.perf_counter()
     with console.status("simulating …") as status:

@@ -17,6 +17,10 @@ CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
     ("grpc.enable_retries", 0),
+    # A name with several addresses (a Kubernetes headless Service in front of replicas)
+    # gets every call spread over all of them; pick_first would pin the channel to one.
+    # One address behaves as before.
+    ("grpc.lb_policy_name", "round_robin"),
 )
 
 

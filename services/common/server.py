@@ -33,6 +33,20 @@ SERVER_OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.so_reuseport", 0),
 )
 
+CONNECTION_AGE_GRACE_MS = 10_000
+"""With ``max_connection_age_s``: how long calls in flight on a closed connection may finish."""
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """``SERVER_OPTIONS`` plus the connection age limit the settings ask for, if any."""
+    options = list(SERVER_OPTIONS)
+    if settings.max_connection_age_s is not None:
+        options += [
+            ("grpc.max_connection_age_ms", round(settings.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
+        ]
+    return options
+
 
 class Service(Protocol):
     """What a service gives the runtime."""
@@ -61,7 +75,7 @@ class Runtime:
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=[*telemetry.server_interceptors(), ErrorInterceptor()],
-            options=SERVER_OPTIONS,
+            options=server_options(settings),
         )
         self.port = 0
         self.stopping = asyncio.Event()

@@ -36,6 +36,13 @@ class ServerSettings(BaseSettings):
     var_dir: Path = Field(
         Path("var"), description="Runtime state root: data, Feast registry, models."
     )
+    max_connection_age_s: float | None = Field(
+        None,
+        gt=0,
+        description="Close each client connection gracefully after this long, so clients "
+        "re-resolve the server's name and balance onto replicas added since (Kubernetes "
+        "autoscaling); unset keeps connections open.",
+    )
     tracing: Literal["off", "console"] = Field(
         "off", description="OpenTelemetry tracing of gRPC calls: off, or spans to the log."
     )

@@ -23,9 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.domain import featurespec, money
 
@@ -151,6 +154,24 @@ def preset(name: str, *, seed: int | None = None, end: date | None = None) -> Si
     if seed is not None:
         params = replace(params, seed=seed)
     return replace(params, end=end)
+
+
+class SimulatorSettings(BaseSettings):
+    """What ``fraudmesh features simulate`` draws unless its options say otherwise."""
+
+    model_config = SettingsConfigDict(env_prefix="FRAUD_SIMULATOR_", extra="ignore", frozen=True)
+
+    preset: Literal["default", "small"] = Field(
+        "default", description="Size: default (~200k transactions) or small (~40k)."
+    )
+    seed: int = Field(7, description="Seed of the one random generator; equal seeds, equal data.")
+    end: date | None = Field(
+        None, description="End of the window (UTC midnight, exclusive); unset means today."
+    )
+
+    def params(self) -> SimulationParams:
+        """The preset's parameters with this seed and end."""
+        return preset(self.preset, seed=self.seed, end=self.end)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Build the fraudmesh container image without a Docker engine, then smoke-test it.
+#
+#   1. apt-get installs buildah and debootstrap when they are missing;
+#   2. a Debian bookworm minbase root filesystem with python3 and libgomp1 is made by
+#      debootstrap and imported with buildah as localhost/fraudmesh-base:bookworm (kept in
+#      buildah's storage; FRESH_BASE=1 rebuilds it);
+#   3. the project's wheel and every dependency, resolved against requirements.lock, are
+#      built or downloaded on the host into the build context, so nothing in the image
+#      compiles and the image build itself is offline;
+#   4. `buildah bud` builds deploy/images/Containerfile (vfs storage, chroot isolation);
+#   5. deploy/images/smoke.py runs inside the image with `buildah run` as the image's user,
+#      with a published model from $VAR_DIR/models mounted read-only: the scorer must
+#      answer SERVING on its gRPC health check;
+#   6. the image is written as an OCI archive to build/images/ and its sizes are printed.
+#
+# Needs root (debootstrap, buildah's vfs storage), the project's .venv (`make install`) and
+# a trained model (`make data`). Envoy and Redis use official images referenced by digest
+# in deploy/k8s; they are not built here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VAR_DIR=${VAR_DIR:-var}
+IMAGE=${IMAGE:-localhost/fraudmesh}
+BASE_IMAGE=localhost/fraudmesh-base:bookworm
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+PIP_VERSION=26.3
+PY=${PY:-.venv/bin/python}
+OUT=build/images
+CONTEXT=$OUT/context
+buildah=(buildah --storage-driver vfs)
+
+die() { echo "images.sh: $*" >&2; exit 1; }
+step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
+
+[ "$(id -u)" = 0 ] || die "run as root: debootstrap and buildah's vfs storage need it"
+[ -x "$PY" ] || die "no $PY: run 'make install' first"
+version=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+tag="$IMAGE:$version"
+
+step "tools"
+need=()
+command -v buildah >/dev/null || need+=(buildah)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+buildah --version
+
+model=$(find "$VAR_DIR/models" -name model.onnx -print -quit 2>/dev/null || true)
+[ -n "$model" ] || die "no model under $VAR_DIR/models: run 'make data' first"
+
+step "base image $BASE_IMAGE"
+if [ "${FRESH_BASE:-0}" = 1 ] || ! "${buildah[@]}" inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+  rootfs=$OUT/rootfs
+  rm -rf "$rootfs"
+  mkdir -p "$OUT"
+  debootstrap --variant=minbase --include=python3,libgomp1 bookworm "$rootfs" "$MIRROR" \
+    >"$OUT/debootstrap.log" 2>&1 || { tail -20 "$OUT/debootstrap.log" >&2; die "debootstrap failed"; }
+  # What an image never needs: downloaded packages, package lists, docs, man pages, locales.
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+    "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
+    "$rootfs"/usr/share/locale/* "$rootfs"/var/log/*.log "$rootfs"/var/log/apt/*
+  ctr=$("${buildah[@]}" from scratch)
+  mnt=$("${buildah[@]}" mount "$ctr")
+  cp -a "$rootfs"/. "$mnt"/
+  "${buildah[@]}" umount "$ctr" >/dev/null
+  "${buildah[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --label org.opencontainers.image.description="Debian bookworm minbase with python3 and libgomp1" \
+    --label org.opencontainers.image.created="$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$ctr"
+  "${buildah[@]}" commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
+  rm -rf "$rootfs"
+else
+  echo "reusing $BASE_IMAGE (FRESH_BASE=1 rebuilds it)"
+fi
+
+step "wheels (host side, pinned by requirements.lock)"
+rm -rf "$CONTEXT"
+mkdir -p "$CONTEXT/wheels" "$CONTEXT/pip"
+"$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
+  --constraint requirements.lock .
+# Pins whose environment marker the host's Python skips but the image's may need (redis
+# wants async-timeout below Python 3.11.3; bookworm has 3.11.2): the image's pip decides.
+grep -E '^[A-Za-z0-9][^#]*==[^;]*;' requirements.lock | cut -d';' -f1 | tr -d ' ' \
+  | xargs -r "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
+      --only-binary=:all: --dest "$CONTEXT/wheels"
+"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$CONTEXT/pip" \
+  "pip==$PIP_VERSION"
+mv "$CONTEXT"/pip/pip-*.whl "$CONTEXT/pip/pip.whl"
+cp requirements.lock "$CONTEXT/"
+echo "$(find "$CONTEXT/wheels" -name '*.whl' | wc -l) wheels, $(du -sh "$CONTEXT/wheels" | cut -f1)"
+
+step "build $tag"
+"${buildah[@]}" bud --isolation chroot --layers=false --quiet \
+  --build-arg BASE="$BASE_IMAGE" \
+  --label org.opencontainers.image.title=fraudmesh \
+  --label org.opencontainers.image.version="$version" \
+  --label org.opencontainers.image.revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+  -f deploy/images/Containerfile -t "$tag" "$CONTEXT" >/dev/null
+# The previous build of the tag and the build stage are left untagged: vfs keeps every
+# layer as a full copy, so drop them.
+"${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
+
+step "smoke test inside $tag"
+# A copy of the published models, readable by the image's user (version folders are
+# created private to the user who trained them), mounted for the smoke test only.
+models=$OUT/smoke-models
+rm -rf "$models"
+cp -r "$VAR_DIR/models" "$models"
+chmod -R a+rX "$models"
+ctr=$("${buildah[@]}" from --quiet "$tag")
+trap '"${buildah[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
+"${buildah[@]}" run --isolation chroot --user 10001:10001 \
+  -v "$PWD/$models:/var/lib/fraudmesh/models:ro" \
+  -v "$PWD/deploy/images/smoke.py:/opt/smoke/smoke.py:ro" \
+  "$ctr" -- python /opt/smoke/smoke.py
+
+step "archive and sizes"
+archive="$OUT/fraudmesh-$version.oci.tar"
+rm -f "$archive"
+"${buildah[@]}" push --quiet "$tag" "oci-archive:$archive:$tag" >/dev/null
+"${buildah[@]}" images --format '{{.Name}}:{{.Tag}}  {{.Size}}' | grep -E "fraudmesh(-base)?:" || true
+echo "$archive  $(du -h "$archive" | cut -f1) (compressed layers, as a registry stores them)"
+echo "done in ${SECONDS}s"

@@ -1,0 +1,46 @@
+"""``make images`` end to end: the image builds without a Docker engine and passes its smoke test.
+
+Runs ``scripts/images.sh`` (debootstrap base, buildah build, in-image smoke test of the
+scorer on this session's model) as ``make images`` does. It needs root, as debootstrap and
+buildah's storage do, and reaches Debian's package mirror for the base root filesystem;
+the base is kept in buildah's storage, so later runs take about half as long.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PreparedEnv
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="debootstrap and buildah's vfs storage need root"
+)
+
+
+@pytest.mark.timeout(1800)
+def test_make_images_builds_and_the_scorer_serves_inside(
+    prepared_env: PreparedEnv, tmp_path: Path
+) -> None:
+    log = tmp_path / "images.log"
+    with log.open("w") as out:
+        result = subprocess.run(
+            ["bash", "scripts/images.sh"],
+            cwd=REPO,
+            env={**os.environ, "VAR_DIR": str(prepared_env.var_dir)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=1700,
+            check=False,
+        )
+    text = log.read_text(errors="replace")
+    assert result.returncode == 0, text[-6000:]
+    assert "smoke test passed" in text
+    assert "scorer SERVING on its gRPC health check" in text
+    archives = list((REPO / "build" / "images").glob("fraudmesh-*.oci.tar"))
+    assert archives and all(a.stat().st_size > 0 for a in archives)
