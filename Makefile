@@ -80,8 +80,12 @@ bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work f
 	GOBIN=$(GOBIN) go install fortio.org/fortio@v1.66.5
 	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) $(BENCH_ARGS)
 
+.PHONY: test-brokers
+test-brokers: ## Install the event-log tests' brokers: redis-server, Java, Kafka 4.x jars (build/kafka)
+	bash scripts/test-brokers.sh
+
 .PHONY: test
-test: install tools check-gen lint ## Set up and run every test
+test: install tools check-gen lint test-brokers ## Set up and run every test
 	go test ./...
 	$(VENV)/bin/pytest -ra tests
 

@@ -5,7 +5,8 @@ on one partition, and the idempotent producer (``acks=all``) keeps each partitio
 through retries, so per-card order holds. Consumers commit only after the caller applied
 what it polled, and use static membership (``group.instance.id`` = the consumer name), so a
 restarted consumer gets its partitions back at once instead of after a session timeout.
-The topic is created with the configured partitions and retention if it does not exist.
+A group id serves one topic. The topic is created with the configured partitions and
+retention if it does not exist.
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class KafkaConsumer:
                 "group.instance.id": self.name,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                # The classic protocol: with static membership, a consumer restarted after a
+                # crash takes its partitions back at once (the new protocol refuses the
+                # instance id until the dead member's session has expired).
+                "group.protocol": "classic",
                 "session.timeout.ms": settings.kafka_session_timeout_ms,
                 "heartbeat.interval.ms": max(1000, settings.kafka_session_timeout_ms // 5),
                 # Return fetched data at once rather than waiting for a fuller fetch.

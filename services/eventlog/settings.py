@@ -50,8 +50,9 @@ class EventLogSettings(BaseSettings):
     file_segment_bytes: int = Field(
         64 * 1024 * 1024,
         ge=4096,
-        description="A segment file is closed and a new one started past this size; "
-        "retention deletes whole segments.",
+        description="A segment file is closed and a new one started once it reaches this size "
+        "(checked before each batch, so a segment may pass it by one batch); retention "
+        "deletes whole segments.",
     )
     file_fsync: FsyncPolicy = Field(
         "batch",
