@@ -22,7 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 KAFKA_LIBS = REPO / "build" / "kafka" / "libs"
 """Where scripts/test-brokers.sh puts the broker's jars."""
 
-_JVM_FLAGS = ("-Xms256m", "-Xmx512m", "-XX:+UseSerialGC", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+_JVM_FLAGS = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+)
 
 
 def kafka_available() -> bool:

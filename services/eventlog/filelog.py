@@ -225,6 +225,7 @@ class FileLogWriter:
         self._seg_fd = -1
         self._seg_base = -1
         self._last_fsync = time.monotonic()
+        self._unsynced = False
         self.recovered_bytes = 0
         """Bytes of torn or corrupt tail cut off when this writer opened the log."""
         with self._log.locked(self._head_fd):
@@ -316,6 +317,19 @@ class FileLogWriter:
         ):
             os.fdatasync(self._seg_fd)
             self._last_fsync = now
+            self._unsynced = False
+        else:
+            self._unsynced = True
+
+    def sync(self) -> None:
+        """Forces appends an interval policy has not synced yet to disk."""
+        if self._unsynced and self._seg_fd >= 0:
+            try:
+                os.fdatasync(self._seg_fd)
+            except OSError as exc:
+                raise BackendUnavailable(f"file log fsync failed: {exc}") from exc
+            self._last_fsync = time.monotonic()
+            self._unsynced = False
 
     def close(self) -> None:
         """Forces written data to disk (unless fsync is off) and closes the files."""

@@ -112,6 +112,9 @@ class KafkaWriter:
                 failed=sorted(failed),
             )
 
+    def sync(self) -> None:
+        """Nothing to do: every write already waited for the brokers' acknowledgement."""
+
     def close(self) -> None:
         """Flushes what librdkafka still holds."""
         self._producer.flush(self._settings.send_timeout_s)

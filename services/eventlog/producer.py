@@ -32,6 +32,8 @@ from services.eventlog.spill import SpillFile
 log = logging.getLogger(__name__)
 
 _CHORE_INTERVAL_S = 0.5
+_ACTIVE_S = 0.25
+_REPORT_INTERVAL_S = 0.25
 _ORPHAN_SCAN_S = 10.0
 _DROP_LOG_INTERVAL_S = 10.0
 
@@ -94,6 +96,9 @@ class Producer:
         self._dropped = 0
         self._replayed = 0
         self._reported = (0, 0, 0, 0, 0)
+        self._last_report = 0.0
+        self._last_busy = 0.0
+        self._unsynced = False
         self._last_drop_log = 0.0
         self._spill_lock = threading.Lock()
         self._own_spill: SpillFile | None = None
@@ -222,6 +227,7 @@ class Producer:
             if not records:
                 self._retire(spill)
                 return True
+            self._last_busy = time.monotonic()
             if self._send(records) is not None:
                 return False
             spill.consume(len(records), nbytes)
@@ -239,6 +245,7 @@ class Producer:
             self._mem_to_spill()
             return False
         batch = self._take(self._batch_max)
+        self._last_busy = time.monotonic()
         failed = self._send(batch)
         if failed is None:
             with self._stats_lock:
@@ -270,6 +277,7 @@ class Producer:
             return range(len(batch))
         if not self._up:
             log.info("eventlog backend %s is back", self._settings.backend)
+        self._unsynced = True
         self._up = True
         self._backoff = self._settings.retry_backoff_s
         self._down_until = 0.0
@@ -365,15 +373,28 @@ class Producer:
         return pending
 
     def _idle_wait(self) -> None:
-        """Sleeps until an append, a retry is due, or the chore interval passes; then lingers
-        briefly so that a burst goes out as one batch."""
+        """Waits for events to send. While events keep coming, the sender polls every
+        ``linger_ms``, so that ``append`` never has to wake it (waking a thread costs the
+        caller far more than the append itself) and each poll sends one batch. After
+        ``_ACTIVE_S`` without events it sleeps until an append wakes it, a retry is due, or
+        the chore interval passes."""
+        now = time.monotonic()
+        until_retry = self._down_until - now
+        if now - self._last_busy < _ACTIVE_S:
+            time.sleep(min(self._linger_s, until_retry) if until_retry > 0 else self._linger_s)
+            return
+        if self._unsynced and self._writer is not None:
+            self._unsynced = False
+            try:
+                self._writer.sync()
+            except Exception:
+                log.exception("eventlog producer: syncing the backend failed")
         self._wake.clear()
         self._idle = True
-        if self._mem and time.monotonic() >= self._down_until:
+        if self._mem and until_retry <= 0:
             self._idle = False
             return
         timeout = _CHORE_INTERVAL_S
-        until_retry = self._down_until - time.monotonic()
         if until_retry > 0:
             timeout = min(timeout, until_retry)
         woken = self._wake.wait(timeout)
@@ -381,8 +402,13 @@ class Producer:
         if woken and self._linger_s > 0 and not self._closing:
             time.sleep(self._linger_s)
 
-    def _report(self) -> None:
-        """Brings the Prometheus metrics up to date (from the sender thread, not per append)."""
+    def _report(self, force: bool = False) -> None:
+        """Brings the Prometheus metrics up to date, from the sender thread, not per append,
+        and at most every ``_REPORT_INTERVAL_S``."""
+        now_s = time.monotonic()
+        if not force and now_s - self._last_report < _REPORT_INTERVAL_S:
+            return
+        self._last_report = now_s
         m = self._metrics
         with self._stats_lock:
             now = (
@@ -426,7 +452,7 @@ class Producer:
                 self._writer.close()
             except Exception:
                 log.exception("eventlog producer: closing the backend failed")
-        self._report()
+        self._report(force=True)
         # Events kept in a spill file are safe but not delivered: wake waiting flushes.
         with self._settled_cv:
             self._settled_cv.notify_all()

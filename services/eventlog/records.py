@@ -64,8 +64,13 @@ class LogWriter(Protocol):
         """Stores the batch in order, or raises ``BackendUnavailable``."""
         ...
 
+    def sync(self) -> None:
+        """Forces what was written to stable storage where that is the writer's job (the
+        file log with a lazy fsync policy); called when the producer falls idle."""
+        ...
+
     def close(self) -> None:
-        """Releases connections and files."""
+        """Releases connections and files (syncing first)."""
         ...
 
 

@@ -127,6 +127,9 @@ class RedisStreamWriter:
             self._ready = False
             raise BackendUnavailable(f"redis: {exc}") from exc
 
+    def sync(self) -> None:
+        """Nothing to do: Redis persists by its own configuration."""
+
     def close(self) -> None:
         """Closes the connection pool."""
         self._client.close()

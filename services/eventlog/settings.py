@@ -55,13 +55,17 @@ class EventLogSettings(BaseSettings):
         "deletes whole segments.",
     )
     file_fsync: FsyncPolicy = Field(
-        "batch",
+        "interval",
         description="When appends and committed offsets are forced to disk. Every policy "
-        "survives a killed process (the data is in the page cache); batch also survives a "
-        "power loss for every acknowledged append.",
+        "survives a killed process (the data is in the page cache). batch also survives a "
+        "power loss for every acknowledged append, at about 70 µs more CPU per batch; "
+        "interval loses at most the last file_fsync_interval_ms to a power loss.",
     )
     file_fsync_interval_ms: float = Field(
-        200.0, gt=0, description="With file_fsync=interval: longest time between fsyncs."
+        200.0,
+        gt=0,
+        description="With file_fsync=interval: longest time between fsyncs while appends "
+        "come (an idle producer syncs when it falls idle).",
     )
     file_poll_interval_ms: float = Field(
         5.0, gt=0, description="How often an idle file-log consumer looks for new records."
@@ -122,10 +126,11 @@ class EventLogSettings(BaseSettings):
         1000, ge=1, description="Most events written to the backend in one batch."
     )
     linger_ms: float = Field(
-        1.0,
-        ge=0,
-        description="After the first event of an idle period, how long the producer waits "
-        "for more before writing a batch.",
+        10.0,
+        ge=0.1,
+        description="While events keep coming, the sender sends what has gathered every "
+        "linger_ms (one batch each time); after a quiet spell, the first event waits this long "
+        "for company. Longer: fewer, larger batches and less CPU per event; shorter: fresher.",
     )
     send_timeout_s: float = Field(
         5.0,

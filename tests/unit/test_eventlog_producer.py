@@ -45,6 +45,9 @@ class MemoryWriter:
                 raise BackendUnavailable("partly", failed=range(1, len(batch), 2))
             self.stored.extend(batch)
 
+    def sync(self) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 
@@ -180,7 +183,9 @@ def test_partly_replayed_spill_is_not_delivered_twice(
     assert writer.stored == records(15, 5)
 
 
-def test_torn_spill_tail_is_cut_on_adoption(settings: EventLogSettings, writer: MemoryWriter) -> None:
+def test_torn_spill_tail_is_cut_on_adoption(
+    settings: EventLogSettings, writer: MemoryWriter
+) -> None:
     spill = SpillFile.create(settings.spill_path, settings.spill_max_bytes)
     spill.append(records(3))
     path = spill.path
