@@ -31,10 +31,18 @@ def _base_config(settings: EventLogSettings) -> dict[str, Any]:
 
 
 def ensure_topic(settings: EventLogSettings, timeout_s: float | None = None) -> None:
-    """Creates the topic if it does not exist; raises ``BackendUnavailable`` if the cluster
-    does not answer."""
+    """Creates the topic if the cluster does not have it; raises ``BackendUnavailable`` if
+    the cluster does not answer. A topic that exists is used as it is (created by an
+    operator, possibly with other partitions and retention)."""
     timeout = settings.send_timeout_s if timeout_s is None else timeout_s
     admin = AdminClient(_base_config(settings))
+    try:
+        metadata = admin.list_topics(topic=settings.topic, timeout=timeout)
+    except KafkaException as exc:
+        raise BackendUnavailable(f"kafka: metadata: {exc}") from exc
+    found = metadata.topics.get(settings.topic)
+    if found is not None and found.error is None:
+        return
     topic = NewTopic(
         settings.topic,
         num_partitions=settings.kafka_partitions,

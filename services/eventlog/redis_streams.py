@@ -206,13 +206,15 @@ class RedisStreamConsumer:
                 entries = reply[0][1] if reply else []
                 if entries or time.monotonic() >= deadline:
                     return self._records(entries)
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                self._ready = False
-            raise BackendUnavailable(f"redis: {exc}") from exc
         except (redis.RedisError, OSError) as exc:
-            self._ready = False
+            self._lost_contact()
             raise BackendUnavailable(f"redis: {exc}") from exc
+
+    def _lost_contact(self) -> None:
+        """After an error: check the group again and re-read this consumer's pending entries
+        (what was polled but not acknowledged), as after a restart."""
+        self._ready = False
+        self._pel_cursor = b"0"
 
     def _claim(self, max_records: int) -> list[Record]:
         reply = self._client.xautoclaim(
@@ -240,6 +242,7 @@ class RedisStreamConsumer:
                     pipe.xack(self._stream, self.group, *self._polled[i : i + 1000])
                 pipe.execute()
             except (redis.RedisError, OSError) as exc:
+                self._lost_contact()
                 raise BackendUnavailable(f"redis: {exc}") from exc
             self._polled = []
         now = time.monotonic()
