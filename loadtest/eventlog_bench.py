@@ -11,7 +11,9 @@ needs ``make test-brokers``) it measures, on a realistic ``DecisionEvent``:
 - background: CPU per event of every other thread of the process at that rate (the sender
   thread, the client library's threads), from /proc/self/task/*/schedstat;
 - total: append + background, what emitting costs the gateway process per decision;
-- throughput: events per second appended in a burst and delivered (``flush``).
+- throughput: events per second appended in a burst and delivered (``flush``);
+- delivery latency: from ``append`` to a consumer's ``poll`` returning the event, p50 and p99,
+  at the paced rate on a fresh topic (producer and consumer in this process).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +35,13 @@ from prometheus_client import CollectorRegistry
 from fraud.v1 import events_pb2, scoring_pb2
 from loadtest.brokers import KafkaBroker, RedisServer
 from services.common import featurespec
-from services.eventlog import EventLogMetrics, EventLogSettings, events, open_producer
+from services.eventlog import (
+    EventLogMetrics,
+    EventLogSettings,
+    events,
+    open_consumer,
+    open_producer,
+)
 
 _FEATURES = [float(i) * 1.5 for i in range(len(featurespec.MODEL_FEATURES))]
 _SCHEMA = events.feature_schema_id(featurespec.MODEL_FEATURES)
@@ -75,6 +84,8 @@ class Result:
     background_us: float
     throughput: float
     event_bytes: int
+    latency_p50_ms: float
+    latency_p99_ms: float
 
     @property
     def total_us(self) -> float:
@@ -112,6 +123,45 @@ def paced(rate: float, seconds: float, work: Callable[[int], object]) -> tuple[i
     return n, inside, other_threads_cpu_s() - others
 
 
+def delivery_latency(settings: EventLogSettings, rate: float, seconds: float) -> list[float]:
+    """Seconds from append to poll of every event appended at ``rate`` on a fresh topic."""
+    settings = settings.model_copy(update={"topic": f"{settings.topic}-latency"})
+    producer = open_producer(settings, EventLogMetrics(CollectorRegistry()))
+    consumer = open_consumer(settings, "latency")
+    latencies: list[float] = []
+    expected = int(rate * seconds) + 1
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set() and len(latencies) < expected:
+            for record in consumer.poll(500, 0.1):
+                sent = record.envelope().decision.decided_at.ToNanoseconds()
+                latencies.append((time.time_ns() - sent) / 1e9)
+
+    try:
+        producer.append(build_event(0))  # the first one waits for the group to form
+        reader = threading.Thread(target=consume, name="latency-consumer")
+        reader.start()
+        deadline = time.monotonic() + 120
+        while not latencies and time.monotonic() < deadline:
+            time.sleep(0.05)
+        latencies.clear()
+        expected -= 1
+        paced(rate, seconds, lambda i: producer.append(build_event(i)))
+        reader.join(60)
+    finally:
+        stop.set()
+        producer.close()
+        consumer.close()
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
 def measure(settings: EventLogSettings, rate: float, seconds: float, burst: int) -> Result:
     """The figures of one backend (see the module docstring)."""
     prebuilt = [build_event(i) for i in range(2000)]
@@ -143,6 +193,7 @@ def measure(settings: EventLogSettings, rate: float, seconds: float, burst: int)
             raise RuntimeError(f"{settings.backend}: spilled or dropped during the run: {stats}")
     finally:
         producer.close()
+    latencies = delivery_latency(settings, rate, seconds)
     return Result(
         settings.backend,
         build_us,
@@ -150,6 +201,8 @@ def measure(settings: EventLogSettings, rate: float, seconds: float, burst: int)
         background_us,
         throughput,
         len(prebuilt[0].SerializeToString()),
+        percentile(latencies, 0.5) * 1e3,
+        percentile(latencies, 0.99) * 1e3,
     )
 
 
@@ -185,13 +238,14 @@ def markdown(results: list[Result], rate: float) -> str:
     """The results as a Markdown table."""
     lines = [
         f"| backend | build µs | append µs (caller) | background µs/event at {rate:.0f}/s "
-        "| total µs/event | burst events/s | event bytes |",
-        "|---|---|---|---|---|---|---|",
+        "| total µs/event | burst events/s | append→poll p50 / p99 ms | event bytes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.backend} | {r.build_us:.1f} | {r.append_us:.1f} | {r.background_us:.1f} "
-            f"| {r.total_us:.1f} | {r.throughput:,.0f} | {r.event_bytes} |"
+            f"| {r.total_us:.1f} | {r.throughput:,.0f} "
+            f"| {r.latency_p50_ms:.1f} / {r.latency_p99_ms:.1f} | {r.event_bytes} |"
         )
     return "\n".join(lines)
 

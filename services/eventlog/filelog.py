@@ -436,7 +436,9 @@ class FileLogConsumer:
                 self._pos = self._seg_next
                 return self._read(max_records)
             return []
-        chunk = os.pread(self._seg_fd, min(_CHUNK, limit - rel), rel)
+        # Enough for max_records typical events; a longer frame is read whole below.
+        want = max(64 * 1024, max_records * 1024) if max_records > 0 else _CHUNK
+        chunk = os.pread(self._seg_fd, min(_CHUNK, want, limit - rel), rel)
         frames, stop = framing.decode(chunk, max_records=max_records)
         if not frames:
             chunk = self._whole_frame(rel, limit)

@@ -149,7 +149,7 @@ class RedisStreamConsumer:
         self._ready = False
         self._pel_cursor: bytes | None = b"0"
         self._polled: list[bytes] = []
-        self._last_claim = time.monotonic()
+        self._last_claim = float("-inf")  # claim on the first poll: a restart may follow a crash
         self._claim_cursor = b"0-0"
         self._last_trim = 0.0
 
@@ -188,7 +188,9 @@ class RedisStreamConsumer:
                     return self._records(entries)
                 self._pel_cursor = None
             now = time.monotonic()
-            if now - self._last_claim >= _CLAIM_INTERVAL_S:
+            if now - self._last_claim >= min(
+                _CLAIM_INTERVAL_S, self._settings.redis_claim_idle_ms / 2e3
+            ):
                 self._last_claim = now
                 claimed = self._claim(max_records)
                 if claimed:

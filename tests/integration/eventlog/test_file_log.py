@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.eventlog import (
+    CorruptLogError,
     EventLogMetrics,
     EventLogSettings,
     GroupBusyError,
@@ -136,3 +137,18 @@ def test_one_live_consumer_per_group(settings: EventLogSettings) -> None:
     with open_consumer(settings, "g"), pytest.raises(GroupBusyError):
         open_consumer(settings, "g")
     open_consumer(settings, "g").close()
+
+
+def test_damage_below_the_acknowledged_end_is_reported(settings: EventLogSettings) -> None:
+    writer = FileLogWriter(settings)
+    writer.write([(b"k", decision(i).SerializeToString()) for i in range(10)])
+    writer.close()
+    segment = active_segment(settings)
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    with open_consumer(settings, "g") as consumer:
+        good = consumer.poll(100, 1.0)
+        assert 0 < len(good) < 10
+        with pytest.raises(CorruptLogError):
+            consumer.poll(100, 1.0)

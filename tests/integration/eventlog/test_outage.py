@@ -103,50 +103,6 @@ def test_sigterm_during_an_outage_loses_nothing(
     assert_complete(settings, 1000)
 
 
-@pytest.mark.redis
-def test_redis_trimming_never_drops_unconsumed_entries(
-    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
-) -> None:
-    import redis
-
-    make = settings_factory(request, "redis", tmp_path)
-    settings = make()
-    settings = make(
-        topic=settings.topic,
-        groups=(f"{settings.topic}-fast", f"{settings.topic}-slow"),
-        redis_max_len=100,
-        redis_trim_interval_s=0,
-    )
-    fast_group, slow_group = settings.groups
-    client = redis.Redis.from_url(settings.redis_url)
-    producer = open_producer(settings, EventLogMetrics(CollectorRegistry()))
-    append(producer, 0, 500)
-    producer.close()
-
-    with open_consumer(settings, fast_group) as fast:
-        assert len(drain(fast, 500)) == 500
-        fast.commit()
-    assert client.xlen(settings.topic) == 500, "slow has not read anything: nothing trimmed"
-
-    with open_consumer(settings, slow_group) as slow:
-        first = drain(slow, 300)
-        slow.commit()
-        assert client.xlen(settings.topic) == 200, "trimmed up to what slow acknowledged"
-        pending = slow.poll(100, 1.0)
-        assert len(pending) == 100
-        with open_consumer(settings, fast_group) as fast:
-            fast.commit()  # a trimming pass while slow has 100 delivered, unacknowledged
-        assert client.xlen(settings.topic) == 200, "pending entries are not trimmed"
-    # slow crashed without acknowledging: a restart gets its pending entries again
-    with open_consumer(settings, slow_group) as slow:
-        rest = drain(slow, 200)
-        slow.commit()
-    ids = [event_id(r) for r in first + rest]
-    assert ids == [f"e{i}" for i in range(500)]
-    assert client.xlen(settings.topic) == 0
-    client.close()
-
-
 @pytest.mark.kafka
 def test_kafka_outage_spills_and_delivers_everything(
     request: pytest.FixtureRequest, kafka_broker: KafkaBroker, tmp_path: Path
