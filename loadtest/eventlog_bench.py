@@ -7,7 +7,7 @@ needs ``make test-brokers``) it measures, on a realistic ``DecisionEvent``:
 
 - build: CPU to fill the event (the gateway's work, shown for scale);
 - append: CPU on the caller's thread per ``Producer.append`` (serialize + enqueue), at a paced
-  rate: what the gateway's event loop pays per decision;
+  rate (the median of ``--repeat`` runs): what the gateway's event loop pays per decision;
 - background: CPU per event of every other thread of the process at that rate (the sender
   thread, the client library's threads), from /proc/self/task/*/schedstat;
 - total: append + background, what emitting costs the gateway process per decision;
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -162,7 +163,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def measure(settings: EventLogSettings, rate: float, seconds: float, burst: int) -> Result:
+def measure(
+    settings: EventLogSettings, rate: float, seconds: float, burst: int, repeat: int = 3
+) -> Result:
     """The figures of one backend (see the module docstring)."""
     prebuilt = [build_event(i) for i in range(2000)]
     t0 = time.thread_time()
@@ -176,11 +179,18 @@ def measure(settings: EventLogSettings, rate: float, seconds: float, burst: int)
             producer.append(event)
         if not producer.flush(60):
             raise RuntimeError(f"{settings.backend}: warm-up not delivered: {producer.stats}")
-        n, inside, background = paced(rate, seconds, lambda i: producer.append(prebuilt[i % 2000]))
-        if not producer.flush(60):
-            raise RuntimeError(f"{settings.backend}: paced events not delivered")
-        append_us = inside / n * 1e6
-        background_us = background / n * 1e6
+        # The machine is shared: the median of a few paced runs is steadier than one.
+        appends, backgrounds = [], []
+        for _ in range(repeat):
+            n, inside, background = paced(
+                rate, seconds, lambda i: producer.append(prebuilt[i % 2000])
+            )
+            if not producer.flush(60):
+                raise RuntimeError(f"{settings.backend}: paced events not delivered")
+            appends.append(inside / n * 1e6)
+            backgrounds.append(background / n * 1e6)
+        append_us = statistics.median(appends)
+        background_us = statistics.median(backgrounds)
 
         start = time.perf_counter()
         for i in range(burst):
@@ -257,6 +267,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=400.0, help="paced appends per second")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the paced run")
     parser.add_argument("--burst", type=int, default=50_000, help="events of the burst")
+    parser.add_argument("--repeat", type=int, default=3, help="paced runs (median reported)")
     parser.add_argument(
         "--file-fsync", default=None, choices=("batch", "interval", "never"), help="file log"
     )
@@ -271,7 +282,7 @@ def main() -> None:
             if backend == "file" and args.file_fsync is not None:
                 overrides["file_fsync"] = args.file_fsync
             with backend_settings(backend, Path(tmp) / backend, **overrides) as settings:
-                result = measure(settings, args.rate, args.seconds, args.burst)
+                result = measure(settings, args.rate, args.seconds, args.burst, args.repeat)
             results.append(result)
             print(f"{backend}: {result}", flush=True)
     print(markdown(results, args.rate))

@@ -104,34 +104,66 @@ def trim(client: SyncRedis, settings: EventLogSettings) -> int:
 
 
 class RedisStreamWriter:
-    """Adds batches to the stream in one pipelined round trip."""
+    """Adds batches to the stream in one round trip on a connection of its own.
+
+    The commands are packed and their replies read on the connection directly rather than
+    through a redis-py pipeline: the sender thread writes a small batch every few ms, and
+    the pipeline's machinery cost about twice the CPU per batch (measured).
+    """
 
     def __init__(self, settings: EventLogSettings) -> None:
         self._settings = settings
         self._client = _client(settings, settings.send_timeout_s)
+        self._conn: Any = None
         self._ready = False
 
     def write(self, batch: Sequence[KeyValue]) -> None:
-        """XADDs the batch in order; raises ``BackendUnavailable`` if Redis does not answer."""
+        """XADDs the batch in order; raises ``BackendUnavailable`` if Redis does not answer,
+        naming the entries Redis refused (an error reply) when it answered."""
         stream = self._settings.topic
         try:
             if not self._ready:
                 ensure_groups(self._client, stream, self._settings.groups)
                 self._ready = True
-            pipe = self._client.pipeline(transaction=False)
-            for key, value in batch:
-                pipe.xadd(stream, {KEY_FIELD: key, VALUE_FIELD: value})
-            pipe.execute()
+            if self._conn is None:
+                self._conn = self._client.connection_pool.get_connection()
+            conn = self._conn
+            conn.send_packed_command(
+                conn.pack_commands(
+                    [
+                        ("XADD", stream, "*", KEY_FIELD, key, VALUE_FIELD, value)
+                        for key, value in batch
+                    ]
+                )
+            )
+            refused: list[int] = []
+            error: redis.ResponseError | None = None
+            for i in range(len(batch)):
+                try:
+                    conn.read_response()
+                except redis.ResponseError as exc:  # e.g. OOM: the other replies still come
+                    refused.append(i)
+                    error = exc
         except (redis.RedisError, OSError) as exc:
             # After a restart without persistence the stream and its groups are gone.
             self._ready = False
+            self._drop_connection()
             raise BackendUnavailable(f"redis: {exc}") from exc
+        if refused:
+            raise BackendUnavailable(f"redis: {error}", failed=refused)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._client.connection_pool.release(self._conn)
+            self._conn = None
 
     def sync(self) -> None:
         """Nothing to do: Redis persists by its own configuration."""
 
     def close(self) -> None:
-        """Closes the connection pool."""
+        """Closes the connections."""
+        self._drop_connection()
         self._client.close()
 
 

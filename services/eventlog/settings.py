@@ -126,7 +126,7 @@ class EventLogSettings(BaseSettings):
         1000, ge=1, description="Most events written to the backend in one batch."
     )
     linger_ms: float = Field(
-        10.0,
+        20.0,
         ge=0.1,
         description="While events keep coming, the sender sends what has gathered every "
         "linger_ms (one batch each time); after a quiet spell, the first event waits this long "
