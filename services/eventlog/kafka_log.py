@@ -91,10 +91,13 @@ class KafkaWriter:
             ensure_topic(self._settings)
             self._topic_ready = True
         failed: dict[int, str] = {}
+        stored: set[int] = set()
 
         def report(index: int) -> Any:
             def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                if err is not None:
+                if err is None:
+                    stored.add(index)
+                else:
                     failed[index] = err.str()
 
             return on_delivery
@@ -113,8 +116,11 @@ class KafkaWriter:
             # the spill file, not librdkafka's memory, holds them while the cluster is away.
             self._producer.purge(in_queue=True, in_flight=True)
             self._producer.flush(1.0)
+            # A message with no report at all is in doubt: rewriting it may duplicate it;
+            # one acknowledged before the purge is not rewritten.
             for i in range(len(batch)):
-                failed.setdefault(i, "not delivered in time")
+                if i not in stored:
+                    failed.setdefault(i, "not delivered in time")
         if failed:
             first = next(iter(failed.values()))
             raise BackendUnavailable(
