@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 install: $(VENV)/.installed ## Create .venv and install the project
 
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv) if missing
+system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven) if missing
 	bash scripts/system-deps.sh
 
 .PHONY: tools
@@ -97,8 +97,12 @@ k8s-check: install tools ## Build every k8s overlay; strict schemas, kube-score,
 images: data ## Build the container image with buildah (no Docker engine) and smoke-test it
 	VAR_DIR=$(VAR) bash scripts/images.sh
 
+.PHONY: test-brokers
+test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tests run (build/kafka)
+	bash scripts/test-brokers.sh
+
 .PHONY: test
-test: system install tools check-gen lint k8s-check ## Set up and run every test
+test: system install tools check-gen lint k8s-check test-brokers ## Set up and run every test
 	go test ./...
 	$(VENV)/bin/pytest -ra tests
 

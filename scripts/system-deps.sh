@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the system programs the tests start are present: redis-server (Redis online
-# store and its tests) and util-linux setpriv (how the mesh launches its children). Missing
+# store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
+# (the Kafka broker of the event-log tests). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -9,6 +10,8 @@ set -euo pipefail
 declare -A wanted=(
   [redis-server]=redis-server
   [setpriv]=util-linux
+  [java]=openjdk-17-jre-headless
+  [mvn]=maven
 )
 
 missing=()

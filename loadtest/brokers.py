@@ -1,0 +1,192 @@
+"""Event-log brokers as local processes for tests and benchmarks: redis-server and a Kafka 4.x
+broker in KRaft mode from the Maven Central jars that ``make test-brokers`` puts in build/kafka.
+
+Both run on 127.0.0.1 ports and a data folder of their own, can be stopped and started again
+on the same ports and data (an outage and a recovery), and are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.mesh import Process, free_port, tcp_open
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_LIBS = REPO / "build" / "kafka" / "libs"
+"""Where scripts/test-brokers.sh puts the broker's jars."""
+
+_JVM_FLAGS = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseSerialGC",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+)
+
+
+def kafka_available() -> bool:
+    """True when Java and the broker jars are installed."""
+    return shutil.which("java") is not None and any(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
+
+
+@dataclass
+class RedisServer:
+    """A redis-server with an append-only file, so that a restart keeps the streams."""
+
+    root: Path
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    process: Process | None = None
+
+    @property
+    def url(self) -> str:
+        """redis:// URL of the server."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Starts the server (again) on its port and data folder; returns once it accepts."""
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not installed: run `make test-brokers`")
+        data = self.root / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(data),
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--protected-mode", "yes",
+        ]  # fmt: skip
+        self.process = Process(
+            "redis",
+            argv,
+            ready=lambda: tcp_open(self.host, self.port),
+            log_path=self.root / "redis.log",
+        )
+        self.process.start()
+        self.process.wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        """SIGTERM (redis writes its append-only file), then SIGKILL if it will not go."""
+        if self.process is not None:
+            self.process.stop()
+
+
+@dataclass
+class KafkaBroker:
+    """One Kafka broker that is also its own KRaft controller."""
+
+    root: Path
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    controller_port: int = field(default_factory=free_port)
+    process: Process | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """bootstrap.servers of the broker."""
+        return f"{self.host}:{self.port}"
+
+    def _properties(self) -> Path:
+        data = self.root / "data"
+        path = self.root / "server.properties"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{self.host}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(data),
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            # One broker: every internal topic with one replica, and few partitions so that
+            # the first consumer group starts in well under a second.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        return path
+
+    def _java(self, *args: str) -> list[str]:
+        java = shutil.which("java")
+        if java is None or not kafka_available():
+            raise RuntimeError("Java or the Kafka broker jars are missing: run `make test-brokers`")
+        return [java, *_JVM_FLAGS, "-cp", f"{KAFKA_LIBS}/*", *args]
+
+    def format(self) -> None:
+        """Writes server.properties and formats the storage (once per data folder)."""
+        properties = self._properties()
+        if (self.root / "data" / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        subprocess.run(
+            self._java(
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(properties),
+            ),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Starts the broker (again) on its ports and data; returns once it answers metadata."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.format()
+        self.process = Process(
+            "kafka",
+            self._java("kafka.Kafka", str(self.root / "server.properties")),
+            ready=self._ready,
+            log_path=self.root / "broker.log",
+        )
+        self.process.start()
+        self.process.wait_ready(timeout_s)
+
+    def _ready(self) -> bool:
+        if not tcp_open(self.host, self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+        except Exception:
+            return False
+        return bool(metadata.brokers)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM (a clean shutdown), then SIGKILL if it will not go."""
+        if self.process is not None:
+            self.process.stop(timeout_s)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Polls ``predicate()`` until it is true or ``timeout_s`` passes; returns the last result."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
