@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from services.mesh import Process, free_port, tcp_open
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +52,7 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     def start(self, timeout_s: float = 30.0) -> None:
-        """Starts the server (again) on its port and data folder; returns once it accepts."""
+        """Starts the server (again) on its port and data folder; returns once it answers."""
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed: run `make test-brokers`")
         data = self.root / "data"
@@ -68,11 +70,24 @@ class RedisServer:
         self.process = Process(
             "redis",
             argv,
-            ready=lambda: tcp_open(self.host, self.port),
+            ready=self._answers,
             log_path=self.root / "redis.log",
         )
         self.process.start()
         self.process.wait_ready(timeout_s)
+
+    def _answers(self) -> bool:
+        """True once the server answers PING: a restarted server accepts connections while it
+        still loads its append-only file, and answers every command LOADING until done."""
+        if not tcp_open(self.host, self.port):
+            return False
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """SIGTERM (redis writes its append-only file), then SIGKILL if it will not go."""
