@@ -28,6 +28,14 @@ class ServerSettings(BaseSettings):
         description="On SIGTERM: how long to report NOT_SERVING before refusing new calls, "
         "so that Envoy's health checks route around the instance first.",
     )
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request message accepted; larger ones are RESOURCE_EXHAUSTED.",
+    )
+    max_response_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest response message the server sends."
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Prometheus /metrics port; unset disables it."
     )
