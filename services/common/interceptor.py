@@ -70,6 +70,11 @@ async def _abort_for(error: BaseException, context: grpc.aio.ServicerContext, me
         await context.abort_with_status(
             _status_for(InvalidArgument("request", "is not a valid message of this method"))
         )
+    code = context.code()
+    if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK:
+        # The servicer set its status before raising, as generated stubs of methods it does
+        # not implement do (UNIMPLEMENTED, then NotImplementedError): keep that status.
+        await context.abort(code, _capped(str(context.details() or "")))
     # Unknown failures are bugs: log them whole, tell the client nothing internal.
     log.error("unhandled error", exc_info=error, extra={"method": method})
     await context.abort(grpc.StatusCode.INTERNAL, "internal error")
@@ -153,11 +158,22 @@ def _streamed_request(behavior: _Behavior, method: str) -> _Behavior:
 
 def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     """The handler with the runtime's decoding and error mapping around its behavior."""
-    if not (
-        inspect.iscoroutinefunction(_behavior_of(handler))
-        or inspect.isasyncgenfunction(_behavior_of(handler))
-    ):
-        # A synchronous behavior runs in grpcio's thread pool: left as grpcio serves it.
+    behavior = _behavior_of(handler)
+    if handler.unary_unary is not None and not inspect.iscoroutinefunction(behavior):
+        # A synchronous unary behavior (an unimplemented method of a generated base class,
+        # say): the aio server would call it inline on the loop; so does the wrapper.
+        sync = handler.unary_unary
+
+        async def run_inline(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return sync(request, context)
+
+        handler = grpc.unary_unary_rpc_method_handler(
+            run_inline,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    elif not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+        # A synchronous streaming behavior: left as grpcio serves it.
         return handler
     if handler.unary_unary is not None or handler.unary_stream is not None:
         decode = RequestDecoder.for_deserializer(handler.request_deserializer)

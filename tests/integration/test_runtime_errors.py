@@ -204,3 +204,11 @@ async def test_reflection_resolves_the_method_symbol(channel: grpc.aio.Channel) 
     reply = await stream.read()
     await stream.done_writing()
     assert reply.HasField("file_descriptor_response"), reply
+
+
+async def test_a_method_the_servicer_does_not_implement(channel: grpc.aio.Channel) -> None:
+    # grpcio's asyncio health servicer inherits a synchronous List that says UNIMPLEMENTED.
+    error = await _raw(channel, "/grpc.health.v1.Health/List", b"")
+    assert error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED
+    error = await _raw(channel, "/grpc.health.v1.Health/List", b"\x00")
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
