@@ -182,7 +182,9 @@ def up(
         console.print("serving; a child that dies is restarted; Ctrl-C stops everything")
         supervisor.run(stop)
     except CrashLoop as error:
-        console.print(f"[red]{error}; stopping everything[/red]\n{error.log_tail}")
+        console.print(f"[red]{error}; stopping everything[/red]")
+        # The child's own lines, unwrapped and uninterpreted (they are JSON, not markup).
+        console.print(error.log_tail, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from error
     finally:
         with console.status("stopping …"):
