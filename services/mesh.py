@@ -440,7 +440,10 @@ class Mesh:
         with self._lock:
             self._stopping = True
         order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
-        order += ["features", "scorer", "redis"]
+        backends = ["features", "scorer", "redis"]
+        # Any other child (added by a later component) stops before the backends it may use.
+        order += [n for n in self.processes if n not in order and n not in backends]
+        order += backends
         for name in order:
             if name in self.processes:
                 self.processes[name].stop()
