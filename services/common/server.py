@@ -33,12 +33,15 @@ SERVER_OPTIONS: Sequence[tuple[str, int]] = (
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
-    """SERVER_OPTIONS plus the service's message size limits: a larger request is answered
-    RESOURCE_EXHAUSTED by grpcio before it is decoded."""
+    """SERVER_OPTIONS plus the service's size limits: a larger request message is answered
+    RESOURCE_EXHAUSTED by grpcio before it is decoded. grpcio's metadata limit is soft below
+    the absolute one (random refusals in between): both are set to the same bound."""
     return [
         *SERVER_OPTIONS,
         ("grpc.max_receive_message_length", settings.max_request_bytes),
         ("grpc.max_send_message_length", settings.max_response_bytes),
+        ("grpc.max_metadata_size", settings.max_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", settings.max_metadata_bytes),
     ]
 
 

@@ -33,6 +33,12 @@ class ServerSettings(BaseSettings):
         ge=1024,
         description="Largest request message accepted; larger ones are RESOURCE_EXHAUSTED.",
     )
+    max_metadata_bytes: int = Field(
+        64 * 1024,
+        ge=8 * 1024,
+        description="Largest request header block (metadata) accepted; above Envoy's 60 KiB "
+        "limit, so what the edge forwards is never refused mid-path by a reset.",
+    )
     max_response_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest response message the server sends."
     )

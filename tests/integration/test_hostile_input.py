@@ -81,6 +81,16 @@ def test_generated_hostile_calls_through_envoy_get_clear_statuses(
     assert response.scored_by == pb.SCORED_BY_MODEL
 
 
+def test_large_metadata_through_envoy_is_served(hostile_mesh: Mesh, known: Known) -> None:
+    # Up to Envoy's header limit (60 KiB) the services accept what the edge forwards; a
+    # larger header block is refused by Envoy's HTTP/2 codec (docs/security.md).
+    sample = client.Sample("metadata", known.card_id, known.merchant_id, known.amount_minor)
+    with grpc.insecure_channel(hostile_mesh.config.envoy_target) as channel:
+        stub = channel.unary_unary("/fraud.v1.FraudScoring/Score")
+        for size in (9_000, 20_000, 40_000):
+            stub(sample.request().SerializeToString(), timeout=2, metadata=[("x-note", "n" * size)])
+
+
 def _served_unary_methods(target: str) -> list[str]:
     """Paths of every unary method of every service ``target`` lists through reflection."""
     with grpc.insecure_channel(target) as channel:

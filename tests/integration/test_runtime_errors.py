@@ -212,3 +212,14 @@ async def test_a_method_the_servicer_does_not_implement(channel: grpc.aio.Channe
     assert error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED
     error = await _raw(channel, "/grpc.health.v1.Health/List", b"\x00")
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_metadata_is_bounded_at_one_clear_limit(channel: grpc.aio.Channel) -> None:
+    call = channel.unary_unary("/fraud.v1.FraudScoring/Score")
+    data = _valid().SerializeToString()
+    # Below the limit (and above grpcio's default soft limit of 8 KiB): always served.
+    for _ in range(5):
+        await call(data, timeout=5, metadata=[("x-note", "n" * 20_000)])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(data, timeout=5, metadata=[("x-note", "n" * 70_000)])
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
