@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -49,11 +50,62 @@ class Sample:
         )
 
 
-def score(target: str, request: pb.ScoreRequest, timeout_s: float = 0.042) -> pb.ScoreResponse:
+@dataclass(frozen=True)
+class Credentials:
+    """How to reach a secured edge: TLS (with a CA, optionally a client certificate for
+    mutual TLS) and a bearer token. The default is plaintext without a token."""
+
+    tls: bool = False
+    ca_path: Path | None = None
+    """CA bundle that signed the edge's certificate; unset: the system's roots."""
+    cert_path: Path | None = None
+    """Client certificate (PEM) for mutual TLS."""
+    key_path: Path | None = None
+    """Private key of the client certificate."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent as ``authorization`` metadata; never printed."""
+    server_name: str | None = None
+    """Name to verify the edge's certificate against, when the target's host differs."""
+
+    def __post_init__(self) -> None:
+        if (self.cert_path is None) != (self.key_path is None):
+            raise ValueError("a client certificate needs both cert_path and key_path")
+        if not self.tls and (self.ca_path or self.cert_path or self.server_name):
+            raise ValueError("CA, client certificate and server name need tls=True")
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the bearer token, if any."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def channel(self, target: str) -> grpc.Channel:
+        """A blocking channel to ``target`` with these credentials."""
+        if not self.tls:
+            return grpc.insecure_channel(target)
+        secure = grpc.ssl_channel_credentials(
+            root_certificates=self.ca_path.read_bytes() if self.ca_path else None,
+            private_key=self.key_path.read_bytes() if self.key_path else None,
+            certificate_chain=self.cert_path.read_bytes() if self.cert_path else None,
+        )
+        options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+        return grpc.secure_channel(target, secure, options=options)
+
+
+PLAINTEXT = Credentials()
+"""No TLS, no token: the mesh's default edge."""
+
+
+def score(
+    target: str,
+    request: pb.ScoreRequest,
+    timeout_s: float = 0.042,
+    credentials: Credentials = PLAINTEXT,
+) -> pb.ScoreResponse:
     """Sends one Score call; raises grpc.RpcError on a non-OK status."""
-    with grpc.insecure_channel(target) as channel:
+    with credentials.channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=5)
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=timeout_s)
+        return pb_grpc.FraudScoringStub(channel).Score(
+            request, timeout=timeout_s, metadata=credentials.metadata()
+        )
 
 
 def scored_by(response: pb.ScoreResponse) -> str:

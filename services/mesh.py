@@ -1,6 +1,8 @@
 """Starts, watches and stops the mesh's processes: redis-server, the services and Envoy.
 
 Used by ``fraudmesh up`` and by the integration tests, so both run the mesh the same way.
+``Supervisor`` restarts a child that dies (``fraudmesh up`` runs one); explicit restarts
+(``Mesh.restart``, the fault matrix) and deliberate stops are never fought over.
 Every child gets its own process group and dies with its parent (PR_SET_PDEATHSIG), so
 nothing is left behind even if the parent is killed. The death signal and the start-up
 niceness are set by exec'ing through util-linux ``setpriv`` and coreutils ``nice`` rather
@@ -17,9 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -27,8 +31,9 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common import envoy
-from services.common.settings import ServerSettings, to_env
+from services.common import edge_security, envoy
+from services.common.edge_security import EdgeSettings
+from services.common.settings import ServerSettings, from_mapping, to_env
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
@@ -110,6 +115,8 @@ class Process:
     env: Mapping[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     popen: subprocess.Popen[bytes] | None = None
+    expected: bool = False
+    """True from start() to stop(): an exit in between is a crash."""
 
     @property
     def pid(self) -> int | None:
@@ -126,6 +133,7 @@ class Process:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        self.expected = True
         try:
             self.popen = subprocess.Popen(
                 [*_launch_prefix(), *self.argv],
@@ -152,12 +160,12 @@ class Process:
                     f"{self.name} exited with {self.returncode()}\n{self.log_tail()}"
                 )
             if self.ready():
-                self._normal_priority()
+                self.normal_priority()
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
 
-    def _normal_priority(self) -> None:
+    def normal_priority(self) -> None:
         """Back to the parent's niceness once serving (lowering niceness needs root or
         CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
         assert self.popen is not None
@@ -173,8 +181,15 @@ class Process:
             assert self.popen is not None
             self.popen.send_signal(sig)
 
+    def kill(self) -> None:
+        """SIGKILL and reap, without marking the exit as intended (a hung child)."""
+        if self.popen is not None and self.alive():
+            self.popen.kill()
+            self.popen.wait(5)
+
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGTERM, wait, then SIGKILL if it will not go; returns the exit status."""
+        self.expected = False
         if self.popen is None:
             return None
         if self.alive():
@@ -214,6 +229,8 @@ class MeshConfig:
     """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    edge: EdgeSettings | None = None
+    """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
@@ -241,6 +258,15 @@ class MeshConfig:
     def envoy_target(self) -> str:
         """host:port clients call."""
         return f"{self.host}:{self.envoy_port}"
+
+    def edge_settings(self) -> EdgeSettings:
+        """The edge's security settings, with the request bound matched to the gateway's."""
+        edge = self.edge or EdgeSettings(var_dir=self.var_dir)
+        if "max_request_bytes" in edge.model_fields_set:
+            return edge
+        gateway = from_mapping(GatewaySettings, self.service_env())
+        # The body Envoy sees is the message plus gRPC's 5-byte frame header.
+        return edge.model_copy(update={"max_request_bytes": gateway.max_request_bytes + 5})
 
     def service_env(self) -> dict[str, str]:
         """Environment that points every service at this mesh's ports and state."""
@@ -315,28 +341,66 @@ class Mesh:
                 log_path=logs / f"{name}.log",
             )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
+        self.edge = c.edge_settings()
         self.processes["envoy"] = Process(
             "envoy",
             envoy.envoy_command(envoy_config),
-            ready=lambda: grpc_serving(c.envoy_target),
+            ready=self._envoy_ready,
             log_path=logs / "envoy.log",
         )
         self._envoy_config = envoy_config
+        self._lock = threading.Lock()
+        self._held: set[str] = set()
+        self._stopping = False
+
+    def _envoy_ready(self) -> bool:
+        """Plaintext: the edge answers health with SERVING. With TLS the mesh holds no client
+        credentials of its own, so it asks Envoy's admin API instead: Envoy is ready and
+        every gateway host passes its health checks."""
+        c = self.config
+        if not self.edge.tls:
+            return grpc_serving(c.envoy_target)
+        admin = f"http://{c.host}:{c.admin_port}"
+        return http_ok(f"{admin}/ready") and self._gateways_healthy()
+
+    def _gateways_healthy(self) -> bool:
+        url = f"http://{self.config.host}:{self.config.admin_port}/clusters"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return False
+        flags = [line for line in text.splitlines() if "::health_flags::" in line]
+        return bool(flags) and all(line.endswith("::health_flags::healthy") for line in flags)
+
+    @contextlib.contextmanager
+    def held(self, name: str) -> Iterator[None]:
+        """Keeps the supervisor's hands off ``name`` while the caller stops or starts it."""
+        with self._lock:
+            self._held.add(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.discard(name)
 
     def start(self, timeout_s: float = 60.0, on_ready: Callable[[str], None] | None = None) -> None:
         """Starts everything in order and waits for each to be ready; stops all on failure."""
         c = self.config
+        with self._lock:
+            self._stopping = False
+        self.edge.check_files()
         self._envoy_config.parent.mkdir(parents=True, exist_ok=True)
-        self._envoy_config.write_text(
-            envoy.render_config(
-                listen_port=c.envoy_port,
-                admin_port=c.admin_port,
-                gateway_port=c.gateway_port,
-                extra_gateway_ports=c.extra_gateway_ports,
-                rate_limit_rps=c.rate_limit_rps,
-                access_log_path=str(c.logs_path / "envoy-access.log"),
-            )
+        rendered = envoy.render_config(
+            listen_port=c.envoy_port,
+            admin_port=c.admin_port,
+            gateway_port=c.gateway_port,
+            extra_gateway_ports=c.extra_gateway_ports,
+            rate_limit_rps=c.rate_limit_rps,
+            access_log_path=str(c.logs_path / "envoy-access.log"),
         )
+        # Written once: a restarted Envoy reads the same file, so its ports never change.
+        self._envoy_config.write_text(edge_security.apply(rendered, self.edge))
         try:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
             for group in (("redis",), ("features", "scorer"), gateways, ("envoy",)):
@@ -355,32 +419,31 @@ class Mesh:
         """Stops (if running) and starts one process, waiting until it is ready and, for a
         gateway, until Envoy routes to it again (as an orchestrator's readiness gate would)."""
         process = self.processes[name]
-        process.stop()
-        process.start()
-        process.wait_ready(timeout_s)
+        with self.held(name):
+            process.stop()
+            process.start()
+            process.wait_ready(timeout_s)
         if name.startswith("gateway"):
             self.wait_edge_healthy(timeout_s)
 
     def wait_edge_healthy(self, timeout_s: float = 30.0) -> None:
         """Blocks until Envoy's admin API reports every gateway host healthy."""
-        url = f"http://{self.config.host}:{self.config.admin_port}/clusters"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=1) as reply:
-                    text = reply.read().decode()
-            except OSError:
-                text = ""
-            flags = [line for line in text.splitlines() if "::health_flags::" in line]
-            if flags and all(line.endswith("::health_flags::healthy") for line in flags):
+            if self._gateways_healthy():
                 return
             time.sleep(0.1)
         raise RuntimeError(f"Envoy did not report every gateway healthy within {timeout_s} s")
 
     def stop(self) -> None:
         """Stops every process, front to back: Envoy first, redis-server last."""
+        with self._lock:
+            self._stopping = True
         order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
-        order += ["features", "scorer", "redis"]
+        backends = ["features", "scorer", "redis"]
+        # Any other child (added by a later component) stops before the backends it may use.
+        order += [n for n in self.processes if n not in order and n not in backends]
+        order += backends
         for name in order:
             if name in self.processes:
                 self.processes[name].stop()
@@ -388,3 +451,154 @@ class Mesh:
     def dead(self) -> list[Process]:
         """Processes that were started and have exited."""
         return [p for p in self.processes.values() if p.popen is not None and not p.alive()]
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a supervisor restarts children, and when it gives up."""
+
+    backoff_initial_s: float = 0.5
+    """Wait before the first restart after a crash."""
+    backoff_max_s: float = 15.0
+    """Longest wait between restarts; the wait doubles with each crash in the window."""
+    max_crashes: int = 5
+    """Crashes of one child within ``window_s`` that make the supervisor give up."""
+    window_s: float = 60.0
+    """Crashes older than this are forgotten (and the backoff starts over)."""
+    ready_timeout_s: float = 120.0
+    """A restarted child not ready within this long is killed and counted as a crash."""
+
+    def __post_init__(self) -> None:
+        if self.max_crashes < 1 or self.window_s <= 0 or self.backoff_initial_s < 0:
+            raise ValueError(f"invalid restart policy {self}")
+
+
+class CrashHistory:
+    """One child's recent crashes: the backoff before the next restart, or the verdict that
+    it crashes too often (``max_crashes`` within ``window_s``)."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self._policy = policy
+        self._times: deque[float] = deque()
+
+    def record(self, now: float) -> float | None:
+        """Adds a crash at ``now``; returns seconds to wait before restarting, or None to give up."""
+        p = self._policy
+        self._times.append(now)
+        while self._times and self._times[0] <= now - p.window_s:
+            self._times.popleft()
+        crashes = len(self._times)
+        if crashes >= p.max_crashes:
+            return None
+        return float(min(p.backoff_max_s, p.backoff_initial_s * 2 ** (crashes - 1)))
+
+    def recent(self, now: float) -> int:
+        """Crashes within the window before ``now``."""
+        return sum(1 for t in self._times if t > now - self._policy.window_s)
+
+
+class CrashLoop(RuntimeError):
+    """A child crashed too often; carries its name and its last log lines."""
+
+    def __init__(self, process: Process, crashes: int, window_s: float) -> None:
+        super().__init__(
+            f"{process.name} crashed {crashes} times within {window_s:.0f} s "
+            f"(last exit status {process.returncode()})"
+        )
+        self.process = process
+        self.log_tail = process.log_tail()
+
+
+@dataclass
+class _Child:
+    """What the supervisor knows of one child between ticks."""
+
+    history: CrashHistory
+    restart_at: float | None = None
+    starting_since: float | None = None
+
+
+class Supervisor:
+    """Restarts children of a started mesh that exit while they should run.
+
+    ``tick`` does one round and returns at once: a crashed child is restarted after its
+    backoff, a restarting one is probed until ready (then gets normal priority and
+    ``on_ready`` runs, e.g. to refill a fresh redis-server), and a child that crashes
+    ``max_crashes`` times within ``window_s`` raises ``CrashLoop``. Children stopped on
+    purpose, or held by ``Mesh.restart``, are left alone. Envoy's bootstrap is written once
+    at start, so a restarted Envoy keeps its ports.
+    """
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        policy: RestartPolicy | None = None,
+        on_ready: Callable[[str], None] | None = None,
+        report: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mesh = mesh
+        self.policy = policy or RestartPolicy()
+        self._on_ready = on_ready
+        self._report = report or (lambda _message: None)
+        self._clock = clock
+        self._children = {name: _Child(CrashHistory(self.policy)) for name in mesh.processes}
+        self.restarts: dict[str, int] = dict.fromkeys(mesh.processes, 0)
+
+    def tick(self) -> None:
+        """One round over every child; raises CrashLoop when one crashes too often."""
+        for name, process in self.mesh.processes.items():
+            with self.mesh._lock:
+                if self.mesh._stopping:
+                    return
+                child = self._children[name]
+                if name in self.mesh._held:
+                    # Someone else is restarting it; whatever we were doing is moot.
+                    child.restart_at = child.starting_since = None
+                    continue
+                self._step(name, process, child)
+
+    def _step(self, name: str, process: Process, child: _Child) -> None:
+        now = self._clock()
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restart_at = None
+                child.starting_since = now
+                self.restarts[name] += 1
+                process.start()
+                self._report(f"{name} restarted (pid {process.pid})")
+            return
+        if child.starting_since is not None:
+            if not process.alive():
+                child.starting_since = None
+                self._crashed(name, process, child, now)
+            elif process.ready():
+                process.normal_priority()
+                took = now - child.starting_since
+                child.starting_since = None
+                self._report(f"{name} ready again ({took:.1f} s after its restart)")
+                if self._on_ready is not None:
+                    self._on_ready(name)
+            elif now - child.starting_since > self.policy.ready_timeout_s:
+                self._report(f"{name} not ready {self.policy.ready_timeout_s:.0f} s after restart")
+                child.starting_since = None
+                process.kill()
+                self._crashed(name, process, child, now)
+            return
+        if process.expected and process.popen is not None and not process.alive():
+            self._crashed(name, process, child, now)
+
+    def _crashed(self, name: str, process: Process, child: _Child, now: float) -> None:
+        delay = child.history.record(now)
+        if delay is None:
+            raise CrashLoop(process, child.history.recent(now), self.policy.window_s)
+        child.restart_at = now + delay
+        self._report(
+            f"{name} exited ({process.returncode()}); restarting in {delay:.1f} s "
+            f"({child.history.recent(now)} crash(es) in {self.policy.window_s:.0f} s)"
+        )
+
+    def run(self, stop: threading.Event, interval_s: float = 0.2) -> None:
+        """Ticks until ``stop`` is set; raises CrashLoop."""
+        while not stop.wait(interval_s):
+            self.tick()

@@ -60,13 +60,15 @@ def samples(config: MeshConfig) -> list[client.Sample]:
     ]  # fmt: skip
 
 
-def run(config: MeshConfig, console: Console) -> None:
+def run(
+    config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
+) -> None:
     """Sends every sample through Envoy and prints each answer under what was expected."""
     console.rule("sample transactions through Envoy")
     for sample in samples(config):
         console.print(f"[bold]{sample.label}[/]  (expected: {sample.expect})")
         try:
-            response = client.score(config.envoy_target, sample.request())
+            response = client.score(config.envoy_target, sample.request(), credentials=credentials)
         except grpc.RpcError as error:
             console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
             continue

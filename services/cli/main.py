@@ -13,7 +13,7 @@ import signal
 import threading
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import typer
@@ -21,8 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from services import client
+from services.cli import certs as certs_cli
 from services.cli import features as features_cli
 from services.cli import train as train_cli
+from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.common.settings import from_mapping
 from services.featurestore.settings import FeatureStoreSettings
 
@@ -36,6 +38,8 @@ app.add_typer(features_cli.app, name="features", help="Simulate data, apply and 
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )
+app.command("certs")(certs_cli.certs_command)
+app.command("token")(certs_cli.token_command)
 console = Console()
 
 
@@ -67,13 +71,42 @@ def up(
             "calling the feature service and the scorer (both still run for other clients)."
         ),
     ] = False,
+    tls: Annotated[
+        bool | None,
+        typer.Option("--tls", help="Serve the edge over TLS only (FRAUD_EDGE_TLS)."),
+    ] = None,
+    mtls: Annotated[
+        bool | None,
+        typer.Option("--mtls", help="TLS and require client certificates (FRAUD_EDGE_MTLS)."),
+    ] = None,
+    auth: Annotated[
+        str | None,
+        typer.Option(help="none, or jwt: every call but health needs a bearer token."),
+    ] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(help="Plaintext health-only edge listener for probes that cannot do TLS."),
+    ] = None,
+    max_restarts: Annotated[
+        int,
+        typer.Option(min=1, help="Crashes of one child within --restart-window that stop all."),
+    ] = 5,
+    restart_window: Annotated[
+        float, typer.Option(min=1, help="Seconds over which crashes are counted.")
+    ] = 60.0,
 ) -> None:
-    """Start redis-server (if configured), the services and Envoy; stop them on Ctrl-C/SIGTERM."""
+    """Start redis-server (if configured), the services and Envoy; restart a child that dies;
+    stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
     from services.cli import demo as demo_mod
-    from services.mesh import Mesh, MeshConfig
+    from services.mesh import CrashLoop, Mesh, MeshConfig, RestartPolicy, Supervisor
 
     if store not in ("sqlite", "redis"):
         raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if auth not in (None, "none", "jwt"):
+        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
+    flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
+    edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -87,7 +120,13 @@ def up(
         metrics_ports={
             name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))
         },
+        edge=edge,
     )
+    try:
+        edge.check_files()
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from error
     mesh = Mesh(config)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,8 +148,19 @@ def up(
     table.add_column("component")
     table.add_column("endpoint")
     table.add_column("pid")
+    scheme = "grpcs" if edge.tls else "grpc"
+    security = " ".join(
+        part
+        for part in (
+            "mutual TLS" if edge.mtls else "TLS" if edge.tls else "",
+            "JWT" if edge.auth == "jwt" else "",
+            f"health on :{edge.health_port}" if edge.health_port else "",
+        )
+        if part
+    )
     endpoints = {
-        "envoy": f"grpc://{config.envoy_target}  (admin http://{config.host}:{admin_port})",
+        "envoy": f"{scheme}://{config.envoy_target}  (admin http://{config.host}:{admin_port})"
+        + (f"  {security}" if security else ""),
         "gateway": f"grpc://{config.host}:{gateway_port}  fraud.v1.FraudScoring"
         f"  (metrics http://{config.host}:{metrics_port}/metrics)",
         "features": f"grpc://{config.host}:{features_port}  fraud.v1.FeatureService ({store})"
@@ -122,23 +172,48 @@ def up(
     for name, process in mesh.processes.items():
         table.add_row(name, endpoints.get(name, ""), str(process.pid))
     console.print(table)
+    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
+    supervisor = Supervisor(
+        mesh, policy, on_ready=ready, report=lambda line: console.print(f"[yellow]{line}[/yellow]")
+    )
     try:
         if demo:
-            demo_mod.run(config, console)
-        console.print("serving; Ctrl-C stops everything")
-        while not stop.wait(0.5):
-            dead = mesh.dead()
-            if dead:
-                for process in dead:
-                    console.print(
-                        f"[red]{process.name} exited ({process.returncode()})[/red]\n"
-                        f"{process.log_tail()}"
-                    )
-                raise typer.Exit(1)
+            demo_mod.run(config, console, _demo_credentials(edge))
+        console.print("serving; a child that dies is restarted; Ctrl-C stops everything")
+        supervisor.run(stop)
+    except CrashLoop as error:
+        console.print(f"[red]{error}; stopping everything[/red]")
+        # The child's own lines, unwrapped and uninterpreted (they are JSON, not markup).
+        console.print(error.log_tail, markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from error
     finally:
         with console.status("stopping …"):
             mesh.stop()
         console.print("stopped")
+
+
+def _demo_credentials(edge: EdgeSettings) -> client.Credentials:
+    """What the demo needs to call this edge: the development CA, client certificate and a
+    short-lived token from <var>/tls/ (``fraudmesh certs``)."""
+    if not edge.tls and edge.auth != "jwt":
+        return client.PLAINTEXT
+    tls_dir = edge.var_dir / "tls"
+    token = None
+    if edge.auth == "jwt":
+        token = certs_cli.mint_token(
+            tls_dir / DEV_FILES["jwt_key"],
+            "demo",
+            ttl_s=600,
+            issuer=edge.jwt_issuer,
+            audience=edge.jwt_audience,
+        )
+    return client.Credentials(
+        tls=edge.tls,
+        ca_path=tls_dir / DEV_FILES["ca"] if edge.tls else None,
+        cert_path=tls_dir / DEV_FILES["client_cert"] if edge.mtls else None,
+        key_path=tls_dir / DEV_FILES["client_key"] if edge.mtls else None,
+        token=token,
+    )
 
 
 @app.command()
@@ -150,13 +225,43 @@ def score(
     card_not_present: Annotated[bool, typer.Option(help="E-commerce / card not present.")] = False,
     target: Annotated[str, typer.Option(help="Envoy (or gateway) host:port.")] = "127.0.0.1:8080",
     timeout_ms: Annotated[float, typer.Option(help="Client deadline in ms.")] = 42.0,
+    tls: Annotated[bool, typer.Option("--tls", help="Connect over TLS.")] = False,
+    ca: Annotated[
+        Path | None, typer.Option(help="CA that signed the edge's certificate (implies --tls).")
+    ] = None,
+    cert: Annotated[
+        Path | None, typer.Option(help="Client certificate for mutual TLS (implies --tls).")
+    ] = None,
+    key: Annotated[Path | None, typer.Option(help="Private key of --cert.")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FRAUDMESH_TOKEN",
+            show_default=False,
+            help="Bearer token (prefer the FRAUDMESH_TOKEN variable or --token-file: "
+            "a command-line argument is visible to other users of the machine).",
+        ),
+    ] = None,
+    token_file: Annotated[Path | None, typer.Option(help="File holding the bearer token.")] = None,
 ) -> None:
     """Score one transaction and print the answer."""
     sample = client.Sample(
         "cli", card_id, merchant_id, amount_minor, currency, card_not_present=card_not_present
     )
+    if token_file is not None:
+        token = token_file.read_text().strip()
     try:
-        response = client.score(target, sample.request(), timeout_ms / 1000)
+        credentials = client.Credentials(
+            tls=tls or ca is not None or cert is not None,
+            ca_path=ca,
+            cert_path=cert,
+            key_path=key,
+            token=token,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    try:
+        response = client.score(target, sample.request(), timeout_ms / 1000, credentials)
     except grpc.RpcError as error:
         console.print(f"[red]{error.code().name}[/red]: {error.details()}")
         raise typer.Exit(1) from error

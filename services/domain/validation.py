@@ -17,11 +17,16 @@ ECHO_LIMIT = 32
 """Longest part of a client's value repeated in an error message."""
 
 
-def shown(value: str) -> str:
-    """``value`` quoted for an error message, cut to ``ECHO_LIMIT`` characters."""
-    if len(value) <= ECHO_LIMIT:
+def shown(value: str | bytes, limit: int = ECHO_LIMIT) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters (bytes: bytes).
+
+    ``repr`` escapes control characters, so a client's value cannot break a log line or
+    smuggle a header separator either.
+    """
+    if len(value) <= limit:
         return repr(value)
-    return f"{value[:ECHO_LIMIT]!r}… ({len(value)} characters)"
+    unit = "bytes" if isinstance(value, bytes) else "characters"
+    return f"{value[:limit]!r}… ({len(value)} {unit})"
 
 
 def check_id(field: str, value: str, required: bool = True) -> None:

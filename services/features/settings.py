@@ -21,6 +21,11 @@ class FeaturesSettings(ServerSettings):
     port: int = Field(
         default=50052, ge=0, le=65535, description="gRPC port of fraud.v1.FeatureService."
     )
+    max_request_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Largest request message: a GetFeaturesRequest is two ids and a time.",
+    )
     read_in_thread: bool = Field(
         False,
         description="Run each online read in a worker thread instead of on the event loop: "

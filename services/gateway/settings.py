@@ -57,6 +57,12 @@ class GatewaySettings(ModelServerSettings):
         10.0, ge=0, description="How long start-up waits for the dependencies to be reachable."
     )
 
+    max_request_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Largest request message: a ScoreRequest at every field's limit is under "
+        "3 KB; larger ones are RESOURCE_EXHAUSTED (Envoy applies the same bound).",
+    )
     max_in_flight: int = Field(
         32,
         ge=1,

@@ -10,6 +10,7 @@ import numpy as np
 from inference import grpc_predict_v2_pb2 as pb
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.domain.validation import shown
 from services.models.onnx import OnnxModel
 
 SERVER_NAME = "fraudmesh-scorer"
@@ -42,10 +43,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if model is None:
             raise Unavailable("model is still loading")
         if name and name != model.name:
-            raise NotFound(f"model {name!r} is not served here (serving {model.name!r})")
+            raise NotFound(f"model {shown(name)} is not served here (serving {model.name!r})")
         if version and version != model.version:
             raise NotFound(
-                f"version {version!r} of {model.name!r} is not served (serving {model.version!r})"
+                f"version {shown(version)} of {model.name!r} is not served "
+                f"(serving {model.version!r})"
             )
         return model
 
@@ -105,7 +107,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         known = {o.name: o for o in model.outputs}
         for index, name in enumerate(wanted or ()):
             if name not in known:
-                raise InvalidArgument(f"outputs[{index}].name", f"unknown output {name!r}")
+                raise InvalidArgument(f"outputs[{index}].name", f"unknown output {shown(name)}")
         # One row takes ~10 µs in ONNX Runtime: cheaper inline than a hop to a thread.
         results = model.run(batch, wanted)
         specs = [known[n] for n in wanted] if wanted else model.outputs
@@ -132,7 +134,7 @@ def _input_batch(request: pb.ModelInferRequest, model: OnnxModel) -> np.ndarray:
     dtype = _NUMPY.get(tensor.datatype)
     if dtype is None:
         raise InvalidArgument(
-            "inputs[0].datatype", f"unsupported datatype {tensor.datatype!r}; use FP32"
+            "inputs[0].datatype", f"unsupported datatype {shown(tensor.datatype)}; use FP32"
         )
     shape = tuple(tensor.shape)
     if len(shape) != 2 or shape[1] != model.n_features or shape[0] < 1:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from services.common import envoy
+from services.common import edge_security, envoy
 from services.common.settings import env_name, from_mapping
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
@@ -127,6 +127,7 @@ def test_the_envoy_bootstrap_is_the_template_rendered_for_cluster_dns() -> None:
         listen_address="0.0.0.0",
         gateway_dns="gateway",
     )
+    rendered = edge_security.apply(rendered, edge_security.EdgeSettings())
     assert committed == rendered, "stale: run `make k8s-envoy`"
     bootstrap = yaml.safe_load(committed)
     listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]

@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,7 +26,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
@@ -41,6 +45,10 @@ const (
 
 	// maxIDLength matches the gateway's limit on transaction, card, merchant and terminal ids.
 	maxIDLength = 128
+
+	// tokenEnv names the environment variable read for the bearer token when -token-file
+	// is not given: a token on the command line would be visible to every user of the host.
+	tokenEnv = "FRAUDMESH_TOKEN"
 )
 
 // channels maps the -channel flag values to the proto enum.
@@ -66,6 +74,12 @@ type options struct {
 	channel        string
 	timestamp      string
 	json           bool
+	tls            bool
+	caFile         string
+	certFile       string
+	keyFile        string
+	serverName     string
+	tokenFile      string
 }
 
 // parseFlags parses args (without the program name); usage and flag errors go to stderr.
@@ -90,6 +104,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.channel, "channel", "", "card-present or card-not-present (default: unspecified, scored as card present)")
 	fs.StringVar(&o.timestamp, "time", "", "when the transaction happened, RFC 3339 (default: now)")
 	fs.BoolVar(&o.json, "json", false, "print the response as one line of protojson")
+	fs.BoolVar(&o.tls, "tls", false, "connect over TLS (implied by -ca and -cert)")
+	fs.StringVar(&o.caFile, "ca", "", "CA bundle (PEM) that signed the edge's certificate (default: the system's roots)")
+	fs.StringVar(&o.certFile, "cert", "", "client certificate (PEM) for mutual TLS")
+	fs.StringVar(&o.keyFile, "key", "", "private key (PEM) of -cert")
+	fs.StringVar(&o.serverName, "server-name", "", "name to verify the edge's certificate against (default: the -addr host)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (default: $"+tokenEnv+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -146,6 +166,12 @@ func (o options) check() error {
 			problems = append(problems, fmt.Sprintf("-time %q is not an RFC 3339 time", o.timestamp))
 		}
 	}
+	if (o.certFile == "") != (o.keyFile == "") {
+		problems = append(problems, "-cert and -key go together")
+	}
+	if o.serverName != "" && !o.useTLS() {
+		problems = append(problems, "-server-name needs -tls")
+	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
@@ -188,10 +214,59 @@ func (o options) request(now time.Time) *fraudv1.ScoreRequest {
 	}
 }
 
+// useTLS reports whether the connection is to use TLS.
+func (o options) useTLS() bool {
+	return o.tls || o.caFile != "" || o.certFile != ""
+}
+
+// transportCredentials builds TLS credentials (TLS 1.2 at least, with the -ca roots and
+// the -cert client certificate when given), or plaintext ones without TLS.
+func (o options) transportCredentials() (credentials.TransportCredentials, error) {
+	if !o.useTLS() {
+		return insecure.NewCredentials(), nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.serverName}
+	if o.caFile != "" {
+		pem, err := os.ReadFile(o.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-ca: no PEM certificate in %s", o.caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if o.certFile != "" {
+		pair, err := tls.LoadX509KeyPair(o.certFile, o.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("-cert/-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// token returns the bearer token from -token-file, else from $FRAUDMESH_TOKEN, else "".
+func (o options) token(getenv func(string) string) (string, error) {
+	if o.tokenFile == "" {
+		return strings.TrimSpace(getenv(tokenEnv)), nil
+	}
+	raw, err := os.ReadFile(o.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("-token-file: %w", err)
+	}
+	token := strings.TrimSpace(string(raw))
+	if token == "" {
+		return "", fmt.Errorf("-token-file: %s is empty", o.tokenFile)
+	}
+	return token, nil
+}
+
 // connect dials addr and waits until the connection is ready, so that connection set-up
 // does not count against the call's deadline (a payment system keeps its channels warm).
-func connect(ctx context.Context, addr string, timeout time.Duration) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func connect(ctx context.Context, addr string, timeout time.Duration, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "cannot use address %q: %v", addr, err)
 	}
@@ -279,7 +354,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 
-	conn, err := connect(ctx, opts.addr, opts.connectTimeout)
+	creds, err := opts.transportCredentials()
+	if err != nil {
+		fmt.Fprintf(stderr, "fraudmesh-score: %v\n", err)
+		return exitUsage
+	}
+	token, err := opts.token(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "fraudmesh-score: %v\n", err)
+		return exitUsage
+	}
+	if token != "" && !opts.useTLS() {
+		fmt.Fprintf(stderr, "fraudmesh-score: warning: sending the bearer token without TLS\n")
+	}
+
+	conn, err := connect(ctx, opts.addr, opts.connectTimeout, creds)
 	if err != nil {
 		printError(stderr, err)
 		return exitRPCError
@@ -289,6 +378,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	req := opts.request(time.Now())
 	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
 	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
 	start := time.Now()
 	resp, err := fraudv1.NewFraudScoringClient(conn).Score(ctx, req)
 	roundTrip := time.Since(start)
