@@ -29,6 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import envoy
 from services.common.settings import ServerSettings, to_env
+from services.decisionlog.settings import DecisionLogSettings
+from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
@@ -206,6 +208,8 @@ class MeshConfig:
     features_port: int = 50052
     scorer_port: int = 50053
     redis_port: int = 6379
+    decisionlog_port: int = 50055
+    """Health port of the decision sink (it serves no other API)."""
     extra_gateway_ports: tuple[int, ...] = ()
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
@@ -227,6 +231,7 @@ class MeshConfig:
                 "features_port",
                 "scorer_port",
                 "redis_port",
+                "decisionlog_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -264,6 +269,21 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    def decisionlog_env(self) -> dict[str, str]:
+        """Environment of the decision sink: the event log it reads (this mesh's state folder
+        unless the services' environment says otherwise) and where it writes."""
+        return {
+            **to_env(EventLogSettings, var_dir=self.var_dir),
+            **self.service_env(),
+            **to_env(
+                DecisionLogSettings,
+                port=self.decisionlog_port,
+                var_dir=self.var_dir,
+                metrics_port=self.metrics_ports.get("decisionlog"),
+            ),
+            **self.extra_env,
+        }
 
 
 class Mesh:
@@ -314,6 +334,13 @@ class Mesh:
                 },
                 log_path=logs / f"{name}.log",
             )
+        self.processes["decisionlog"] = Process(
+            "decisionlog",
+            [sys.executable, "-m", "services.decisionlog"],
+            ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
+            env=c.decisionlog_env(),
+            log_path=logs / "decisionlog.log",
+        )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.processes["envoy"] = Process(
             "envoy",
@@ -339,7 +366,8 @@ class Mesh:
         )
         try:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
-            for group in (("redis",), ("features", "scorer"), gateways, ("envoy",)):
+            groups = (("redis",), ("features", "scorer", "decisionlog"), gateways, ("envoy",))
+            for group in groups:
                 started = [self.processes[n] for n in group if n in self.processes]
                 for process in started:
                     process.start()
@@ -380,7 +408,8 @@ class Mesh:
     def stop(self) -> None:
         """Stops every process, front to back: Envoy first, redis-server last."""
         order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
-        order += ["features", "scorer", "redis"]
+        # The sink after the gateways, so that it writes their last events.
+        order += ["decisionlog", "features", "scorer", "redis"]
         for name in order:
             if name in self.processes:
                 self.processes[name].stop()
