@@ -24,6 +24,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -43,6 +44,21 @@ from services.eventlog import (
 log = logging.getLogger(__name__)
 
 _RETENTION_CHECK_S = 3600.0
+
+
+@dataclass
+class SinkStats:
+    """What this sink did since it started (the metrics' figures, readable in-process)."""
+
+    read: dict[str, int] = field(default_factory=dict)
+    """Records read, by ``AddResult`` (decision, outcome, duplicate, invalid)."""
+    written: int = 0
+    """Events durably written."""
+    parts: int = 0
+    """Parts written."""
+    flushes: int = 0
+    """Flushes completed (parts durable and the position committed)."""
+
 
 ConsumerFactory = Callable[[], Consumer]
 """Opens the sink's consumer (raises ``BackendUnavailable`` while the backend is down)."""
@@ -68,6 +84,7 @@ class DecisionSink:
         """Set once the consumer is open and a first poll succeeded."""
         self.caught_up = threading.Event()
         """Set once a poll returned less than it asked for: the sink reads at the log's head."""
+        self.stats = SinkStats()
         self.journal = writer.Journal(self.root)
         self.batch = Batch(RecentIds(settings.dedupe_window))
         self._next_flush = 1
@@ -102,10 +119,25 @@ class DecisionSink:
         )
         return len(ids)
 
+    def open_consumer(self) -> Consumer:
+        """Opens the sink's consumer on the log (``BackendUnavailable`` while it is down)."""
+        return self._open_consumer()
+
+    def release(self) -> None:
+        """Releases the folder's lock (``run`` does so when it ends)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    @property
+    def next_flush(self) -> int:
+        """The number the next flush will write its parts under."""
+        return self._next_flush
+
     def _connect(self, stop: threading.Event) -> Consumer | None:
         while not stop.is_set():
             try:
-                consumer = self._open_consumer()
+                consumer = self.open_consumer()
             except (BackendUnavailable, GroupBusyError) as exc:
                 self.metrics.errors.labels("connect").inc()
                 self.metrics.backend_up.set(0)
@@ -134,9 +166,7 @@ class DecisionSink:
             finally:
                 consumer.close()
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self.release()
 
     def step(self, consumer: Consumer, stop: threading.Event | None = None) -> None:
         """One turn: finish a failed flush or commit, else poll, gather and maybe flush."""
@@ -155,7 +185,7 @@ class DecisionSink:
             self._failed("poll", exc)
             if self._due():
                 # Write what was gathered: the commit will wait for the backend.
-                self._flush(consumer)
+                self.flush(consumer)
             self._wait(stop)
             return
         self._up()
@@ -165,7 +195,7 @@ class DecisionSink:
             self.caught_up.set()
         self.metrics.caught_up.set(1 if len(records) < want else 0)
         if self._due():
-            self._flush(consumer)
+            self.flush(consumer)
         self._retention()
 
     def _take(self, records: list[Record]) -> None:
@@ -180,6 +210,7 @@ class DecisionSink:
             counts[result] = counts.get(result, 0) + 1
         for result, count in counts.items():
             self.metrics.events.labels(result.value).inc(count)
+            self.stats.read[result.value] = self.stats.read.get(result.value, 0) + count
         if counts.get(AddResult.INVALID):
             log.warning(
                 "decision sink skipped %d record(s) that are not events (last at %s)",
@@ -214,12 +245,12 @@ class DecisionSink:
 
     # -- flush and commit ------------------------------------------------------------------
 
-    def _flush(self, consumer: Consumer) -> bool:
+    def flush(self, consumer: Consumer) -> bool:
         """Writes the gathered rows as parts and commits; False if either must be retried."""
         if self.batch.rows and self._flush_in_progress is None:
             flush = self._next_flush
             parts = tuple(
-                str(self._part_path(key, flush).relative_to(self.root))
+                str(self.part_path(key, flush).relative_to(self.root))
                 for key in sorted(self.batch.buffers)
             )
             entry = writer.JournalEntry(flush, parts)
@@ -236,7 +267,8 @@ class DecisionSink:
             self._flush_started = time.monotonic()
         return self._finish(consumer)
 
-    def _part_path(self, key: tuple[layout.Kind, int], flush: int) -> Path:
+    def part_path(self, key: tuple[layout.Kind, int], flush: int) -> Path:
+        """Where flush number ``flush`` writes the part of one table and day."""
         kind, day = key
         day_dir = layout.table_path(self.root, kind) / layout.day_name(layout.day_of_index(day))
         return day_dir / layout.part_name(flush)
@@ -266,18 +298,21 @@ class DecisionSink:
             self._commit_pending = False
             self._uncommitted_since = None
             now = time.time()
+            self.stats.flushes += 1
             self.metrics.flushed(now)
             self.metrics.flush_seconds.observe(time.monotonic() - self._flush_started)
         return True
 
     def _write(self, key: tuple[layout.Kind, int], flush: int) -> None:
         buffer = self.batch.buffers[key]
-        final = self._part_path(key, flush)
+        final = self.part_path(key, flush)
         size = writer.write_part(buffer.to_table(), final, self.settings.compression)
         kind = key[0]
         self.metrics.written.labels(kind).inc(buffer.rows)
         self.metrics.parts.labels(kind).inc()
         self.metrics.bytes.inc(size)
+        self.stats.written += buffer.rows
+        self.stats.parts += 1
         self.batch.take(key)
 
     def _close(self, consumer: Consumer) -> None:
@@ -297,10 +332,10 @@ class DecisionSink:
                 break
             self._take(records)
             if self.batch.rows >= self.settings.max_part_rows:
-                self._flush(consumer)
+                self.flush(consumer)
             elif len(records) < want:
                 break
-        while time.monotonic() < deadline and not self._flush(consumer):
+        while time.monotonic() < deadline and not self.flush(consumer):
             time.sleep(min(self._backoff, max(deadline - time.monotonic(), 0.0)))
         if self.batch.rows or self._commit_pending or self._flush_in_progress:
             log.warning(
