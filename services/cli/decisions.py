@@ -134,8 +134,8 @@ def tail(
 ) -> None:
     """Follow the decision log: print decisions and outcomes as they land (Ctrl-C stops).
 
-    Events land when the sink writes its next part (FRAUD_DECISIONLOG_FLUSH_INTERVAL_S,
-    5 s by default)."""
+    Events land when the sink writes its next part (FRAUD_DECISIONLOG_FLUSH_INTERVAL_S:
+    under 5 s after the decision by default)."""
     log_root = _root(var_dir, root)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -43,11 +43,12 @@ class DecisionLogSettings(ServerSettings):
         None, description="Folder of the decision log's tables; default <var_dir>/decisions."
     )
     flush_interval_s: float = Field(
-        5.0,
+        4.0,
         gt=0,
         le=300,
         description="Longest time a polled event waits before it is written to a Parquet part "
-        "and the log position committed (the log's write latency, and the delay of "
+        "and the log position committed. An event is durable at most this plus poll_linger_s "
+        "plus one flush after it reached the log: under 5 s by default (also the delay of "
         "`fraudmesh decisions tail`). Shorter means more, smaller parts.",
     )
     max_part_rows: int = Field(
@@ -61,6 +62,13 @@ class DecisionLogSettings(ServerSettings):
     )
     poll_timeout_s: float = Field(
         0.5, gt=0, description="How long an idle poll waits for the first record."
+    )
+    poll_linger_s: float = Field(
+        0.25,
+        ge=0,
+        description="After a poll that drained the log, wait this long before the next one, "
+        "so that polls are few and large while events trickle in (each poll costs a round "
+        "trip and its bookkeeping; the sink has seconds to write an event, not milliseconds).",
     )
     file_poll_interval_ms: float = Field(
         50.0,

@@ -191,12 +191,24 @@ class DecisionSink:
         self._up()
         self.connected.set()
         self._take(records)
-        if len(records) < want:
+        drained = len(records) < want
+        if drained:
             self.caught_up.set()
-        self.metrics.caught_up.set(1 if len(records) < want else 0)
+        self.metrics.caught_up.set(1 if drained else 0)
         if self._due():
             self.flush(consumer)
         self._retention()
+        if drained and records and stop is not None:
+            self._linger(stop)
+
+    def _linger(self, stop: threading.Event) -> None:
+        """Waits ``poll_linger_s`` (or until the next flush is due) before polling again."""
+        wait = self.settings.poll_linger_s
+        if self._uncommitted_since is not None:
+            due_in = self._uncommitted_since + self.settings.flush_interval_s - time.monotonic()
+            wait = min(wait, max(due_in, 0.0))
+        if wait > 0:
+            stop.wait(wait)
 
     def _take(self, records: list[Record]) -> None:
         if not records:

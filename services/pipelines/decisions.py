@@ -367,7 +367,7 @@ def follow(
 ) -> Iterator[Landed]:
     """The ``last`` events already in the log, then every event as its part lands, until
     ``stop()`` is true. Events appear once their part is written (the sink's flush
-    interval, 5 s by default)."""
+    interval: under 5 s after the decision by default)."""
     watcher = PartWatcher(root)
     existing = watcher.new_parts()
     backlog: list[Landed] = []
