@@ -8,8 +8,9 @@ needs ``make test-brokers``) a real sink process (``python -m services.decisionl
 settings: 5 s flush interval, zstd) runs on a fresh topic, and this process produces
 realistic ``DecisionEvent``s (``eventlog_bench.build_event``):
 
-- burst: ``--burst`` events appended at once; events/s from the first append until the sink
-  reports them all durable, and the sink's CPU per event meanwhile (its /proc stat);
+- burst: ``--burst`` events put on the log while the sink is stopped (SIGSTOP), then the sink
+  resumed: events/s until it reports them all durable (catching up with a backlog), and its
+  CPU per event meanwhile (its /proc stat);
 - steady: ``--rate`` events/s for ``--seconds``; the sink's CPU as a share of one core, its
   flush duration (write + fsync + rename + commit, from its histogram), bytes per event on
   disk, and the write delay of every event: the modification time of the part that holds it
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -125,9 +127,16 @@ def measure(
     producer = open_producer(settings, EventLogMetrics(CollectorRegistry()))
     with SinkProcess(settings, root, work / "logs", **sink_settings) as sink:
         written = "fraudmesh_decisionlog_events_written_total"
+        # The burst goes onto the log while the sink is stopped (SIGSTOP): what follows
+        # measures the sink catching up with a backlog, not the producer.
+        sink.process.signal(signal.SIGSTOP)
+        try:
+            for i in range(burst):
+                producer.append(build_event(i))
+            assert producer.flush(300), "burst not delivered"
+        finally:
+            sink.process.signal(signal.SIGCONT)
         cpu0, t0 = sink.cpu_s(), time.perf_counter()
-        for i in range(burst):
-            producer.append(build_event(i))
         assert wait_until(lambda: sink.metric(written) >= burst, 600, 0.05), "burst not written"
         burst_s, burst_cpu = time.perf_counter() - t0, sink.cpu_s() - cpu0
         # Wait for the flush timer to go quiet, then measure the steady rate alone.
