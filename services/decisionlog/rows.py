@@ -8,12 +8,14 @@ names (``approve``, ``model``, ``chargeback``) so that the files read without th
 
 from __future__ import annotations
 
+import array
 import collections
 import enum
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 from google.protobuf.message import DecodeError
 
@@ -77,16 +79,41 @@ class RecentIds:
 
 
 class TableBuffer:
-    """Column lists of one table and one day, in the table's schema order."""
+    """Column lists of one table and one day, in the table's schema order.
+
+    The feature vectors, the bulk of a decision, are kept as one float32 array plus offsets
+    rather than a list of Python floats per row (~1 KB less per decision with 20 features),
+    and the Arrow column is built without an object per value.
+    """
+
+    PACKED = "features"
+    """The list<float32> column kept packed."""
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
-        self.columns: dict[str, list[object]] = {name: [] for name in schema.names}
+        self.columns: dict[str, list[object]] = {
+            name: [] for name in schema.names if name != self.PACKED
+        }
+        self.values = array.array("f")
+        self.offsets = array.array("i", [0])
         self.rows = 0
+
+    def add_vector(self, values: Iterable[float]) -> None:
+        """Appends one row's feature vector."""
+        self.values.extend(values)
+        self.offsets.append(len(self.values))
 
     def to_table(self) -> pa.Table:
         """The gathered rows as an Arrow table of the schema."""
-        return pa.Table.from_pydict(self.columns, schema=self.schema)
+        arrays = []
+        for column in self.schema:
+            if column.name == self.PACKED:
+                offsets = pa.array(np.frombuffer(self.offsets, dtype=np.int32))
+                values = pa.array(np.frombuffer(self.values, dtype=np.float32))
+                arrays.append(pa.ListArray.from_arrays(offsets, values, type=column.type))
+            else:
+                arrays.append(pa.array(self.columns[column.name], type=column.type))
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def event_ids(self) -> list[str]:
         """The event ids of the gathered rows."""
@@ -158,7 +185,8 @@ class Batch:
             return AddResult.DUPLICATE
         decided_us = _us(d.decided_at.seconds, d.decided_at.nanos)
         transaction_us = _us(d.timestamp.seconds, d.timestamp.nanos)
-        c = self._buffer("decisions", decided_us or transaction_us).columns
+        buffer = self._buffer("decisions", decided_us or transaction_us)
+        c = buffer.columns
         c["event_id"].append(event_id)
         c["transaction_id"].append(d.transaction_id)
         c["card_id"].append(d.card_id)
@@ -179,7 +207,7 @@ class Batch:
         c["reasons"].append(list(d.reasons))
         c["elapsed_ms"].append(d.elapsed_ms)
         c["decided_at"].append(decided_us)
-        c["features"].append(list(d.features))
+        buffer.add_vector(d.features)
         c["feature_names"].append(list(d.feature_names) if d.feature_names else None)
         c["feature_schema"].append(d.feature_schema or None)
         c["log_position"].append(position)
