@@ -91,7 +91,7 @@ def _format(landed: reader.Landed) -> str:
         reported = row.get("reported_at")
         when = reported.isoformat() if isinstance(reported, datetime) else "-"
         return (
-            f"{_stamp(row.get('received_at'))} outcome  {row['transaction_id']}  "
+            f"{_stamp(row.get('received_at') or reported)} outcome  {row['transaction_id']}  "
             f"{row['outcome']}  source={row['outcome_source']}  reported_at={when}"
         )
     amount = _number(row.get("amount_minor"))
