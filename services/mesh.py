@@ -34,6 +34,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common import edge_security, envoy
 from services.common.edge_security import EdgeSettings
 from services.common.settings import ServerSettings, from_mapping, to_env
+from services.decisionlog.settings import DecisionLogSettings
+from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
@@ -221,6 +223,8 @@ class MeshConfig:
     features_port: int = 50052
     scorer_port: int = 50053
     redis_port: int = 6379
+    decisionlog_port: int = 50055
+    """Health port of the decision sink (it serves no other API)."""
     extra_gateway_ports: tuple[int, ...] = ()
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
@@ -244,6 +248,7 @@ class MeshConfig:
                 "features_port",
                 "scorer_port",
                 "redis_port",
+                "decisionlog_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -290,6 +295,21 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    def decisionlog_env(self) -> dict[str, str]:
+        """Environment of the decision sink: the event log it reads (this mesh's state folder
+        unless the services' environment says otherwise) and where it writes."""
+        return {
+            **to_env(EventLogSettings, var_dir=self.var_dir),
+            **self.service_env(),
+            **to_env(
+                DecisionLogSettings,
+                port=self.decisionlog_port,
+                var_dir=self.var_dir,
+                metrics_port=self.metrics_ports.get("decisionlog"),
+            ),
+            **self.extra_env,
+        }
 
 
 class Mesh:
@@ -340,6 +360,13 @@ class Mesh:
                 },
                 log_path=logs / f"{name}.log",
             )
+        self.processes["decisionlog"] = Process(
+            "decisionlog",
+            [sys.executable, "-m", "services.decisionlog"],
+            ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
+            env=c.decisionlog_env(),
+            log_path=logs / "decisionlog.log",
+        )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.edge = c.edge_settings()
         self.processes["envoy"] = Process(
@@ -403,7 +430,8 @@ class Mesh:
         self._envoy_config.write_text(edge_security.apply(rendered, self.edge))
         try:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
-            for group in (("redis",), ("features", "scorer"), gateways, ("envoy",)):
+            groups = (("redis",), ("features", "scorer", "decisionlog"), gateways, ("envoy",))
+            for group in groups:
                 started = [self.processes[n] for n in group if n in self.processes]
                 for process in started:
                     process.start()

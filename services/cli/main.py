@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services import client
 from services.cli import certs as certs_cli
+from services.cli import decisions as decisions_cli
 from services.cli import features as features_cli
 from services.cli import train as train_cli
 from services.common.edge_security import DEV_FILES, EdgeSettings
@@ -35,6 +36,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
+app.add_typer(
+    decisions_cli.app, name="decisions", help="Export, follow and compact the decision log."
+)
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )
@@ -60,9 +64,14 @@ def up(
     features_port: int = 50052,
     scorer_port: int = 50053,
     redis_port: int = 6379,
+    decisionlog_port: Annotated[
+        int, typer.Option(help="Health port of the decision sink.")
+    ] = 50055,
     metrics_port: Annotated[
         int,
-        typer.Option(help="Prometheus /metrics of the gateway; features and scorer use +1, +2."),
+        typer.Option(
+            help="Prometheus /metrics of the gateway; features, scorer, decision sink use +1, +2, +4."
+        ),
     ] = 9101,
     gateway_in_process: Annotated[
         bool,
@@ -116,9 +125,11 @@ def up(
         features_port=features_port,
         scorer_port=scorer_port,
         redis_port=redis_port,
+        decisionlog_port=decisionlog_port,
         gateway_in_process=gateway_in_process,
         metrics_ports={
-            name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))
+            **{name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))},
+            "decisionlog": metrics_port + 4,
         },
         edge=edge,
     )
@@ -168,6 +179,8 @@ def up(
         "scorer": f"grpc://{config.host}:{scorer_port}  inference.GRPCInferenceService"
         f"  (metrics :{metrics_port + 2})",
         "redis": f"redis://{config.host}:{redis_port}",
+        "decisionlog": f"{config.var_dir / 'decisions'}  (health grpc://{config.host}:"
+        f"{config.decisionlog_port}, metrics :{metrics_port + 4})",
     }
     for name, process in mesh.processes.items():
         table.add_row(name, endpoints.get(name, ""), str(process.pid))

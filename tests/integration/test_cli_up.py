@@ -24,7 +24,10 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    ports = {name: free_port() for name in ("envoy", "admin", "gateway", "features", "scorer")}
+    ports = {
+        name: free_port()
+        for name in ("envoy", "admin", "gateway", "features", "scorer", "decisionlog")
+    }
     argv = [
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),

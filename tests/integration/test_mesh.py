@@ -60,8 +60,26 @@ def test_known_card_is_scored_by_the_model_with_online_features(
     assert 0.0 < response.elapsed_ms < 42.0
 
 
+def _full_quality(edge: grpc.Channel, request: pb.ScoreRequest) -> pb.ScoreResponse:
+    """The first answer of the model on online features: on a loaded machine a call may miss
+    its slice and be answered by the fallbacks, which is right but not what is tested here."""
+    stub = pb_grpc.FraudScoringStub(edge)
+    deadline = time.monotonic() + 10.0
+    while True:
+        response = stub.Score(request, timeout=1.0)
+        full = (
+            response.scored_by == pb.SCORED_BY_MODEL
+            and response.feature_source == pb.FEATURE_SOURCE_ONLINE
+        )
+        if full or time.monotonic() > deadline:
+            return response
+        time.sleep(0.1)
+
+
 def test_typical_payment_of_a_known_card_is_approved(edge: grpc.Channel, known: Known) -> None:
-    response = pb_grpc.FraudScoringStub(edge).Score(_request(known), timeout=1.0)
+    response = _full_quality(edge, _request(known))
+    assert response.scored_by == pb.SCORED_BY_MODEL, response
+    assert response.feature_source == pb.FEATURE_SOURCE_ONLINE, response
     assert response.decision == pb.DECISION_APPROVE, response
 
 

@@ -1,0 +1,172 @@
+"""Durable writes of the decision log: parts, the flush journal, the root lock.
+
+A part is written under a hidden name, fsynced, renamed into place and its folder fsynced,
+so a part either exists whole or not at all, also after a power loss. Before a flush writes
+its parts, the journal names them (``Journal``): a sink that crashes after writing parts
+and before committing the log position reads those records again on restart, and the
+journal tells it which event ids it has already written, so it skips them instead of
+writing them twice. Only one flush is ever uncommitted (the sink commits before it polls
+again), so the journal holds one flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.decisionlog import layout
+
+log = logging.getLogger(__name__)
+
+
+class RootBusyError(RuntimeError):
+    """Another live sink writes the same decision log folder."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Makes the entries of a folder (created, renamed, deleted files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: Path) -> None:
+    """Creates ``path`` and missing parents, each made durable in its parent."""
+    missing = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        fsync_dir(folder.parent)
+
+
+def write_durably(final: Path, data: bytes) -> None:
+    """Writes a small file atomically: hidden name, fsync, rename, fsync of the folder."""
+    tmp = layout.tmp_path(final)
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def write_part(
+    table: pa.Table, final: Path, compression: str = "zstd", replace: bool = False
+) -> int:
+    """Writes one part durably; returns its size in bytes. An existing part is replaced only
+    when ``replace`` says so (compaction rewriting its own output)."""
+    if final.exists() and not replace:
+        raise FileExistsError(errno.EEXIST, "part exists already", str(final))
+    ensure_dir(final.parent)
+    tmp = layout.tmp_path(final)
+    try:
+        with open(tmp, "wb") as out:
+            pq.write_table(
+                table,
+                out,
+                compression=None if compression == "none" else compression,
+                # One row group per part: parts are small, and readers scan whole parts.
+                row_group_size=max(table.num_rows, 1),
+            )
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(final.parent)
+    return size
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """The flush in progress (or the last one, committed or not) and its parts."""
+
+    flush: int
+    parts: tuple[str, ...]
+    """Paths of the flush's parts, relative to the root."""
+
+
+class Journal:
+    """The sink's flush journal: ``<root>/_sink/journal.json``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / layout.SINK_DIR / "journal.json"
+
+    def read(self) -> JournalEntry | None:
+        """The last flush begun, or None when the sink never flushed here."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        return JournalEntry(int(data["flush"]), tuple(str(p) for p in data["parts"]))
+
+    def begin(self, entry: JournalEntry) -> None:
+        """Records that ``entry.flush`` is about to write ``entry.parts`` (durably)."""
+        ensure_dir(self.path.parent)
+        body = {"flush": entry.flush, "parts": list(entry.parts)}
+        write_durably(self.path, json.dumps(body, indent=1).encode())
+
+    def written_ids(self, entry: JournalEntry) -> list[str]:
+        """Event ids in the parts of ``entry`` that reached the disk; removes the hidden
+        files of parts a crash interrupted."""
+        ids: list[str] = []
+        for relative in entry.parts:
+            final = self.root / relative
+            with contextlib.suppress(FileNotFoundError):
+                layout.tmp_path(final).unlink()
+            try:
+                table = pq.read_table(final, columns=["event_id"])
+            except FileNotFoundError:
+                continue
+            ids += table.column("event_id").to_pylist()
+        return ids
+
+
+def last_flush_on_disk(root: Path) -> int:
+    """The highest flush number of any part (a full scan; used only without a journal)."""
+    last = 0
+    for kind in layout.KINDS:
+        for _, day_dir in layout.day_dirs(root, kind):
+            for entry in day_dir.iterdir():
+                covered = layout.parse_part(entry.name)
+                if covered is not None:
+                    last = max(last, covered[1])
+    return last
+
+
+class RootLock:
+    """An exclusive ``flock`` on ``<root>/_sink/lock``: one live sink per folder."""
+
+    def __init__(self, root: Path) -> None:
+        ensure_dir(root / layout.SINK_DIR)
+        self._fd = os.open(root / layout.SINK_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self._fd)
+            raise RootBusyError(f"another sink writes {root}") from exc
+
+    def release(self) -> None:
+        """Releases the lock."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

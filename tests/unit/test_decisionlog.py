@@ -1,0 +1,238 @@
+"""The decision log's pure parts: names and days, events as rows, and the readers' joins and
+deduplication over parts written to a temporary folder."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fraud.v1 import events_pb2, outcomes_pb2, scoring_pb2
+from services.decisionlog import layout, writer
+from services.decisionlog.rows import AddResult, Batch, RecentIds
+from services.domain import featurespec
+from services.eventlog import Record, events
+from services.pipelines import decisions as reader
+
+DAY0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def decision(
+    event_id: str,
+    tx: str,
+    at: datetime = DAY0,
+    *,
+    card: str = "card-1",
+    score: float = 0.5,
+    features: list[float] | None = None,
+) -> events_pb2.EventEnvelope:
+    envelope = events_pb2.EventEnvelope()
+    d = envelope.decision
+    d.event_id = event_id
+    d.transaction_id = tx
+    d.card_id = card
+    d.merchant_id = "merch-00001"
+    d.amount_minor = 1234
+    d.currency = "EUR"
+    d.timestamp.FromDatetime(at - timedelta(milliseconds=5))
+    d.decided_at.FromDatetime(at)
+    d.decision = scoring_pb2.DECISION_DECLINE
+    d.scored_by = scoring_pb2.SCORED_BY_MODEL
+    d.feature_source = scoring_pb2.FEATURE_SOURCE_ONLINE
+    d.route = events_pb2.ROUTE_CANARY
+    d.score = score
+    d.model_version = "fraud-lgbm/3"
+    d.reasons.extend(["card velocity", "amount"])
+    if features is not None:
+        d.features.extend(features)
+        d.feature_schema = events.feature_schema_id(featurespec.MODEL_FEATURES)
+    return envelope
+
+
+def outcome(
+    event_id: str,
+    tx: str,
+    kind: int = outcomes_pb2.OUTCOME_FRAUD,
+    reported: datetime = DAY0,
+    received: datetime | None = None,
+) -> events_pb2.EventEnvelope:
+    envelope = events_pb2.EventEnvelope()
+    o = envelope.outcome
+    o.event_id = event_id
+    o.transaction_id = tx
+    o.outcome = kind  # type: ignore[assignment]
+    o.source = outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK
+    o.reported_at.FromDatetime(reported)
+    o.received_at.FromDatetime(received or reported)
+    return envelope
+
+
+def record(envelope: events_pb2.EventEnvelope, position: int = 0) -> Record:
+    return Record(events.key_of(envelope), envelope.SerializeToString(), str(position))
+
+
+def write_flush(root: Path, flush: int, envelopes: list[events_pb2.EventEnvelope]) -> None:
+    """Writes the envelopes as the sink's flush number ``flush`` would."""
+    batch = Batch(RecentIds(0))
+    for i, envelope in enumerate(envelopes):
+        assert batch.add(record(envelope, flush * 1000 + i)) != AddResult.INVALID
+    for (kind, day), buffer in batch.buffers.items():
+        folder = layout.table_path(root, kind) / layout.day_name(layout.day_of_index(day))
+        writer.write_part(buffer.to_table(), folder / layout.part_name(flush))
+
+
+def test_part_names_round_trip() -> None:
+    assert layout.part_name(7) == "part-000000000007.parquet"
+    assert layout.parse_part(layout.part_name(7)) == (7, 7)
+    assert layout.parse_part(layout.compacted_name(3, 9)) == (3, 9)
+    assert layout.parse_part(".tmp-part-000000000007.parquet") is None
+    assert layout.parse_day("day=2025-03-01") == date(2025, 3, 1)
+    assert layout.parse_day("day=junk") is None
+
+
+def test_day_index_splits_at_utc_midnight() -> None:
+    midnight = datetime(2025, 3, 2, tzinfo=UTC)
+    before = layout.utc_us(midnight) - 1
+    assert layout.day_of_index(layout.day_index(before)) == date(2025, 3, 1)
+    assert layout.day_of_index(layout.day_index(layout.utc_us(midnight))) == date(2025, 3, 2)
+
+
+def test_recent_ids_forget_the_oldest() -> None:
+    recent = RecentIds(2)
+    for event_id in ("a", "b", "c"):
+        recent.add(event_id)
+    assert "a" not in recent and "b" in recent and "c" in recent and len(recent) == 2
+
+
+def test_a_decision_becomes_a_row_with_short_enum_names() -> None:
+    batch = Batch(RecentIds(10))
+    assert batch.add(record(decision("e1", "tx-1", features=[1.0, 2.5]), 42)) == AddResult.DECISION
+    ((kind, day), buffer), *_ = batch.buffers.items()
+    assert kind == "decisions" and layout.day_of_index(day) == DAY0.date()
+    row = buffer.to_table().to_pylist()[0]
+    assert row["decision"] == "decline"
+    assert row["scored_by"] == "model"
+    assert row["feature_source"] == "online"
+    assert row["route"] == "canary"
+    assert row["decided_at"] == DAY0
+    assert row["features"] == [1.0, 2.5]
+    assert row["reasons"] == ["card velocity", "amount"]
+    assert row["shadow_score"] is None and row["terminal_id"] is None
+    assert row["log_position"] == "42"
+
+
+def test_duplicates_and_non_events_are_not_gathered() -> None:
+    batch = Batch(RecentIds(10))
+    assert batch.add(record(decision("e1", "tx-1"))) == AddResult.DECISION
+    assert batch.add(record(decision("e1", "tx-1"))) == AddResult.DUPLICATE
+    assert batch.add(Record(b"k", b"\xff\xff\xff", "9")) == AddResult.INVALID
+    assert batch.add(Record(b"k", b"", "10")) == AddResult.INVALID
+    assert batch.rows == 1
+
+
+def test_outcomes_are_partitioned_by_the_day_they_were_received() -> None:
+    batch = Batch(RecentIds(10))
+    received = DAY0 + timedelta(days=30)
+    batch.add(record(outcome("o1", "tx-1", reported=DAY0, received=received)))
+    assert list(batch.buffers) == [("outcomes", layout.day_index(layout.utc_us(received)))]
+
+
+def test_export_keeps_the_first_decision_of_a_transaction_and_its_latest_outcome(
+    tmp_path: Path,
+) -> None:
+    later = DAY0 + timedelta(seconds=1)
+    write_flush(
+        tmp_path,
+        1,
+        [
+            # The outcome of tx-2 arrives before its decision.
+            outcome("o2", "tx-2", outcomes_pb2.OUTCOME_LEGITIMATE),
+            # A retry of tx-1 decided later, written first.
+            decision("e1-retry", "tx-1", later, score=0.9),
+        ],
+    )
+    write_flush(
+        tmp_path,
+        2,
+        [
+            decision("e1", "tx-1", DAY0, score=0.1),
+            decision("e1", "tx-1", DAY0, score=0.1),  # delivered twice
+            decision("e2", "tx-2", DAY0),
+            # A dispute, then fraud: the latest report wins even though it arrived first.
+            outcome("o1b", "tx-1", outcomes_pb2.OUTCOME_FRAUD, reported=DAY0 + timedelta(days=9)),
+            outcome(
+                "o1a", "tx-1", outcomes_pb2.OUTCOME_DISPUTED, reported=DAY0 + timedelta(days=3)
+            ),
+            outcome("o9", "tx-unknown"),
+        ],
+    )
+    table, summary = reader.joined(tmp_path)
+    rows = {r["transaction_id"]: r for r in table.to_pylist()}
+    assert list(table.column_names[: len(reader.LEADING_COLUMNS)]) == list(reader.LEADING_COLUMNS)
+    assert set(rows) == {"tx-1", "tx-2"}
+    assert rows["tx-1"]["event_id"] == "e1" and rows["tx-1"]["score"] == 0.1
+    assert rows["tx-1"]["outcome"] == "fraud"
+    assert rows["tx-1"]["outcome_reports"] == 2
+    assert rows["tx-1"]["outcome_reported_at"] == DAY0 + timedelta(days=9)
+    assert rows["tx-2"]["outcome"] == "legitimate"
+    assert summary.duplicate_events == 1
+    assert summary.retried_transactions == 1
+    assert summary.with_outcome == 2
+    assert summary.orphan_outcomes == 1
+
+
+def test_a_decision_without_outcome_has_nulls(tmp_path: Path) -> None:
+    write_flush(tmp_path, 1, [decision("e1", "tx-1")])
+    (row,) = reader.joined(tmp_path)[0].to_pylist()
+    assert row["outcome"] is None and row["outcome_reported_at"] is None
+    assert row["outcome_reports"] == 0
+
+
+def test_the_window_selects_by_decision_time(tmp_path: Path) -> None:
+    write_flush(
+        tmp_path,
+        1,
+        [decision(f"e{d}", f"tx-{d}", DAY0 + timedelta(days=d)) for d in range(5)],
+    )
+    since, until = DAY0 + timedelta(days=1), DAY0 + timedelta(days=3)
+    table, summary = reader.joined(tmp_path, since, until)
+    assert sorted(table.column("transaction_id").to_pylist()) == ["tx-1", "tx-2"]
+    assert summary.decisions == 2
+
+
+def test_export_writes_wide_feature_columns(tmp_path: Path) -> None:
+    vector = [float(i) for i in range(len(featurespec.MODEL_FEATURES))]
+    write_flush(tmp_path / "log", 1, [decision("e1", "tx-1", features=vector)])
+    out = tmp_path / "out.parquet"
+    summary = reader.export(tmp_path / "log", out, wide=True)
+    assert summary.decisions == 1
+    table = pq.read_table(out)
+    first = featurespec.MODEL_FEATURES[1]
+    assert table.column(reader.FEATURE_PREFIX + first).to_pylist() == [1.0]
+    assert b"fraudmesh.feature_orders" in table.schema.metadata
+
+
+def test_compaction_merges_closed_days_and_spares_the_journal(tmp_path: Path) -> None:
+    for flush in (1, 2, 3):
+        write_flush(tmp_path, flush, [decision(f"e{flush}", f"tx-{flush}"), decision("e1", "tx-1")])
+    writer.Journal(tmp_path).begin(
+        writer.JournalEntry(3, (f"decisions/day={DAY0.date()}/{layout.part_name(3)}",))
+    )
+    summary = reader.compact(tmp_path, before=DAY0.date() + timedelta(days=1))
+    day_dir = layout.table_path(tmp_path, "decisions") / layout.day_name(DAY0.date())
+    names = [p.name for p in layout.parts(day_dir)]
+    assert names == [layout.compacted_name(1, 2), layout.part_name(3)]
+    assert summary.duplicates == 2  # e1 once in flush 1 (as written twice) and in flush 2
+    table, _ = reader.joined(tmp_path)
+    assert sorted(table.column("transaction_id").to_pylist()) == ["tx-1", "tx-2", "tx-3"]
+    # Compacting again (as after a crash that left inputs behind) is harmless.
+    reader.compact(tmp_path, before=DAY0.date() + timedelta(days=1))
+    assert [p.name for p in layout.parts(day_dir)] == names
+
+
+def test_a_part_is_never_replaced(tmp_path: Path) -> None:
+    write_flush(tmp_path, 1, [decision("e1", "tx-1")])
+    with pytest.raises(FileExistsError):
+        write_flush(tmp_path, 1, [decision("e2", "tx-2")])
