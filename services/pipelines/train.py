@@ -219,6 +219,9 @@ def _training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
     )
     features = fs.get_historical_features(entity_df=entity_df, features=service).to_df()
     features = features.set_index("transaction_id")[list(featurespec.STORE_FEATURES)]
+    # Raw columns named like store features (the codes) give way to the store's values:
+    # those are what serving reads.
+    tx = tx.drop(columns=[c for c in featurespec.STORE_FEATURES if c in tx.columns])
     frame = tx.join(features, on="transaction_id")
     frame["timestamp_s"] = frame["timestamp"].astype("datetime64[ns, UTC]").astype("int64") / 1e9
     frame["card_not_present"] = frame["channel"] == featurespec.CARD_NOT_PRESENT
