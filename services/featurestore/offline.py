@@ -123,9 +123,10 @@ def _asof_join(
         right = pd.DataFrame(
             {
                 **{alias: right[name].to_numpy() for name, alias in keys.items()},
+                # .array keeps the dtype for an empty table (to_numpy gives objects).
                 feature_ts: pd.to_datetime(right[source.timestamp_field], utc=True)
                 .astype("datetime64[ns, UTC]")
-                .to_numpy(),
+                .array,
                 **{prefix + f: right[f].to_numpy() for f in features},
             }
         )

@@ -213,6 +213,8 @@ def _training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
             "transaction_id": tx["transaction_id"],
             "card_id": tx["card_id"],
             "merchant_id": tx["merchant_id"],
+            # Payments without a terminal find no terminal row: its features stay missing.
+            "terminal_id": _terminal_ids(tx),
             # The state after the previous transactions, as the online store holds it.
             "event_timestamp": tx["timestamp"] - pd.Timedelta(microseconds=1),
         }
@@ -226,6 +228,13 @@ def _training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
     frame["timestamp_s"] = frame["timestamp"].astype("datetime64[ns, UTC]").astype("int64") / 1e9
     frame["card_not_present"] = frame["channel"] == featurespec.CARD_NOT_PRESENT
     return frame.sort_values("timestamp", kind="stable").reset_index(drop=True)
+
+
+def _terminal_ids(tx: pd.DataFrame) -> pd.Series:
+    """The terminal of each transaction, "" where none is named (no terminal row has that id)."""
+    if "terminal_id" not in tx.columns:
+        return pd.Series("", index=tx.index, dtype=object)
+    return tx["terminal_id"].fillna("").astype(object)
 
 
 def _window(timestamps: pd.Series, params: TrainParams) -> repository.TrainingWindow:
