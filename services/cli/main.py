@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services import client
+from services.cli import data as data_cli
 from services.cli import features as features_cli
 from services.cli import train as train_cli
 from services.common.settings import from_mapping
@@ -33,6 +34,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
+app.add_typer(data_cli.app, name="data", help="Import your own transaction history.")
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )

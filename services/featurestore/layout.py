@@ -18,6 +18,8 @@ FEATURE_FILES = (CARD_FEATURES_FILE, MERCHANT_FEATURES_FILE, TERMINAL_FEATURES_F
 """The feature tables, one per feature view."""
 DATA_FILES = (TRANSACTIONS_FILE, *FEATURE_FILES)
 """Every file a complete dataset holds."""
+MANIFEST_FILE = "dataset.json"
+"""Where an imported dataset came from and how it was read (optional)."""
 
 
 def data_present(data_dir: Path) -> bool:
