@@ -76,6 +76,8 @@ BATCH_ROWS = 250_000
 
 _CODES = ("card_home_country", "merchant_country", "merchant_category")
 _MAX_CODE = 9_999
+# A zone after the time of day: Z, ±HH, ±HHMM or ±HH:MM.
+_ZONE = r"[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?\s*(?:[Zz]|[+-]\d{2}(?::?\d{2})?)$"
 # Plausible epoch seconds: 1970 up to 2200. Milliseconds would be far beyond it.
 _MAX_EPOCH_S = 7_258_118_400
 _STRING = pa.string()
@@ -257,6 +259,9 @@ def import_transactions(
         report("features", 0, 3)
         tx = pq.read_table(raw_path).to_pandas()
         raw_path.unlink()
+        for name in _CODES:
+            if name in tx.columns:
+                tx[name] = tx[name].astype("Int64")
         duplicate = tx["transaction_id"].duplicated(keep="first").to_numpy()
         duplicates = _Reasons(len(tx))
         duplicates.flag(duplicate, "duplicate transaction_id")
@@ -623,12 +628,20 @@ def _times(
         if text is not None:
             iso = ~numeric & ~missing
             if iso.any():
-                parsed = pd.to_datetime(text[iso], format="ISO8601", utc=True, errors="coerce")
-                good = parsed.notna().to_numpy()
-                stamps = parsed[good].astype("datetime64[us, UTC]")
-                rows = np.flatnonzero(iso)
-                micros[rows[good]] = stamps.array.asi8
-                valid[rows[good]] = True
+                # Zoned and naive text apart: in one call pandas reads a naive value after a
+                # zoned one in that zone, where naive means UTC here.
+                zoned = text.str.contains(_ZONE, regex=True, na=False).to_numpy()
+                for group in (iso & zoned, iso & ~zoned):
+                    if not group.any():
+                        continue
+                    parsed = pd.to_datetime(
+                        text[group], format="ISO8601", utc=True, errors="coerce"
+                    )
+                    good = parsed.notna().to_numpy()
+                    stamps = parsed[good].astype("datetime64[us, UTC]")
+                    rows = np.flatnonzero(group)
+                    micros[rows[good]] = stamps.array.asi8
+                    valid[rows[good]] = True
     if required:
         reasons.flag(missing, f"missing {name}")
     reasons.flag(~valid & ~missing, f"unparseable {name}")
