@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from services.domain.money import amount_eur, eur_per_unit, minor_per_major
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 CARD_VIEW = "card_features"
@@ -229,10 +230,28 @@ def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -
     return out[list(MODEL_FEATURES)]
 
 
-def population_defaults(frame: pd.DataFrame) -> dict[str, float]:
-    """Median of each model feature over the non-missing values of a ``model_frame``."""
+def population_defaults(frame: pd.DataFrame, rows: np.ndarray | None = None) -> dict[str, float]:
+    """Median of each model feature over the non-missing values of a ``model_frame`` (of the
+    ``rows`` a boolean mask selects, when given; one column is copied at a time)."""
+    import pandas as pd
+
     defaults: dict[str, float] = {}
     for name in MODEL_FEATURES:
-        median = float(frame[name].median(skipna=True))
+        values = frame[name] if rows is None else pd.Series(frame[name].to_numpy()[rows])
+        median = float(values.median(skipna=True))
         defaults[name] = 0.0 if math.isnan(median) else median
     return defaults
+
+
+def model_matrix(
+    raw: pd.DataFrame, defaults: Mapping[str, float], dtype: type = float
+) -> np.ndarray:
+    """The model input matrix of a ``model_frame`` without defaults: missing values filled as
+    ``model_vector`` fills them, column by column into one array of ``dtype``."""
+    import numpy as np
+
+    out: np.ndarray = np.empty((len(raw), len(MODEL_FEATURES)), dtype=dtype)
+    for i, name in enumerate(MODEL_FEATURES):
+        column = raw[name].to_numpy(dtype=np.float64)
+        out[:, i] = np.where(np.isnan(column), float(defaults[name]), column)
+    return out

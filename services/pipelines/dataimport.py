@@ -293,6 +293,7 @@ def import_transactions(
             dataset.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / name)
             report("write", done, len(frames) + 1)
         first, last = tx["timestamp"].iloc[0], tx["timestamp"].iloc[-1]
+        seconds["write"] = round(time.perf_counter() - started, 3)
         manifest = {
             "source": path.name,
             "imported_at": datetime.now(UTC).isoformat(),
@@ -304,11 +305,11 @@ def import_transactions(
             "label_delay_days": options.label_delay / timedelta(days=1),
             "first": first.isoformat(),
             "last": last.isoformat(),
+            "seconds": seconds,
         }
         (folder / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
         report("write", len(frames) + 1, len(frames) + 1)
     version = data_dir.resolve()
-    seconds["write"] = round(time.perf_counter() - started, 3)
     present = set(columns) | {"amount", "amount_minor"}
     used = set(columns.values())
     return ImportResult(

@@ -155,6 +155,16 @@ def test_vectorized_frame_equals_model_vector_row_by_row() -> None:
         assert frame.iloc[i].tolist() == expected, f"row {i} differs"
 
 
+def test_model_matrix_fills_as_model_frame_does() -> None:
+    sample = _sample(2000, seed=3)
+    raw = fs.model_frame(sample)
+    rows = np.arange(len(sample)) % 3 != 0
+    d = fs.population_defaults(raw, rows=rows)
+    assert d == fs.population_defaults(raw[rows])
+    want = fs.model_frame(sample, d).to_numpy(dtype=np.float32)
+    assert np.array_equal(fs.model_matrix(raw, d, np.float32), want)
+
+
 def test_population_defaults_are_medians_of_present_values() -> None:
     raw = fs.model_frame(_sample(500, seed=2))
     d = fs.population_defaults(raw)
