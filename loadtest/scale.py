@@ -76,6 +76,8 @@ class Run:
     train: Command | None = None
     test_rows: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    selection: list[dict[str, float]] = field(default_factory=list)
+    """Each candidate: leaves, trees grown to early stopping, rows fitted on."""
 
     @property
     def total_s(self) -> float:
@@ -163,6 +165,7 @@ def measure(rows: int, work: Path) -> Run:
     )
     metadata, folder = repository.load(var_dir / "models")
     run.train.steps = json.loads((folder / "timings.json").read_text())
+    run.selection = json.loads((folder / "selection.json").read_text())
     run.test_rows = int(metadata.metrics.get("test_rows", 0))
     run.metrics = {
         k: round(v, 4)
@@ -197,7 +200,14 @@ def markdown(runs: Sequence[Run]) -> str:
         assert i is not None and t is not None
         steps = ", ".join(f"{k} {v:.1f}" for k, v in i.steps.items())
         train_steps = ", ".join(f"{k} {v:.1f}" for k, v in t.steps.items())
-        lines.append(f"- {r.rows:,} rows: import: {steps}; train: {train_steps}")
+        grown = ", ".join(
+            f"{c['num_leaves']:.0f} leaves: {c['trees']:.0f} trees" for c in r.selection
+        )
+        fitted = r.selection[0]["fit_rows"] if r.selection else 0
+        lines.append(
+            f"- {r.rows:,} rows: import: {steps}; train: {train_steps} "
+            f"(fitted on {fitted:,.0f} rows; {grown})"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -159,8 +159,7 @@ def _bars() -> Iterator[_Report]:
 
 _LABELS = {
     "read": "reading and checking rows",
-    "features": "computing card, merchant and terminal features",
-    "write": "writing the dataset",
+    "features": "computing and writing card, merchant and terminal features",
 }
 
 

@@ -99,7 +99,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 _ROW = "__row"
 
 Progress = Callable[[str, int, int], None]
-"""Called with (step, done, total); steps: ``read`` (bytes or rows), ``features``, ``write``."""
+"""Called with (step, done, total); steps: ``read`` (bytes or rows), ``features`` (tables)."""
 
 
 class ImportRejected(Exception):
@@ -256,7 +256,6 @@ def import_transactions(
             raise ImportRejected(f"{path} holds no rows")
 
         started = time.perf_counter()
-        report("features", 0, 3)
         tx = pq.read_table(raw_path).to_pandas()
         raw_path.unlink()
         for name in _CODES:
@@ -281,19 +280,20 @@ def import_transactions(
             raise ImportRejected(
                 f"no row of {path} passes its checks; nothing was imported", bad, source.unit
             )
-        report("features", 1, 3)
-        data = dataset.Dataset.from_transactions(tx, label_delay=options.label_delay)
-        report("features", 3, 3)
-        seconds["features"] = round(time.perf_counter() - started, 3)
+        seconds["check"] = round(time.perf_counter() - started, 3)
 
         started = time.perf_counter()
-        frames = data.frames()
-        report("write", 0, len(frames) + 1)
-        for done, (name, frame) in enumerate(frames.items(), 1):
-            dataset.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / name)
-            report("write", done, len(frames) + 1)
+        dataset.write_table(
+            pa.Table.from_pandas(tx, preserve_index=False), folder / layout.TRANSACTIONS_FILE
+        )
+        dataset.write_feature_tables(
+            tx,
+            folder,
+            options.label_delay,
+            lambda done, total: report("features", done, total),
+        )
+        seconds["features"] = round(time.perf_counter() - started, 3)
         first, last = tx["timestamp"].iloc[0], tx["timestamp"].iloc[-1]
-        seconds["write"] = round(time.perf_counter() - started, 3)
         manifest = {
             "source": path.name,
             "imported_at": datetime.now(UTC).isoformat(),
@@ -308,7 +308,6 @@ def import_transactions(
             "seconds": seconds,
         }
         (folder / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-        report("write", len(frames) + 1, len(frames) + 1)
     version = data_dir.resolve()
     present = set(columns) | {"amount", "amount_minor"}
     used = set(columns.values())

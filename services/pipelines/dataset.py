@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -65,12 +65,10 @@ class Dataset:
         cls, transactions: pd.DataFrame, label_delay: timedelta = aggregation.LABEL_DELAY
     ) -> Dataset:
         """The dataset of ``transactions`` (``aggregation.RAW_COLUMNS``, sorted by time)."""
-        return cls(
-            transactions,
-            aggregation.card_feature_table(transactions),
-            aggregation.merchant_feature_table(transactions, label_delay=label_delay),
-            aggregation.terminal_feature_table(transactions, label_delay=label_delay),
+        cards, merchants, terminals = (
+            compute(transactions, label_delay) for compute in TABLES.values()
         )
+        return cls(transactions, cards, merchants, terminals)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """File name → frame, for every file of the dataset folder."""
@@ -88,6 +86,32 @@ def write(dataset: Dataset, data_dir: Path) -> dict[str, Path]:
         for name, frame in dataset.frames().items():
             write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / name)
     return {name: data_dir / name for name in dataset.frames()}
+
+
+TABLES: dict[str, Callable[[pd.DataFrame, timedelta], pd.DataFrame]] = {
+    CARD_FEATURES_FILE: lambda tx, delay: aggregation.card_feature_table(tx),
+    MERCHANT_FEATURES_FILE: lambda tx, delay: aggregation.merchant_feature_table(tx, delay),
+    TERMINAL_FEATURES_FILE: lambda tx, delay: aggregation.terminal_feature_table(tx, delay),
+}
+"""Each feature table's file and how ``Dataset.from_transactions`` computes it."""
+
+
+def write_feature_tables(
+    transactions: pd.DataFrame,
+    folder: Path,
+    label_delay: timedelta = aggregation.LABEL_DELAY,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Computes and writes the feature tables one at a time (the tables of
+    ``Dataset.from_transactions``, with one of them in memory at a time)."""
+    for done, (name, compute) in enumerate(TABLES.items()):
+        if progress is not None:
+            progress(done, len(TABLES))
+        table = compute(transactions, label_delay)
+        write_table(pa.Table.from_pandas(table, preserve_index=False), folder / name)
+        del table
+    if progress is not None:
+        progress(len(TABLES), len(TABLES))
 
 
 def write_table(table: pa.Table, path: Path) -> None:
