@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services import client
 from services.cli import certs as certs_cli
+from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
 from services.cli import features as features_cli
 from services.cli import train as train_cli
@@ -39,6 +40,7 @@ app.add_typer(features_cli.app, name="features", help="Simulate data, apply and 
 app.add_typer(
     decisions_cli.app, name="decisions", help="Export, follow and compact the decision log."
 )
+app.add_typer(data_cli.app, name="data", help="Import your own transaction history.")
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )

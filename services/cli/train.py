@@ -6,6 +6,9 @@ that mounting this command costs the other ``fraudmesh`` commands nothing.
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,8 +36,8 @@ console = Console()
 
 _STEP_LABELS = {
     "features": "point-in-time features (Feast)",
-    "train": "training LightGBM",
-    "evaluate": "evaluating on the holdout",
+    "train": "training LightGBM (candidates, early stopping on validation)",
+    "evaluate": "evaluating on the test period",
     "export": "exporting to ONNX",
     "parity": "checking LightGBM ↔ ONNX parity",
     "publish": "publishing",
@@ -57,8 +60,56 @@ def train_command(
     if_missing: Annotated[
         bool, typer.Option(help="Do nothing when a model version is already published.")
     ] = False,
+    train_from: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=["%Y-%m-%d"],
+            help="First day of the training window (UTC); default: 7 days after the data starts.",
+        ),
+    ] = None,
+    train_until: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=["%Y-%m-%d"],
+            help="End of the training window (UTC, exclusive); default: --test-from. Leave "
+            "the label delay (7 days) before --test-from to train as production would.",
+        ),
+    ] = None,
+    test_from: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=["%Y-%m-%d"],
+            help="First day of the test period (UTC); default: the latest 20% of the days.",
+        ),
+    ] = None,
+    test_until: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=["%Y-%m-%d"],
+            help="End of the test period (UTC, exclusive); default: the end of the data.",
+        ),
+    ] = None,
+    scores_out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write every test-period transaction's score here (Parquet: transaction_id "
+            "as imported, timestamp, card_id, score, is_fraud)."
+        ),
+    ] = None,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the evaluation report (evaluation.json, .md, .png) here; it is "
+            "always in the published version's folder."
+        ),
+    ] = None,
+    card_precision_k: Annotated[
+        int, typer.Option(min=1, help="k of card precision at k (cards per day).")
+    ] = 100,
 ) -> None:
-    """Train on Feast's point-in-time features, evaluate, export to ONNX and publish."""
+    """Train on Feast's point-in-time features, pick the model on a validation period carved
+    from the end of the training window, judge it on the test period, export to ONNX and
+    publish. Validation never overlaps the test period; decision thresholds come from it."""
     from services.pipelines import train
 
     settings = from_env(var_dir=var_dir)
@@ -74,6 +125,15 @@ def train_command(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
+    periods = train.Periods(
+        train_from=_utc(train_from),
+        train_until=_utc(train_until),
+        test_from=_utc(test_from),
+        test_until=_utc(test_until),
+    )
+    params = train.TrainParams(card_precision_k=card_precision_k)
+    if seed is not None:
+        params = replace(params, seed=seed)
     try:
         with Progress(*columns, console=console) as bar:
             tasks: dict[str, TaskID] = {}
@@ -83,33 +143,68 @@ def train_command(
                     tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
                 bar.update(tasks[step], completed=done, total=total)
 
-            params = train.TrainParams() if seed is None else train.TrainParams(seed=seed)
-            result = train.train(settings, root, params, progress=report)
+            result = train.train(settings, root, params, progress=report, periods=periods)
     except (FailedPrecondition, train.ParityError) as error:
         console.print(f"[red]training failed:[/red] {error}")
         raise typer.Exit(1) from error
-    _print_result(result)
+    if scores_out is not None:
+        train.write_scores(result.test_scores, scores_out)
+        console.print(f"[bold]scores[/bold]: {len(result.test_scores):,} rows in {scores_out}")
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("evaluation.json", "evaluation.md", "evaluation.png"):
+            shutil.copyfile(result.folder / name, report_dir / name)
+    _print_result(result, report_dir)
 
 
-def _print_result(result: TrainResult) -> None:
-    metrics = result.metadata.metrics
-    table = Table(title="holdout metrics")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name in sorted(metrics):
-        value = metrics[name]
-        shown = f"{value:,.0f}" if name.endswith(("_rows", "_frauds")) else f"{value:.4f}"
-        table.add_row(name, shown)
-    console.print(table)
+def _utc(day: datetime | None) -> datetime | None:
+    return None if day is None else day.replace(tzinfo=UTC)
+
+
+def _print_result(result: TrainResult, report_dir: Path | None) -> None:
     m = result.metadata
-    window = m.training_window
+    report = result.report
+    table = Table(title="test period: model and rules fallback")
+    table.add_column("metric")
+    table.add_column("model", justify="right")
+    table.add_column("rules", justify="right")
+    model, rules = report.model, report.rules
+    k = model.card_precision_k
+    rows = [
+        ("ROC-AUC", model.roc_auc, rules.roc_auc),
+        ("average precision (PR-AUC)", model.average_precision, rules.average_precision),
+        ("recall at 1% FPR", model.recall_at_1pct_fpr, rules.recall_at_1pct_fpr),
+        (f"card precision at {k}", model.card_precision_at_k, rules.card_precision_at_k),
+        ("precision at review", model.review.precision, rules.review.precision),
+        ("recall at review", model.review.recall, rules.review.recall),
+        ("precision at decline", model.decline.precision, rules.decline.precision),
+        ("recall at decline", model.decline.recall, rules.decline.recall),
+    ]
+    for name, a, b in rows:
+        table.add_row(name, f"{a:.4f}", f"{b:.4f}")
+    console.print(table)
+    for scenario, recall in model.recall_at_review_by_scenario.items():
+        console.print(f"  recall at review, {scenario}: {recall:.4f}")
+    for period, (start, end) in report.periods.items():
+        rows_in = report.rows.get(f"{period}_rows", 0)
+        frauds = report.rows.get(f"{period}_frauds", 0)
+        console.print(
+            f"[bold]{period}[/bold]: {start[:10]} → {end[:10]} ({rows_in:,} rows, {frauds:,} frauds)"
+        )
+    chosen = max(result.selection, key=lambda c: c["validation_average_precision"])
+    console.print(
+        f"[bold]selected[/bold] on validation: {chosen['num_leaves']:.0f} leaves, "
+        f"min {chosen['min_child_samples']:.0f} per leaf, {chosen['trees']:.0f} trees "
+        f"(validation AP {chosen['validation_average_precision']:.4f})"
+    )
     console.print(f"[bold]model[/bold]: {m.name} v{m.version} in {result.folder}")
     console.print(
-        f"[bold]window[/bold]: {window.start:%Y-%m-%d} → {window.end:%Y-%m-%d} "
-        f"(holdout from {window.holdout_start:%Y-%m-%d})"
-    )
-    console.print(
-        f"[bold]thresholds[/bold]: review ≥ {m.thresholds.review:.4f}, "
+        f"[bold]thresholds[/bold] (from validation): review ≥ {m.thresholds.review:.4f}, "
         f"decline ≥ {m.thresholds.decline:.4f}"
     )
     console.print(f"[bold]parity[/bold]: max |LightGBM − ONNX| = {m.parity_max_abs_diff:.2e}")
+    console.print(
+        f"[bold]report[/bold]: {(report_dir or result.folder) / 'evaluation.md'} (+ .json, .png)"
+    )
+    for note in report.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")

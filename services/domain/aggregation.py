@@ -4,26 +4,31 @@ The batch path (``card_feature_table``, ``merchant_feature_table``) turns a fram
 transactions (``RAW_COLUMNS``) into the tables the offline store serves: one row per
 (entity, timestamp) holding the entity's aggregates right after every transaction of that
 instant, columns ``card_id|merchant_id``, ``event_timestamp``, then
-``featurespec.CARD_FEATURES`` / ``featurespec.MERCHANT_FEATURES`` in order. The incremental
-path (``apply_card``, ``apply_merchant``, ``apply_label``) keeps a small state per entity and
-returns, for every event, the entity's row as of its newest transaction: the same row the
-batch table holds at that (entity, timestamp).
+``featurespec.CARD_FEATURES`` / ``featurespec.MERCHANT_FEATURES`` in order; terminals
+(``terminal_feature_table``, rows of transactions that name one) the same with
+``terminal_id`` and ``featurespec.TERMINAL_FEATURES``. The incremental path (``apply_card``,
+``apply_merchant``, ``apply_terminal``, ``apply_label``, ``apply_terminal_label``) keeps a
+small state per entity and returns, for every event, the entity's row as of its newest
+transaction: the same row the batch table holds at that (entity, timestamp).
 
 Semantics shared by both paths:
 
 * Amounts are in EUR, converted exactly as serving converts them (``featurespec.amount_eur``).
 * Windows are half-open, ``(t - width, t]``, at microsecond resolution; a card row includes
-  the card's own transactions at ``t``. Card windows: 1 h, 24 h, 7 d, 30 d; merchant
-  windows: 7 d, 28 d.
-* ``merchant_fraud_rate_28d`` at ``t`` covers the merchant's transactions in
-  ``(t - delay - 28 d, t - delay]`` (``delay`` = ``LABEL_DELAY`` unless given): frauds among
-  them whose label was reported by ``t``, over all of them; 0 when there are none. A label
-  is reported at ``fraud_reported_at``, by default the transaction time plus the delay, so
-  by default every fraud in that window counts (chargebacks reveal fraud about a week late,
-  and training must not see labels serving cannot know).
+  the card's own transactions at ``t``. Card windows: 1 h, 24 h, 7 d, 30 d; merchant and
+  terminal volume windows: 1 d, 7 d (merchants also 28 d for the mean amount).
+* Risk (merchants and terminals): ``*_fraud_rate_<w>`` at ``t`` covers the entity's
+  transactions in ``(t - delay - w, t - delay]`` for ``w`` in 1 d, 7 d, 28 d (``delay`` =
+  ``LABEL_DELAY`` unless given): frauds among them whose label was reported by ``t``, over
+  all of them (``*_labelled_txn_count_<w>``, which tells how much evidence the rate rests
+  on); 0 when there are none. A label is reported at ``fraud_reported_at``, by default the
+  transaction time plus the delay, so by default every fraud in those windows counts
+  (chargebacks reveal fraud about a week late, and training must not see labels serving
+  cannot know).
 * ``card_home_country``, ``merchant_country`` and ``merchant_category`` are the latest known
   value (by timestamp, then transaction id) among the entity's transactions up to ``t``;
-  NaN while none is known. They are int64 columns when every row has one, else float64.
+  missing while none is known: nullable ``Int64`` columns in the batch tables (a null in the
+  store, as Feast's Int64 declares), NaN in an incremental row.
 * Transactions of one instant are ordered by transaction id wherever order matters (only
   for "latest known"): the result never depends on input or arrival order.
 
@@ -34,8 +39,8 @@ difference of nearly equal terms when the amounts are nearly equal, so the two p
 through its square: ``|std_a² - std_b²| ≤ 1e-9 · mean(x²)``.
 
 The incremental state is bounded: events older than the longest window (30 d for cards,
-delay + 28 d for merchants) relative to the entity's newest event are evicted, and at most
-``MAX_CARD_EVENTS`` / ``MAX_MERCHANT_EVENTS`` events are kept; evictions by that cap make
+delay + 28 d for merchants and terminals) relative to the entity's newest event are evicted,
+and at most ``MAX_CARD_EVENTS`` / ``MAX_MERCHANT_EVENTS`` events are kept; evictions by that cap make
 the entity's windows inexact and are counted (``Update.evicted_by_cap`` and the state's
 ``evicted_by_cap``) so that they can be exported as a metric. The batch path has no cap.
 """
@@ -49,7 +54,7 @@ import operator
 import struct
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import accumulate
@@ -74,10 +79,10 @@ RAW_COLUMNS: dict[str, str] = {
     "is_fraud": "bool: the transaction's label (missing counts as legitimate)",
     "fraud_reported_at": "datetime64 UTC, optional: when the label became known "
     "(missing: timestamp + label delay)",
-    "terminal_id": "str, optional: the terminal at the merchant",
-    "card_home_country": "ISO 3166 numeric, optional (missing: NaN)",
-    "merchant_country": "ISO 3166 numeric, optional (missing: NaN)",
-    "merchant_category": "MCC, optional (missing: NaN)",
+    "terminal_id": "str, optional: the terminal that took the payment (unique across merchants)",
+    "card_home_country": "ISO 3166 numeric, optional (missing: null)",
+    "merchant_country": "ISO 3166 numeric, optional (missing: null)",
+    "merchant_category": "MCC, optional (missing: null)",
 }
 """Canonical raw transaction columns and their meaning; the batch path reads these."""
 
@@ -103,7 +108,13 @@ _DAY_US = 24 * _HOUR_US
 LABEL_DELAY = timedelta(days=7)
 """Default time between a transaction and the moment its label is known."""
 FRAUD_RATE_WINDOW = timedelta(days=28)
-"""Span of transactions ``merchant_fraud_rate_28d`` covers, ending ``LABEL_DELAY`` ago."""
+"""Longest span of transactions a fraud rate covers, ending one label delay ago."""
+RISK_WINDOWS: tuple[tuple[str, timedelta], ...] = (
+    ("1d", timedelta(days=1)),
+    ("7d", timedelta(days=7)),
+    ("28d", FRAUD_RATE_WINDOW),
+)
+"""Suffix and span of each fraud-rate window of merchants and terminals (longest last)."""
 CARD_HORIZON = timedelta(days=30)
 """Longest card window: older card events never count again."""
 
@@ -122,6 +133,7 @@ def _micros_of(delta: timedelta) -> int:
 _CARD_HORIZON_US = _micros_of(CARD_HORIZON)
 _FRAUD_WINDOW_US = _micros_of(FRAUD_RATE_WINDOW)
 _LABEL_DELAY_US = _micros_of(LABEL_DELAY)
+_RISK_WINDOWS_US = tuple((suffix, _micros_of(width)) for suffix, width in RISK_WINDOWS)
 
 # --- batch path -------------------------------------------------------------------------
 
@@ -149,6 +161,7 @@ def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
         "card_txn_count_1h": hi - lo_1h,
         "card_txn_count_24h": hi - lo_24h,
         "card_txn_count_7d": n_7d,
+        "card_txn_count_30d": n_30d,
         "card_amount_sum_24h": _window_sum(eur, lo_24h, hi, first),
         "card_amount_mean_7d": _window_sum(eur, lo_7d, hi, first) / n_7d,
         "card_amount_max_7d": _window_max(eur, lo_7d),
@@ -165,31 +178,61 @@ def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
 
 def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
     """Merchant aggregates after every (merchant, timestamp); rows sorted by merchant, then time."""
-    import numpy as np
-
-    delay_us = _micros_of(label_delay)
     rows = _Rows.sort(tx, "merchant_id")
-    eur, t, first = rows.eur, rows.t, rows.first
-    hi = rows.end
-    lo_7d, lo_28d = rows.after(7 * _DAY_US), rows.after(28 * _DAY_US)
-    known_lo = rows.after(delay_us + _FRAUD_WINDOW_US)
-    known_hi = rows.after(delay_us)
-    known = known_hi - known_lo
-    fraud_flag = rows.fraud
-    frauds = _window_sum(fraud_flag.astype(np.int64), known_lo, known_hi, first)
-    frauds = frauds - _unreported_frauds(rows, fraud_flag, delay_us)
-    rate = np.divide(frauds, known, out=np.zeros(len(t)), where=known > 0)
-    keep = rows.last_of_instant
+    hi, first = rows.end, rows.first
+    lo_28d = rows.after(28 * _DAY_US)
     columns = {
         "merchant_id": rows.ids,
-        "event_timestamp": t,
-        "merchant_txn_count_7d": hi - lo_7d,
-        "merchant_amount_mean_28d": _window_sum(eur, lo_28d, hi, first) / (hi - lo_28d),
-        "merchant_fraud_rate_28d": rate,
+        "event_timestamp": rows.t,
+        **_risk_columns(rows, "merchant", _micros_of(label_delay)),
+        "merchant_amount_mean_28d": _window_sum(rows.eur, lo_28d, hi, first) / (hi - lo_28d),
         "merchant_category": rows.latest_known("merchant_category"),
         "merchant_country": rows.latest_known("merchant_country"),
     }
-    return _table(columns, keep, featurespec.MERCHANT_FEATURES)
+    return _table(columns, rows.last_of_instant, featurespec.MERCHANT_FEATURES)
+
+
+def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
+    """Terminal aggregates after every (terminal, timestamp) of the transactions that name a
+    terminal (none without a ``terminal_id`` column); rows sorted by terminal, then time."""
+    import pandas as pd
+
+    if "terminal_id" in tx.columns:
+        named = tx["terminal_id"].notna().to_numpy() & (tx["terminal_id"] != "").to_numpy()
+        tx = tx[named]
+    else:
+        tx = tx.iloc[:0].assign(terminal_id=pd.Series([], dtype=object))
+    rows = _Rows.sort(tx, "terminal_id")
+    columns = {
+        "terminal_id": rows.ids,
+        "event_timestamp": rows.t,
+        **_risk_columns(rows, "terminal", _micros_of(label_delay)),
+    }
+    return _table(columns, rows.last_of_instant, featurespec.TERMINAL_FEATURES)
+
+
+def _risk_columns(rows: _Rows, prefix: str, delay_us: int) -> dict[str, np.ndarray]:
+    """Volume and label-delayed fraud rates of a merchant or terminal (see the module doc)."""
+    import numpy as np
+
+    hi, first = rows.end, rows.first
+    columns = {
+        f"{prefix}_txn_count_1d": hi - rows.after(_DAY_US),
+        f"{prefix}_txn_count_7d": hi - rows.after(7 * _DAY_US),
+    }
+    fraud = rows.fraud
+    flags = fraud.astype(np.int64)
+    reported = rows.reported_us(delay_us)
+    known_hi = rows.after(delay_us)
+    for suffix, width_us in _RISK_WINDOWS_US:
+        known_lo = rows.after(delay_us + width_us)
+        known = known_hi - known_lo
+        frauds = _window_sum(flags, known_lo, known_hi, first)
+        frauds = frauds - _unreported_frauds(rows, fraud, reported, delay_us, width_us)
+        rate = np.divide(frauds, known, out=np.zeros(len(rows.t)), where=known > 0)
+        columns[f"{prefix}_fraud_rate_{suffix}"] = rate
+        columns[f"{prefix}_labelled_txn_count_{suffix}"] = known
+    return columns
 
 
 def amounts_eur(tx: pd.DataFrame) -> np.ndarray:
@@ -250,7 +293,9 @@ class _Rows:
         self.key = self.base + rank
         self.first = _first_rows(self.code)
         self.end = np.searchsorted(self.key, self.key, side="right")
-        self.last_of_instant = np.r_[self.key[1:] != self.key[:-1], True]
+        self.last_of_instant = (
+            np.r_[self.key[1:] != self.key[:-1], True] if n else np.zeros(0, dtype=bool)
+        )
         self.eur = amounts_eur(tx)[order]
 
     @classmethod
@@ -339,22 +384,23 @@ def _order_ties_by_id(
     return order
 
 
-def _unreported_frauds(rows: _Rows, fraud: np.ndarray, delay_us: int) -> np.ndarray:
-    """Per row at t: frauds inside its fraud-rate window whose report came after t.
+def _unreported_frauds(
+    rows: _Rows, fraud: np.ndarray, reported: np.ndarray, delay_us: int, width_us: int
+) -> np.ndarray:
+    """Per row at t: frauds inside its fraud-rate window of ``width_us`` reported after t.
 
     Only frauds reported later than timestamp + delay can be such; each one is inside the
-    window of its entity's rows with t in [t_j + delay, t_j + delay + 28 d) and unreported
+    window of its entity's rows with t in [t_j + delay, t_j + delay + width) and unreported
     for those with t < reported_j: a range of rows, marked with a difference array.
     """
     import numpy as np
 
     n = len(rows.t)
-    reported = rows.reported_us(delay_us)
     late = np.flatnonzero(fraud & (reported > rows.t + delay_us))
     if len(late) == 0:
         return np.zeros(n, dtype=np.int64)
     t_j = rows.t[late]
-    stop = np.minimum(t_j + delay_us + _FRAUD_WINDOW_US, reported[late])
+    stop = np.minimum(t_j + delay_us + width_us, reported[late])
 
     def first_at_or_after(bound: np.ndarray) -> np.ndarray:
         # The first row of row j's entity with t >= bound (times are integers).
@@ -480,13 +526,13 @@ def _table(
     return pd.DataFrame(out, copy=False)
 
 
-def _codes(values: np.ndarray) -> np.ndarray:
-    """Codes as int64 when all are known, else float64 with NaN for the unknown ones."""
+def _codes(values: np.ndarray) -> pd.arrays.IntegerArray:
+    """Codes as a nullable Int64 array: the integers Feast declares, null where unknown."""
     import numpy as np
+    import pandas as pd
 
-    if np.isnan(values).any():
-        return values
-    return values.astype(np.int64)
+    unknown = np.isnan(values)
+    return pd.arrays.IntegerArray(np.where(unknown, 0, values).astype(np.int64), unknown)
 
 
 def _utc(micros: np.ndarray) -> pd.Series:
@@ -524,6 +570,8 @@ class TransactionEvent:
     """The merchant's MCC, when known."""
     is_fraud: bool | None = None
     """The label when already known (a replay); it counts as reported at time + label delay."""
+    terminal_id: str | None = None
+    """The terminal that took the payment, when known (``apply_terminal`` keys by it)."""
 
 
 FeatureRow = dict[str, float]
@@ -726,6 +774,7 @@ def card_row(state: CardState) -> FeatureRow | None:
         "card_txn_count_1h": n - lo_1h,
         "card_txn_count_24h": n - lo_24h,
         "card_txn_count_7d": n - lo_7d,
+        "card_txn_count_30d": n_30d,
         "card_amount_sum_24h": sum(eur[lo_24h:]),
         "card_amount_mean_7d": sum(week) / len(week),
         "card_amount_max_7d": max(week),
@@ -782,7 +831,8 @@ class Label(NamedTuple):
 
 @dataclass(slots=True)
 class MerchantState:
-    """A merchant's events within its longest window (label delay + 28 days) and labels."""
+    """A merchant's (or a terminal's) events within its longest window (label delay + 28
+    days) and labels; a terminal's state leaves the codes unknown."""
 
     label_delay_us: int = _LABEL_DELAY_US
     """Time from a transaction to the moment its label may be used (see the module docstring)."""
@@ -856,24 +906,46 @@ def merchant_row(state: MerchantState) -> FeatureRow | None:
     n = len(ev)
     if n == 0:
         return None
+    lo_28d = ev.since(ev.newest_us - 28 * _DAY_US)
+    risk = _risk_row(state, "merchant")
+    row = {name: risk.get(name, _NAN) for name in featurespec.MERCHANT_FEATURES}
+    row["merchant_amount_mean_28d"] = sum(ev.eur[lo_28d:]) / (n - lo_28d)
+    row["merchant_category"] = state.category.feature()
+    row["merchant_country"] = state.country.feature()
+    return row
+
+
+def terminal_row(state: MerchantState) -> FeatureRow | None:
+    """The terminal's features as of its newest event (``featurespec.TERMINAL_FEATURES`` order)."""
+    if len(state.events) == 0:
+        return None
+    return _risk_row(state, "terminal")
+
+
+def _risk_row(state: MerchantState, prefix: str) -> FeatureRow:
+    """Volume and label-delayed fraud rates as of the newest event (see the module doc)."""
+    ev = state.events
+    n = len(ev)
     newest = ev.newest_us
-    lo_7d, lo_28d = ev.since(newest - 7 * _DAY_US), ev.since(newest - 28 * _DAY_US)
-    known_until = newest - state.label_delay_us
-    known_from = known_until - _FRAUD_WINDOW_US
-    known = ev.since(known_until) - ev.since(known_from)
-    where = ev.where
-    frauds = 0
-    for tid, label in state.labels.items():
-        if label.is_fraud and label.reported_us <= newest:
-            t_us = where[tid]
-            frauds += known_from < t_us <= known_until
-    return {
-        "merchant_txn_count_7d": n - lo_7d,
-        "merchant_amount_mean_28d": sum(ev.eur[lo_28d:]) / (n - lo_28d),
-        "merchant_fraud_rate_28d": frauds / known if known else 0.0,
-        "merchant_category": state.category.feature(),
-        "merchant_country": state.country.feature(),
+    row: FeatureRow = {
+        f"{prefix}_txn_count_1d": n - ev.since(newest - _DAY_US),
+        f"{prefix}_txn_count_7d": n - ev.since(newest - 7 * _DAY_US),
     }
+    known_until = newest - state.label_delay_us
+    until = ev.since(known_until)
+    where = ev.where
+    fraud_times = [
+        where[tid]
+        for tid, label in state.labels.items()
+        if label.is_fraud and label.reported_us <= newest
+    ]
+    for suffix, width_us in _RISK_WINDOWS_US:
+        known_from = known_until - width_us
+        known = until - ev.since(known_from)
+        frauds = sum(1 for t_us in fraud_times if known_from < t_us <= known_until)
+        row[f"{prefix}_fraud_rate_{suffix}"] = frauds / known if known else 0.0
+        row[f"{prefix}_labelled_txn_count_{suffix}"] = known
+    return row
 
 
 def _newer(label: Label, held: Label) -> bool:
@@ -906,6 +978,22 @@ def apply_merchant(state: MerchantState | None, event: TransactionEvent) -> Upda
     event's ``is_fraud``, when given, is a label reported at timestamp + label delay; a
     label that ``apply_label`` held for this transaction applies now.
     """
+    return _apply_risk(state, event, merchant_row, codes=True)
+
+
+def apply_terminal(state: MerchantState | None, event: TransactionEvent) -> Update[MerchantState]:
+    """Counts one transaction in the state of its terminal (``event.terminal_id``, which the
+    caller checks is set); the same rules as ``apply_merchant``, the terminal's row."""
+    return _apply_risk(state, event, terminal_row, codes=False)
+
+
+def _apply_risk(
+    state: MerchantState | None,
+    event: TransactionEvent,
+    row: Callable[[MerchantState], FeatureRow | None],
+    *,
+    codes: bool,
+) -> Update[MerchantState]:
     t_us = event_micros(event)
     eur = featurespec.amount_eur(event.amount_minor, event.currency)
     if state is None:
@@ -914,13 +1002,14 @@ def apply_merchant(state: MerchantState | None, event: TransactionEvent) -> Upda
     tid = event.transaction_id
     if tid in ev.where:
         state.duplicates += 1
-        return Update(state, merchant_row(state), Change.DUPLICATE, 0)
+        return Update(state, row(state), Change.DUPLICATE, 0)
     if ev.times_us and t_us <= ev.newest_us - state.horizon_us:
         state.too_old += 1
-        return Update(state, merchant_row(state), Change.TOO_OLD, 0)
+        return Update(state, row(state), Change.TOO_OLD, 0)
     _, newest = ev.insert(t_us, tid, eur)
-    state.category.offer(event.merchant_category, t_us, tid)
-    state.country.offer(event.merchant_country, t_us, tid)
+    if codes:
+        state.category.offer(event.merchant_category, t_us, tid)
+        state.country.offer(event.merchant_country, t_us, tid)
     held = state.pending.pop(tid, None)
     if event.is_fraud is not None:
         implied = Label(bool(event.is_fraud), t_us + state.label_delay_us)
@@ -928,7 +1017,7 @@ def apply_merchant(state: MerchantState | None, event: TransactionEvent) -> Upda
     if held is not None:
         _put_label(state, tid, held, keep_legit=True)
     capped = _evict_merchant(state)
-    return Update(state, merchant_row(state), Change.APPLIED if newest else Change.LATE, capped)
+    return Update(state, row(state), Change.APPLIED if newest else Change.LATE, capped)
 
 
 def _evict_merchant(state: MerchantState) -> int:
@@ -961,13 +1050,30 @@ def apply_label(
 ) -> Update[MerchantState]:
     """Records an outcome for one of the merchant's transactions, reported at ``reported_at_s``.
 
-    The label counts in rows at or after ``reported_at_s`` whose fraud-rate window holds the
+    The label counts in rows at or after ``reported_at_s`` whose fraud-rate windows hold the
     transaction (the delay rule of the batch path): one reported after the merchant's newest
     transaction first shows in the row of its next one, exactly as training sees it. The
     returned row is the row as of the newest transaction. Of two labels for one transaction the
     later report wins. A label for a transaction not seen yet is held (``Change.PENDING``)
     until it arrives, or until it is too old to matter; at most ``MAX_PENDING_LABELS``.
     """
+    return _apply_label(state, transaction_id, is_fraud, reported_at_s, merchant_row)
+
+
+def apply_terminal_label(
+    state: MerchantState | None, transaction_id: str, is_fraud: bool, reported_at_s: float
+) -> Update[MerchantState]:
+    """``apply_label`` for the state of the transaction's terminal; returns the terminal's row."""
+    return _apply_label(state, transaction_id, is_fraud, reported_at_s, terminal_row)
+
+
+def _apply_label(
+    state: MerchantState | None,
+    transaction_id: str,
+    is_fraud: bool,
+    reported_at_s: float,
+    row: Callable[[MerchantState], FeatureRow | None],
+) -> Update[MerchantState]:
     label = Label(bool(is_fraud), _seconds_to_micros(reported_at_s))
     if state is None:
         state = MerchantState()
@@ -975,17 +1081,17 @@ def apply_label(
     if transaction_id in ev.where:
         if not _put_label(state, transaction_id, label, keep_legit=True):
             state.duplicates += 1
-            return Update(state, merchant_row(state), Change.DUPLICATE, 0)
-        return Update(state, merchant_row(state), Change.APPLIED, 0)
+            return Update(state, row(state), Change.DUPLICATE, 0)
+        return Update(state, row(state), Change.APPLIED, 0)
     if ev.times_us and label.reported_us <= ev.newest_us - state.horizon_us:
         state.too_old += 1
-        return Update(state, merchant_row(state), Change.TOO_OLD, 0)
+        return Update(state, row(state), Change.TOO_OLD, 0)
     held = state.pending.get(transaction_id)
     if held is not None and not _newer(label, held):
         state.duplicates += 1
-        return Update(state, merchant_row(state), Change.DUPLICATE, 0)
+        return Update(state, row(state), Change.DUPLICATE, 0)
     _hold_pending(state, transaction_id, label)
-    return Update(state, merchant_row(state), Change.PENDING, 0)
+    return Update(state, row(state), Change.PENDING, 0)
 
 
 def events_from_frame(tx: pd.DataFrame) -> Iterator[TransactionEvent]:
@@ -1002,6 +1108,10 @@ def events_from_frame(tx: pd.DataFrame) -> Iterator[TransactionEvent]:
         return [None if v != v else int(v) for v in values.tolist()]
 
     labels = tx["is_fraud"].tolist()
+    if "terminal_id" in tx.columns:
+        terminals = [t if isinstance(t, str) and t else None for t in tx["terminal_id"].tolist()]
+    else:
+        terminals = [None] * n
     columns = zip(
         tx["transaction_id"].tolist(),
         micros.tolist(),
@@ -1014,9 +1124,23 @@ def events_from_frame(tx: pd.DataFrame) -> Iterator[TransactionEvent]:
         optional("merchant_country"),
         optional("merchant_category"),
         labels,
+        terminals,
         strict=True,
     )
-    for tid, t_us, card, merchant, minor, currency, channel, home, country, mcc, label in columns:
+    for (
+        tid,
+        t_us,
+        card,
+        merchant,
+        minor,
+        currency,
+        channel,
+        home,
+        country,
+        mcc,
+        label,
+        terminal,
+    ) in columns:
         yield TransactionEvent(
             transaction_id=str(tid),
             timestamp_s=t_us / _US,
@@ -1029,6 +1153,7 @@ def events_from_frame(tx: pd.DataFrame) -> Iterator[TransactionEvent]:
             merchant_country=country,
             merchant_category=mcc,
             is_fraud=None if label is None or label != label else bool(label),
+            terminal_id=terminal,
         )
 
 

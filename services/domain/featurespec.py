@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from services.domain.money import amount_eur, eur_per_unit, minor_per_major
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 CARD_VIEW = "card_features"
@@ -29,6 +30,9 @@ CARD_VIEW = "card_features"
 
 MERCHANT_VIEW = "merchant_features"
 """Feast feature view of the merchant aggregates (entity ``merchant``, join key ``merchant_id``)."""
+
+TERMINAL_VIEW = "terminal_features"
+"""Feast feature view of the terminal aggregates (entity ``terminal``, join key ``terminal_id``)."""
 
 CARD_PRESENT = "card_present"
 """``channel`` of a transaction at a physical terminal."""
@@ -65,6 +69,7 @@ CARD_FEATURES: tuple[str, ...] = (
     "card_txn_count_1h",
     "card_txn_count_24h",
     "card_txn_count_7d",
+    "card_txn_count_30d",
     "card_amount_sum_24h",
     "card_amount_mean_7d",
     "card_amount_max_7d",
@@ -77,16 +82,31 @@ CARD_FEATURES: tuple[str, ...] = (
 )
 """Card aggregates in EUR, each including the card's latest transaction, in view order."""
 
+RISK_WINDOWS: tuple[str, ...] = ("1d", "7d", "28d")
+"""Windows of the fraud rates of merchants and terminals; each ends one label delay ago."""
+
+
+def _risk(entity: str) -> tuple[str, ...]:
+    """Volume over 1 and 7 days, then each window's fraud rate and its number of transactions."""
+    names = [f"{entity}_txn_count_1d", f"{entity}_txn_count_7d"]
+    for window in RISK_WINDOWS:
+        names += [f"{entity}_fraud_rate_{window}", f"{entity}_labelled_txn_count_{window}"]
+    return tuple(names)
+
+
 MERCHANT_FEATURES: tuple[str, ...] = (
-    "merchant_txn_count_7d",
+    *_risk("merchant"),
     "merchant_amount_mean_28d",
-    "merchant_fraud_rate_28d",
     "merchant_category",
     "merchant_country",
 )
-"""Merchant aggregates (fraud rate from labels known after a 7-day delay), in view order."""
+"""Merchant aggregates (fraud rates from labels known after a 7-day delay), in view order."""
 
-STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES
+TERMINAL_FEATURES: tuple[str, ...] = _risk("terminal")
+"""Terminal aggregates, as the merchant's risk features; missing when a payment names no
+terminal. A compromised terminal (a skimmer) shows here long before its merchant's rates move."""
+
+STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES + TERMINAL_FEATURES
 """Every Feast-backed feature, in the order the feature service returns them."""
 
 HELPER_FEATURES: tuple[str, ...] = ("card_last_txn_s", "card_home_country", "merchant_country")
@@ -102,6 +122,7 @@ REQUEST_FEATURES: tuple[str, ...] = (
     "seconds_since_last_txn",
     "amount_to_card_mean_7d",
     "geo_mismatch",
+    "amount_to_card_mean_30d",
 )
 """Features derived at request time from the transaction and the store features."""
 
@@ -160,6 +181,12 @@ def model_vector(
         append(defaults["geo_mismatch"])
     else:
         append(1.0 if home != country else 0.0)
+
+    mean_30d = get("card_amount_mean_30d")
+    if mean_30d is not None and mean_30d > 0.0:
+        append(amount / mean_30d)
+    else:
+        append(defaults["amount_to_card_mean_30d"])
     return vector
 
 
@@ -190,9 +217,10 @@ def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -
     out["hour_of_day"] = (timestamp_s // 3600.0) % 24.0
     out["is_card_not_present"] = df["card_not_present"].to_numpy(dtype=bool).astype(np.float64)
     out["seconds_since_last_txn"] = np.maximum(0.0, timestamp_s - store("card_last_txn_s"))
-    mean_7d = store("card_amount_mean_7d")
+    mean_7d, mean_30d = store("card_amount_mean_7d"), store("card_amount_mean_30d")
     with np.errstate(invalid="ignore", divide="ignore"):
         out["amount_to_card_mean_7d"] = np.where(mean_7d > 0.0, amount / mean_7d, np.nan)
+        out["amount_to_card_mean_30d"] = np.where(mean_30d > 0.0, amount / mean_30d, np.nan)
     home, country = store("card_home_country"), store("merchant_country")
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)
@@ -202,10 +230,28 @@ def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -
     return out[list(MODEL_FEATURES)]
 
 
-def population_defaults(frame: pd.DataFrame) -> dict[str, float]:
-    """Median of each model feature over the non-missing values of a ``model_frame``."""
+def population_defaults(frame: pd.DataFrame, rows: np.ndarray | None = None) -> dict[str, float]:
+    """Median of each model feature over the non-missing values of a ``model_frame`` (of the
+    ``rows`` a boolean mask selects, when given; one column is copied at a time)."""
+    import pandas as pd
+
     defaults: dict[str, float] = {}
     for name in MODEL_FEATURES:
-        median = float(frame[name].median(skipna=True))
+        values = frame[name] if rows is None else pd.Series(frame[name].to_numpy()[rows])
+        median = float(values.median(skipna=True))
         defaults[name] = 0.0 if math.isnan(median) else median
     return defaults
+
+
+def model_matrix(
+    raw: pd.DataFrame, defaults: Mapping[str, float], dtype: type = float
+) -> np.ndarray:
+    """The model input matrix of a ``model_frame`` without defaults: missing values filled as
+    ``model_vector`` fills them, column by column into one array of ``dtype``."""
+    import numpy as np
+
+    out: np.ndarray = np.empty((len(raw), len(MODEL_FEATURES)), dtype=dtype)
+    for i, name in enumerate(MODEL_FEATURES):
+        column = raw[name].to_numpy(dtype=np.float64)
+        out[:, i] = np.where(np.isnan(column), float(defaults[name]), column)
+    return out

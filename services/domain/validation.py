@@ -29,16 +29,22 @@ def shown(value: str | bytes, limit: int = ECHO_LIMIT) -> str:
     return f"{value[:limit]!r}… ({len(value)} {unit})"
 
 
+def id_problem(value: str, required: bool = True) -> str | None:
+    """What is wrong with an identifier (``check_id``'s rule), or None when it is fine."""
+    if not value:
+        return "is required" if required else None
+    if len(value) > MAX_ID_LENGTH:
+        return f"is longer than {MAX_ID_LENGTH} characters"
+    if not value.isprintable():
+        return "contains non-printable characters"
+    return None
+
+
 def check_id(field: str, value: str, required: bool = True) -> None:
     """An identifier: present (when required), at most ``MAX_ID_LENGTH`` printable characters."""
-    if not value:
-        if required:
-            raise InvalidArgument(field, "is required")
-        return
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(field, f"is longer than {MAX_ID_LENGTH} characters")
-    if not value.isprintable():
-        raise InvalidArgument(field, "contains non-printable characters")
+    problem = id_problem(value, required)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
 
 
 def check_currency(field: str, value: str) -> None:

@@ -15,12 +15,12 @@ from services.common.errors import Unavailable
 from services.domain.featurespec import FeatureRead
 from services.domain.validation import check_id
 
-Reader = Callable[[str, str, float], Sequence[FeatureRead]]
-"""Reads (card_id, merchant_id, as_of_s) → one FeatureRead per store feature."""
+Reader = Callable[[str, str, float, str], Sequence[FeatureRead]]
+"""Reads (card_id, merchant_id, as_of_s, terminal_id) → one FeatureRead per store feature."""
 
 
 class FeatureServicer(pb_grpc.FeatureServiceServicer):
-    """Reads one card's and one merchant's features; unknown entities come back MISSING."""
+    """Reads one card's, merchant's and terminal's features; unknown entities come back MISSING."""
 
     def __init__(self, names: Sequence[str], executor: ThreadPoolExecutor | None) -> None:
         self._names = tuple(names)
@@ -32,6 +32,7 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
     ) -> pb.GetFeaturesResponse:
         check_id("card_id", request.card_id)
         check_id("merchant_id", request.merchant_id)
+        check_id("terminal_id", request.terminal_id, required=False)
         read = self.read
         if read is None:
             raise Unavailable("feature store is still connecting")
@@ -39,12 +40,17 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         if self._executor is None:
             # Inline: a sub-millisecond read costs less than a hop to a thread, which waits
             # for the GIL behind the gRPC poller (up to the 5 ms switch interval).
-            rows = read(request.card_id, request.merchant_id, as_of)
+            rows = read(request.card_id, request.merchant_id, as_of, request.terminal_id)
         else:
             # In a thread, a store that hangs cannot stall the event loop and health checks.
             loop = asyncio.get_running_loop()
             rows = await loop.run_in_executor(
-                self._executor, read, request.card_id, request.merchant_id, as_of
+                self._executor,
+                read,
+                request.card_id,
+                request.merchant_id,
+                as_of,
+                request.terminal_id,
             )
         response = pb.GetFeaturesResponse()
         add = response.features.add

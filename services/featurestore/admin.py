@@ -29,15 +29,22 @@ from services.featurestore.settings import FeatureStoreSettings
 OBJECTS = (
     definitions.card,
     definitions.merchant,
+    definitions.terminal,
     definitions.card_source,
     definitions.merchant_source,
+    definitions.terminal_source,
     definitions.card_features,
     definitions.merchant_features,
+    definitions.terminal_features,
     definitions.fraud_scoring,
 )
 """Every Feast object of the repo, as ``apply`` registers them."""
 
-VIEW_NAMES = (definitions.card_features.name, definitions.merchant_features.name)
+VIEW_NAMES = (
+    definitions.card_features.name,
+    definitions.merchant_features.name,
+    definitions.terminal_features.name,
+)
 """The feature views, in the order materialize() loads them."""
 
 
@@ -162,7 +169,7 @@ def _data_window(data_dir: Path) -> tuple[datetime, datetime]:
     times = pd.concat(
         [
             pd.read_parquet(data_dir / name, columns=["event_timestamp"])["event_timestamp"]
-            for name in (layout.CARD_FEATURES_FILE, layout.MERCHANT_FEATURES_FILE)
+            for name in layout.FEATURE_FILES
         ]
     )
     start = times.min().to_pydatetime().astimezone(UTC)

@@ -1,4 +1,4 @@
-"""The request-path reader of the online store: one card's and one merchant's features.
+"""The request-path reader of the online store: one card's, merchant's and terminal's features.
 
 Feast's ``FeatureView.ttl`` bounds the offline point-in-time join but does not filter
 online reads, so ``OnlineFeatureReader`` judges freshness itself, from each value's event
@@ -73,7 +73,8 @@ class _View:
 
 
 class OnlineFeatureReader:
-    """Reads the store features of one card and one merchant from Feast's online store.
+    """Reads the store features of one card, one merchant and, when the payment names one, one
+    terminal from Feast's online store.
 
     Feast owns the definitions, the keys and the stored layout; on the request path the
     reader skips ``FeatureStore.get_online_features`` (request normalisation, registry
@@ -81,7 +82,7 @@ class OnlineFeatureReader:
     goes to the online store with everything resolved once at start:
 
     - SQLite: the store's own ``online_read`` for each view (about 0.11 ms a read);
-    - Redis: one pipelined ``HMGET`` of both entities' hashes in a single round trip, with
+    - Redis: one pipelined ``HMGET`` of the entities' hashes in a single round trip, with
       the keys and hashed field names computed by Feast's Redis store (about 0.15 ms),
       over a connection whose socket timeout (``redis_timeout_ms``, no retries) bounds a
       hung server.
@@ -102,23 +103,30 @@ class OnlineFeatureReader:
             )
             card_view = self._store.get_feature_view(featurespec.CARD_VIEW)
             merchant_view = self._store.get_feature_view(featurespec.MERCHANT_VIEW)
+            terminal_view = self._store.get_feature_view(featurespec.TERMINAL_VIEW)
         except (FeatureServiceNotFoundException, FeatureViewNotFoundException) as error:
             raise not_applied(settings) from error
         card_age = settings.card_max_age_s or definitions.CARD_TTL.total_seconds()
         merchant_age = settings.merchant_max_age_s or definitions.MERCHANT_TTL.total_seconds()
+        terminal_age = settings.terminal_max_age_s or definitions.TERMINAL_TTL.total_seconds()
+        n_card, n_merchant = len(featurespec.CARD_FEATURES), len(featurespec.MERCHANT_FEATURES)
         self._card = _View(card_view, "card_id", featurespec.CARD_FEATURES, 0, card_age)
         self._merchant = _View(
-            merchant_view,
-            "merchant_id",
-            featurespec.MERCHANT_FEATURES,
-            len(featurespec.CARD_FEATURES),
-            merchant_age,
+            merchant_view, "merchant_id", featurespec.MERCHANT_FEATURES, n_card, merchant_age
         )
+        self._terminal = _View(
+            terminal_view,
+            "terminal_id",
+            featurespec.TERMINAL_FEATURES,
+            n_card + n_merchant,
+            terminal_age,
+        )
+        self._views = (self._card, self._merchant, self._terminal)
         self._config = self._store.config
         self._online = feast_internals.online_store(self._store)
-        self._read: Callable[[str, str, float], list[FeatureRead]]
+        self._read: Callable[[tuple[str, str, str], float], list[FeatureRead]]
         if isinstance(self._online, RedisOnlineStore):
-            self._hash_fields = tuple(self._redis_fields(v) for v in (self._card, self._merchant))
+            self._hash_fields = tuple(self._redis_fields(v) for v in self._views)
             # No retries: redis-py's default (three, with backoff up to seconds) turns a
             # hung server into a multi-second stall; a failed read is answered with
             # defaults by the gateway and the next read reconnects.
@@ -130,20 +138,25 @@ class OnlineFeatureReader:
             self._read = self._read_views
         self._lock = threading.Lock()
 
-    def read(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
-        """Each STORE_FEATURES value with its status, judged fresh against ``as_of_s``."""
+    def read(
+        self, card_id: str, merchant_id: str, as_of_s: float, terminal_id: str = ""
+    ) -> list[FeatureRead]:
+        """Each STORE_FEATURES value with its status, judged fresh against ``as_of_s``; the
+        terminal's features are MISSING when ``terminal_id`` is empty (none is looked up)."""
         try:
             with self._lock:
-                return self._read(card_id, merchant_id, as_of_s)
+                return self._read((card_id, merchant_id, terminal_id), as_of_s)
         except (RedisError, sqlite3.Error) as error:
             # UNAVAILABLE, not INTERNAL: the caller falls back and the next read retries.
             raise Unavailable(
                 f"online store read failed: {type(error).__name__}: {error}"
             ) from error
 
-    def _read_views(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+    def _read_views(self, ids: tuple[str, str, str], as_of_s: float) -> list[FeatureRead]:
         out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
-        for view, value in ((self._card, card_id), (self._merchant, merchant_id)):
+        for view, value in zip(self._views, ids, strict=True):
+            if not value:
+                continue
             ((stamp, values),) = self._online.online_read(
                 self._config, view.view, [view.entity_key(value)], list(view.names)
             )
@@ -155,20 +168,23 @@ class OnlineFeatureReader:
         assert isinstance(online, RedisOnlineStore)
         return feast_internals.redis_hash_fields(online, self._config, view.view, view.names)
 
-    def _read_redis(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+    def _read_redis(self, ids: tuple[str, str, str], as_of_s: float) -> list[FeatureRead]:
         online = self._online
         assert isinstance(online, RedisOnlineStore)
-        card, merchant = self._card, self._merchant
+        # A payment without a terminal reads two hashes, not three.
+        views = self._views if ids[2] else self._views[:2]
         keys = feast_internals.redis_keys(
-            online, self._config, [card.entity_key(card_id), merchant.entity_key(merchant_id)]
+            online,
+            self._config,
+            [view.entity_key(value) for view, value in zip(views, ids, strict=False)],
         )
-        # One round trip: both entities' hashes in a single non-transactional pipeline.
+        # One round trip: the entities' hashes in a single non-transactional pipeline.
         with feast_internals.redis_client(online, self._config).pipeline(transaction=False) as pipe:
-            for key, fields in zip(keys, self._hash_fields, strict=True):
+            for key, fields in zip(keys, self._hash_fields, strict=False):
                 pipe.hmget(key, fields)
             replies = pipe.execute()
         out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
-        for view, reply in zip((card, merchant), replies, strict=True):
+        for view, reply in zip(views, replies, strict=True):
             raw_stamp = reply[-1]
             if not raw_stamp:
                 continue  # no timestamp field: the entity was never materialized
@@ -181,16 +197,18 @@ class OnlineFeatureReader:
             view.fill(out, stamp.seconds + stamp.nanos * 1e-9, values, as_of_s)
         return out
 
-    def read_generic(self, card_id: str, merchant_id: str, as_of_s: float) -> list[FeatureRead]:
+    def read_generic(
+        self, card_id: str, merchant_id: str, as_of_s: float, terminal_id: str = ""
+    ) -> list[FeatureRead]:
         """The same read through ``FeatureStore.get_online_features`` (slower; the reference)."""
+        row = {"card_id": card_id, "merchant_id": merchant_id, "terminal_id": terminal_id}
         with self._lock:
-            response = self._store.get_online_features(
-                self._service, [{"card_id": card_id, "merchant_id": merchant_id}]
-            ).proto
+            response = self._store.get_online_features(self._service, [row]).proto
         out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
+        views = self._views if terminal_id else self._views[:2]
         slots = {
             name: (view.first + offset, view.max_age_s)
-            for view in (self._card, self._merchant)
+            for view in views
             for offset, name in enumerate(view.names)
         }
         # The response lists features in an order of Feast's choosing; match them by name.

@@ -62,6 +62,12 @@ class FeatureStoreSettings(BaseSettings):
         description="Merchant features older than this (seconds) are STALE; unset uses the "
         "merchant view's TTL.",
     )
+    terminal_max_age_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Terminal features older than this (seconds) are STALE; unset uses the "
+        "terminal view's TTL.",
+    )
 
     @property
     def data_path(self) -> Path:

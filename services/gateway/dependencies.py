@@ -30,10 +30,17 @@ class GrpcFeatureClient:
         self._stub = features_pb2_grpc.FeatureServiceStub(channel)
 
     async def get(
-        self, card_id: str, merchant_id: str, as_of_s: float, timeout_s: float
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
     ) -> Mapping[str, float | None]:
         """Store features by name; None for missing or stale ones."""
-        request = features_pb2.GetFeaturesRequest(card_id=card_id, merchant_id=merchant_id)
+        request = features_pb2.GetFeaturesRequest(
+            card_id=card_id, merchant_id=merchant_id, terminal_id=terminal_id
+        )
         request.as_of.seconds, request.as_of.nanos = divmod(round(as_of_s * 1e9), 1_000_000_000)
         try:
             response = await self._stub.GetFeatures(request, timeout=timeout_s)

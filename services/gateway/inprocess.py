@@ -37,11 +37,16 @@ class LocalFeatureClient:
         self._names = featurespec.STORE_FEATURES
 
     async def get(
-        self, card_id: str, merchant_id: str, as_of_s: float, timeout_s: float
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
     ) -> Mapping[str, float | None]:
         """Fresh values by name; None for missing or stale ones."""
         try:
-            rows = self._reader.read(card_id, merchant_id, as_of_s)
+            rows = self._reader.read(card_id, merchant_id, as_of_s, terminal_id)
         except Unavailable as error:
             raise DependencyError("features", "unavailable", error.message) from error
         return {

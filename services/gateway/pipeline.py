@@ -79,9 +79,15 @@ class FeatureClient(Protocol):
     """Reads store features; None marks a missing or stale value."""
 
     async def get(
-        self, card_id: str, merchant_id: str, as_of_s: float, timeout_s: float
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
     ) -> Mapping[str, float | None]:
-        """Raises DependencyError when the feature service cannot answer in time."""
+        """Raises DependencyError when the feature service cannot answer in time; the
+        terminal's features are missing when ``terminal_id`` is empty."""
         ...
 
 
@@ -136,6 +142,8 @@ class Pipeline:
         self._order = tuple(metadata.feature_order)
         self._defaults = dict(metadata.default_features)
         self._store_names = featurespec.STORE_FEATURES
+        # A payment that names no terminal expects none of the terminal's features.
+        self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
 
     async def _read_features(
         self, tx: Transaction, budget: Budget
@@ -147,15 +155,18 @@ class Pipeline:
         try:
             store = await guarded(
                 self.features_breaker,
-                lambda: self.features.get(tx.card_id, tx.merchant_id, tx.timestamp_s, timeout),
+                lambda: self.features.get(
+                    tx.card_id, tx.merchant_id, tx.timestamp_s, timeout, tx.terminal_id
+                ),
             )
         except DependencyError as error:
             self.metrics.dependency_error("features", error.reason)
             return {}, Source.DEFAULT
-        missing = sum(1 for name in self._store_names if store.get(name) is None)
+        expected = self._store_names if tx.terminal_id else self._named_store
+        missing = sum(1 for name in expected if store.get(name) is None)
         if missing == 0:
             return store, Source.ONLINE
-        if missing == len(self._store_names):
+        if missing == len(expected):
             return store, Source.DEFAULT
         return store, Source.PARTIAL
 

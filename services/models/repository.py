@@ -52,6 +52,15 @@ class TrainingWindow(BaseModel):
     start: datetime = Field(description="First transaction time used for training.")
     end: datetime = Field(description="End of the data (exclusive).")
     holdout_start: datetime = Field(description="Start of the held-out evaluation period.")
+    train_end: datetime | None = Field(
+        default=None,
+        description="End of the training window (exclusive); the validation period ends here.",
+    )
+    validation_start: datetime | None = Field(
+        default=None,
+        description="Start of the validation period carved from the end of the training "
+        "window (model selection and thresholds).",
+    )
 
 
 class ModelMetadata(BaseModel):

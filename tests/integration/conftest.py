@@ -25,19 +25,24 @@ class Known:
     card_id: str
     merchant_id: str
     amount_minor: int
+    terminal_id: str
 
 
 @pytest.fixture(scope="session")
 def known(prepared_env: Any) -> Known:
-    """A busy card, a merchant it uses, and a typical amount of it."""
+    """A busy card, a merchant it uses, a typical amount of it, and that merchant's busiest
+    terminal."""
     tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
     tx = tx[tx["currency"] == "EUR"]
     card = tx["card_id"].value_counts().index[0]
     mine = tx[tx["card_id"] == card]
+    merchant = str(mine["merchant_id"].value_counts().index[0])
+    terminals = tx.loc[tx["merchant_id"] == merchant, "terminal_id"]
     return Known(
         card_id=str(card),
-        merchant_id=str(mine["merchant_id"].value_counts().index[0]),
+        merchant_id=merchant,
         amount_minor=int(mine["amount_minor"].median()),
+        terminal_id=str(terminals.value_counts().index[0]),
     )
 
 

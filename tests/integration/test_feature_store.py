@@ -36,6 +36,10 @@ pytestmark = pytest.mark.integration
 END = date(2026, 1, 15)
 END_S = pd.Timestamp(END, tz="UTC").timestamp()
 N_CARD = len(featurespec.CARD_FEATURES)
+N_STORE = len(featurespec.STORE_FEATURES)
+N_TERMINAL = len(featurespec.TERMINAL_FEATURES)
+MERCHANT_SLOTS = slice(N_CARD, N_STORE - N_TERMINAL)
+TERMINAL_SLOTS = slice(N_STORE - N_TERMINAL, N_STORE)
 
 
 def _free_port() -> int:
@@ -106,7 +110,7 @@ def online(request: pytest.FixtureRequest, dataset: tuple[Path, Dataset]) -> Fea
         settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     steps: list[tuple[str, int, int]] = []
     admin.materialize(settings, progress=lambda *step: steps.append(step))
-    assert steps[-1] == ("", 2, 2)
+    assert steps[-1] == ("", 3, 3)
     return settings
 
 
@@ -121,48 +125,64 @@ def _latest(frame: pd.DataFrame, key: str, entity: str) -> pd.Series:
     return frame[frame[key] == entity].iloc[-1]
 
 
-def _busy(sim: Dataset) -> tuple[str, str]:
-    """A card and a merchant whose newest rows are in the data's last day."""
+def _busy(sim: Dataset) -> tuple[str, str, str]:
+    """A card, a merchant and a terminal whose newest rows are in the data's last day."""
     last_day = sim.transactions["timestamp"] >= pd.Timestamp(END, tz="UTC") - pd.Timedelta(days=1)
-    recent = sim.transactions[last_day]
-    return str(recent["card_id"].iloc[-1]), str(recent["merchant_id"].iloc[-1])
+    last = sim.transactions[last_day].iloc[-1]
+    return str(last["card_id"]), str(last["merchant_id"]), str(last["terminal_id"])
 
 
-def test_known_card_and_merchant_are_present_with_their_newest_row(
+def test_known_card_merchant_and_terminal_are_present_with_their_newest_row(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
     _, sim = dataset
-    card, merchant = _busy(sim)
-    rows = reader.read(card, merchant, END_S)
+    card, merchant, terminal = _busy(sim)
+    rows = reader.read(card, merchant, END_S, terminal)
     assert len(rows) == len(featurespec.STORE_FEATURES)
     expected_card = _latest(sim.card_features, "card_id", card)
     expected_merchant = _latest(sim.merchant_features, "merchant_id", merchant)
+    expected_terminal = _latest(sim.terminal_features, "terminal_id", terminal)
     for name, (value, status, event_s) in zip(featurespec.STORE_FEATURES, rows, strict=True):
-        expected = expected_card if name in featurespec.CARD_FEATURES else expected_merchant
+        if name in featurespec.CARD_FEATURES:
+            expected = expected_card
+        elif name in featurespec.MERCHANT_FEATURES:
+            expected = expected_merchant
+        else:
+            expected = expected_terminal
         assert status == FeatureStatus.PRESENT, name
         assert value == pytest.approx(float(expected[name])), name
         assert event_s == expected["event_timestamp"].timestamp(), name
 
 
 def test_unknown_entities_are_missing_not_errors(reader: OnlineFeatureReader) -> None:
-    rows = reader.read("card-unknown", "merch-unknown", END_S)
+    rows = reader.read("card-unknown", "merch-unknown", END_S, "term-unknown")
     assert rows == [(None, FeatureStatus.MISSING, None)] * len(featurespec.STORE_FEATURES)
 
 
 def test_unknown_merchant_leaves_the_card_present(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
-    card, _ = _busy(dataset[1])
-    rows = reader.read(card, "merch-unknown", END_S)
+    card, _, terminal = _busy(dataset[1])
+    rows = reader.read(card, "merch-unknown", END_S, terminal)
     assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.PRESENT}
-    assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.MISSING}
+    assert {status for _, status, _ in rows[MERCHANT_SLOTS]} == {FeatureStatus.MISSING}
+    assert {status for _, status, _ in rows[TERMINAL_SLOTS]} == {FeatureStatus.PRESENT}
+
+
+def test_no_terminal_leaves_its_features_missing(
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
+) -> None:
+    card, merchant, _ = _busy(dataset[1])
+    rows = reader.read(card, merchant, END_S)
+    assert {status for _, status, _ in rows[:-N_TERMINAL]} == {FeatureStatus.PRESENT}
+    assert {status for _, status, _ in rows[TERMINAL_SLOTS]} == {FeatureStatus.MISSING}
 
 
 def test_features_far_after_the_data_are_stale(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
-    card, merchant = _busy(dataset[1])
-    rows = reader.read(card, merchant, END_S + 60 * 86_400)
+    card, merchant, terminal = _busy(dataset[1])
+    rows = reader.read(card, merchant, END_S + 60 * 86_400, terminal)
     assert {status for _, status, _ in rows} == {FeatureStatus.STALE}
     assert all(value is not None and event_s is not None for value, _, event_s in rows)
 
@@ -170,9 +190,9 @@ def test_features_far_after_the_data_are_stale(
 def test_staleness_is_judged_per_view(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
 ) -> None:
-    card, merchant = _busy(dataset[1])
-    # Past the merchant view's 14 days, within the card view's 30.
-    rows = reader.read(card, merchant, END_S + 20 * 86_400)
+    card, merchant, terminal = _busy(dataset[1])
+    # Past the merchant and terminal views' 14 days, within the card view's 30.
+    rows = reader.read(card, merchant, END_S + 20 * 86_400, terminal)
     assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.PRESENT}
     assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.STALE}
 
@@ -180,16 +200,19 @@ def test_staleness_is_judged_per_view(
 def test_max_age_setting_overrides_the_ttl(
     online: FeatureStoreSettings, dataset: tuple[Path, Dataset]
 ) -> None:
-    card, merchant = _busy(dataset[1])
+    card, merchant, terminal = _busy(dataset[1])
     strict = OnlineFeatureReader(
-        online.model_copy(update={"card_max_age_s": 1.0, "merchant_max_age_s": 1e9})
+        online.model_copy(
+            update={"card_max_age_s": 1.0, "merchant_max_age_s": 1e9, "terminal_max_age_s": 1.0}
+        )
     )
     try:
-        rows = strict.read(card, merchant, END_S)
+        rows = strict.read(card, merchant, END_S, terminal)
     finally:
         strict.close()
     assert {status for _, status, _ in rows[:N_CARD]} == {FeatureStatus.STALE}
-    assert {status for _, status, _ in rows[N_CARD:]} == {FeatureStatus.PRESENT}
+    assert {status for _, status, _ in rows[MERCHANT_SLOTS]} == {FeatureStatus.PRESENT}
+    assert {status for _, status, _ in rows[TERMINAL_SLOTS]} == {FeatureStatus.STALE}
 
 
 def test_concurrent_reads_agree_with_serial_ones(
@@ -208,13 +231,14 @@ def test_direct_read_equals_get_online_features(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset], as_of_s: float
 ) -> None:
     tx = dataset[1].transactions.tail(300)
-    pairs = list(zip(tx["card_id"], tx["merchant_id"], strict=True))
-    pairs += [(card, "merch-unknown") for card, _ in pairs[:20]]
-    pairs += [("card-unknown", merchant) for _, merchant in pairs[:20]]
+    keys = list(zip(tx["card_id"], tx["merchant_id"], tx["terminal_id"], strict=True))
+    keys += [(card, merchant, "") for card, merchant, _ in keys[:20]]
+    keys += [(card, "merch-unknown", "term-unknown") for card, _, _ in keys[:20]]
+    keys += [("card-unknown", merchant, terminal) for _, merchant, terminal in keys[:20]]
     seen: set[int] = set()
-    for card, merchant in pairs:
-        direct = reader.read(card, merchant, as_of_s)
-        assert direct == reader.read_generic(card, merchant, as_of_s), (card, merchant)
+    for card, merchant, terminal in keys:
+        direct = reader.read(card, merchant, as_of_s, terminal)
+        assert direct == reader.read_generic(card, merchant, as_of_s, terminal), (card, merchant)
         seen.update(status for _, status, _ in direct)
     expected = {FeatureStatus.PRESENT, FeatureStatus.MISSING} | (
         {FeatureStatus.STALE} if as_of_s > END_S else set()
@@ -256,6 +280,7 @@ def test_historical_retrieval_is_point_in_time(dataset: tuple[Path, Dataset]) ->
         {
             "card_id": sample["card_id"],
             "merchant_id": sample["merchant_id"],
+            "terminal_id": sample["terminal_id"],
             "event_timestamp": sample["timestamp"] - pd.Timedelta(microseconds=1),
         }
     )

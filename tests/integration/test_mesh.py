@@ -60,20 +60,32 @@ def test_known_card_is_scored_by_the_model_with_online_features(
     assert 0.0 < response.elapsed_ms < 42.0
 
 
-def _full_quality(edge: grpc.Channel, request: pb.ScoreRequest) -> pb.ScoreResponse:
+def _full_quality(
+    edge: grpc.Channel,
+    request: pb.ScoreRequest,
+    source: pb.FeatureSource.ValueType = pb.FEATURE_SOURCE_ONLINE,
+) -> pb.ScoreResponse:
     """The first answer of the model on online features: on a loaded machine a call may miss
     its slice and be answered by the fallbacks, which is right but not what is tested here."""
     stub = pb_grpc.FraudScoringStub(edge)
     deadline = time.monotonic() + 10.0
     while True:
         response = stub.Score(request, timeout=1.0)
-        full = (
-            response.scored_by == pb.SCORED_BY_MODEL
-            and response.feature_source == pb.FEATURE_SOURCE_ONLINE
-        )
+        full = response.scored_by == pb.SCORED_BY_MODEL and response.feature_source == source
         if full or time.monotonic() > deadline:
             return response
         time.sleep(0.1)
+
+
+def test_a_known_terminal_is_read_through_the_gateway(edge: grpc.Channel, known: Known) -> None:
+    response = _full_quality(edge, _request(known, terminal_id=known.terminal_id))
+    assert response.scored_by == pb.SCORED_BY_MODEL
+    assert response.feature_source == pb.FEATURE_SOURCE_ONLINE
+    # An unknown terminal leaves its features to the defaults: partial.
+    response = _full_quality(
+        edge, _request(known, terminal_id="term-unknown"), source=pb.FEATURE_SOURCE_PARTIAL
+    )
+    assert response.feature_source == pb.FEATURE_SOURCE_PARTIAL
 
 
 def test_typical_payment_of_a_known_card_is_approved(edge: grpc.Channel, known: Known) -> None:
@@ -223,12 +235,25 @@ def test_feature_service_reports_present_and_missing(mesh: Mesh, known: Known) -
     with grpc.insecure_channel(target) as channel:
         stub = features_pb2_grpc.FeatureServiceStub(channel)
         found = stub.GetFeatures(
-            features_pb2.GetFeaturesRequest(card_id=known.card_id, merchant_id=known.merchant_id),
+            features_pb2.GetFeaturesRequest(
+                card_id=known.card_id,
+                merchant_id=known.merchant_id,
+                terminal_id=known.terminal_id,
+            ),
             timeout=2.0,
         )
         assert [f.name for f in found.features] == list(featurespec.STORE_FEATURES)
         assert all(f.status == features_pb2.FEATURE_STATUS_PRESENT for f in found.features)
         assert all(f.event_timestamp.seconds > 0 for f in found.features)
+        # No terminal named: its features are missing, the others still present.
+        without = stub.GetFeatures(
+            features_pb2.GetFeaturesRequest(card_id=known.card_id, merchant_id=known.merchant_id),
+            timeout=2.0,
+        )
+        terminal = set(featurespec.TERMINAL_FEATURES)
+        for feature in without.features:
+            missing = feature.status == features_pb2.FEATURE_STATUS_MISSING
+            assert missing == (feature.name in terminal), feature.name
         unknown = stub.GetFeatures(
             features_pb2.GetFeaturesRequest(card_id="nobody", merchant_id="nowhere"), timeout=2.0
         )

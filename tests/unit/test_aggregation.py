@@ -95,8 +95,8 @@ def _assert_rows_close(got: pd.DataFrame, want: pd.DataFrame, names: Iterable[st
     """Equal counts and codes; floats within ``REL`` (std through its square, see the module)."""
     assert len(got) == len(want)
     for name in names:
-        a = got[name].to_numpy(dtype=np.float64)
-        b = want[name].to_numpy(dtype=np.float64)
+        a = got[name].to_numpy(dtype=np.float64, na_value=np.nan)
+        b = want[name].to_numpy(dtype=np.float64, na_value=np.nan)
         assert (np.isnan(a) == np.isnan(b)).all(), name
         a, b = np.nan_to_num(a), np.nan_to_num(b)
         if name == "card_amount_std_30d":
@@ -113,24 +113,61 @@ def _assert_rows_close(got: pd.DataFrame, want: pd.DataFrame, names: Iterable[st
 def test_batch_tables_have_the_spec_columns(raw: pd.DataFrame) -> None:
     cards = agg.card_feature_table(raw)
     merchants = agg.merchant_feature_table(raw)
+    terminals = agg.terminal_feature_table(raw)
     assert list(cards.columns) == ["card_id", "event_timestamp", *featurespec.CARD_FEATURES]
     assert list(merchants.columns) == [
         "merchant_id",
         "event_timestamp",
         *featurespec.MERCHANT_FEATURES,
     ]
-    assert not cards.isna().any().any()
-    assert not merchants.isna().any().any()
+    assert list(terminals.columns) == [
+        "terminal_id",
+        "event_timestamp",
+        *featurespec.TERMINAL_FEATURES,
+    ]
+    for table in (cards, merchants, terminals):
+        assert not table.isna().any().any()
+    # Codes are integers, as Feast declares them, whether or not some are unknown.
+    assert cards["card_home_country"].dtype == "Int64"
+    assert merchants["merchant_category"].dtype == "Int64"
 
 
 def test_batch_ignores_input_order(raw: pd.DataFrame) -> None:
     shuffled = raw.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    for table in (
+        agg.card_feature_table,
+        agg.merchant_feature_table,
+        agg.terminal_feature_table,
+    ):
+        pd.testing.assert_frame_equal(table(shuffled), table(raw), rtol=1e-12)
+
+
+def test_missing_optional_columns_give_null_codes_and_no_terminal_rows(
+    raw: pd.DataFrame,
+) -> None:
+    bare = raw[list(agg.REQUIRED_COLUMNS)]
+    cards = agg.card_feature_table(bare)
+    merchants = agg.merchant_feature_table(bare)
+    assert cards["card_home_country"].dtype == "Int64"
+    assert cards["card_home_country"].isna().all()
+    assert merchants["merchant_category"].isna().all()
+    assert merchants["merchant_country"].dtype == "Int64"
+    terminals = agg.terminal_feature_table(bare)
+    assert len(terminals) == 0
+    assert list(terminals.columns) == [
+        "terminal_id",
+        "event_timestamp",
+        *featurespec.TERMINAL_FEATURES,
+    ]
+    # The other aggregates do not depend on the optional columns.
+    full = agg.merchant_feature_table(raw)
     pd.testing.assert_frame_equal(
-        agg.card_feature_table(shuffled), agg.card_feature_table(raw), rtol=1e-12
+        merchants.drop(columns=["merchant_category", "merchant_country"]),
+        full.drop(columns=["merchant_category", "merchant_country"]),
     )
-    pd.testing.assert_frame_equal(
-        agg.merchant_feature_table(shuffled), agg.merchant_feature_table(raw), rtol=1e-12
-    )
+    # Rows without a terminal are left out of the terminal table.
+    some = raw.assign(terminal_id=raw["terminal_id"].where(raw.index % 3 != 0, None))
+    assert len(agg.terminal_feature_table(some)) < len(agg.terminal_feature_table(raw))
 
 
 def test_amounts_convert_exactly_as_serving() -> None:
@@ -176,6 +213,7 @@ def _hostile_frame(seed: int, n: int = 400) -> pd.DataFrame:
             "card_home_country": rng.choice([276.0, 250.0, np.nan]),
             "merchant_country": rng.choice([826.0, np.nan]),
             "merchant_category": rng.choice([5411.0, 5999.0, np.nan, np.nan]),
+            "terminal_id": rng.choice(["t0", "t1", "t2", "t3", None]),
         }
         for i in range(n)
     )
@@ -211,6 +249,7 @@ def _brute_cards(tx: pd.DataFrame) -> pd.DataFrame:
                 "card_txn_count_1h": len(h1),
                 "card_txn_count_24h": len(d1),
                 "card_txn_count_7d": len(d7),
+                "card_txn_count_30d": len(d30),
                 "card_amount_sum_24h": d1["eur"].sum(),
                 "card_amount_mean_7d": d7["eur"].mean(),
                 "card_amount_max_7d": d7["eur"].max(),
@@ -225,28 +264,52 @@ def _brute_cards(tx: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _brute_risk(
+    tx: pd.DataFrame, mine: pd.DataFrame, at: pd.Timestamp, prefix: str, delay: timedelta
+) -> dict[str, float]:
+    """Volume and delayed fraud rates of one entity's history ``mine`` at ``at``."""
+    reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
+    row: dict[str, float] = {
+        f"{prefix}_txn_count_1d": len(mine[mine["timestamp"] > at - timedelta(days=1)]),
+        f"{prefix}_txn_count_7d": len(mine[mine["timestamp"] > at - timedelta(days=7)]),
+    }
+    for suffix, width in agg.RISK_WINDOWS:
+        known = mine[(mine["timestamp"] > at - delay - width) & (mine["timestamp"] <= at - delay)]
+        frauds = (known["is_fraud"] & (reported[known.index] <= at)).sum()
+        row[f"{prefix}_fraud_rate_{suffix}"] = frauds / len(known) if len(known) else 0.0
+        row[f"{prefix}_labelled_txn_count_{suffix}"] = len(known)
+    return row
+
+
 def _brute_merchants(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
     tx = tx.assign(eur=agg.amounts_eur(tx))
-    reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
     rows = []
     for (merchant, at), _ in tx.groupby(["merchant_id", "timestamp"]):
         mine = tx[(tx["merchant_id"] == merchant) & (tx["timestamp"] <= at)]
-        d7 = mine[mine["timestamp"] > at - timedelta(days=7)]
         d28 = mine[mine["timestamp"] > at - timedelta(days=28)]
-        known = mine[
-            (mine["timestamp"] > at - delay - timedelta(days=28))
-            & (mine["timestamp"] <= at - delay)
-        ]
-        frauds = (known["is_fraud"] & (reported[known.index] <= at)).sum()
         rows.append(
             {
                 "merchant_id": merchant,
                 "event_timestamp": at,
-                "merchant_txn_count_7d": len(d7),
+                **_brute_risk(tx, mine, at, "merchant", delay),
                 "merchant_amount_mean_28d": d28["eur"].mean(),
-                "merchant_fraud_rate_28d": frauds / len(known) if len(known) else 0.0,
                 "merchant_category": _latest(mine, "merchant_category"),
                 "merchant_country": _latest(mine, "merchant_country"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _brute_terminals(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
+    named = tx[tx["terminal_id"].notna()]
+    rows = []
+    for (terminal, at), _ in named.groupby(["terminal_id", "timestamp"]):
+        mine = named[(named["terminal_id"] == terminal) & (named["timestamp"] <= at)]
+        rows.append(
+            {
+                "terminal_id": terminal,
+                "event_timestamp": at,
+                **_brute_risk(tx, mine, at, "terminal", delay),
             }
         )
     return pd.DataFrame(rows)
@@ -260,10 +323,13 @@ def test_batch_equals_a_brute_force_on_ties_gaps_and_late_reports(seed: int) -> 
     assert not cards.duplicated(["card_id", "event_timestamp"]).any()
     _assert_rows_close(cards, _brute_cards(tx), featurespec.CARD_FEATURES)
     assert cards["card_home_country"].isna().any()
-    assert cards["card_home_country"].dtype == np.float64
+    assert cards["card_home_country"].dtype == "Int64"
     for delay in (agg.LABEL_DELAY, timedelta(days=3)):
         merchants = agg.merchant_feature_table(tx, label_delay=delay)
         _assert_rows_close(merchants, _brute_merchants(tx, delay), featurespec.MERCHANT_FEATURES)
+        terminals = agg.terminal_feature_table(tx, label_delay=delay)
+        _assert_rows_close(terminals, _brute_terminals(tx, delay), featurespec.TERMINAL_FEATURES)
+        assert (terminals["terminal_fraud_rate_1d"] > 0).any()
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -271,7 +337,21 @@ def test_incremental_equals_the_brute_force_on_hostile_data(seed: int) -> None:
     tx = _hostile_frame(seed)
     tx = tx.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)
     events = list(agg.events_from_frame(tx.assign(is_fraud=None)))
-    _assert_replay_matches(tx, events, agg.card_feature_table(tx), agg.merchant_feature_table(tx))
+    _assert_replay_matches(tx, events, _tables(tx))
+
+
+class _Tables(NamedTuple):
+    """The batch tables of one frame."""
+
+    cards: pd.DataFrame
+    merchants: pd.DataFrame
+    terminals: pd.DataFrame
+
+
+def _tables(tx: pd.DataFrame) -> _Tables:
+    return _Tables(
+        agg.card_feature_table(tx), agg.merchant_feature_table(tx), agg.terminal_feature_table(tx)
+    )
 
 
 # --- incremental replay vs batch ------------------------------------------------------------
@@ -284,23 +364,24 @@ class _Outcome(NamedTuple):
     merchant_id: str
     transaction_id: str
     is_fraud: bool
+    terminal_id: str | None = None
 
 
 def _label_feed(tx: pd.DataFrame) -> list[_Outcome]:
     """Every fraud's label, at its report time (default: transaction time + label delay)."""
     frauds = tx[tx["is_fraud"]]
     reported = frauds["fraud_reported_at"].fillna(frauds["timestamp"] + agg.LABEL_DELAY)
+    terminals = frauds["terminal_id"] if "terminal_id" in frauds else [None] * len(frauds)
     return [
-        _Outcome(r.timestamp(), m, tid, True)
-        for r, m, tid in zip(reported, frauds["merchant_id"], frauds["transaction_id"], strict=True)
+        _Outcome(r.timestamp(), m, tid, True, term if isinstance(term, str) else None)
+        for r, m, tid, term in zip(
+            reported, frauds["merchant_id"], frauds["transaction_id"], terminals, strict=True
+        )
     ]
 
 
 def _assert_replay_matches(
-    tx: pd.DataFrame,
-    events: list[TransactionEvent],
-    cards_table: pd.DataFrame,
-    merchants_table: pd.DataFrame,
+    tx: pd.DataFrame, events: list[TransactionEvent], tables: _Tables
 ) -> None:
     """Replays ``events`` (time order) and the label feed; every row equals the batch row.
 
@@ -313,25 +394,20 @@ def _assert_replay_matches(
     ]
     feed += [(o.reported_s, 0, o) for o in _label_feed(tx)]
     feed.sort(key=lambda item: (item[0], item[1]))
-    ties_card = tx.groupby(["card_id", "timestamp"]).size()
-    ties_merchant = tx.groupby(["merchant_id", "timestamp"]).size()
+    ties = {
+        key: tx.groupby([key, "timestamp"]).size()
+        for key in ("card_id", "merchant_id", "terminal_id")
+    }
     cards: dict[str, agg.CardState] = {}
     merchants: dict[str, agg.MerchantState] = {}
-    card_rows: list[dict[str, object]] = []
-    merchant_rows: list[dict[str, object]] = []
+    terminals: dict[str, agg.MerchantState] = {}
+    rows: dict[str, list[dict[str, object]]] = {key: [] for key in ties}
 
-    def record(
-        rows: list[dict[str, object]],
-        key: str,
-        entity: str,
-        times: list[int],
-        row: agg.FeatureRow | None,
-        ties: pd.Series,
-    ) -> None:
+    def record(key: str, entity: str, times: list[int], row: agg.FeatureRow | None) -> None:
         at = pd.Timestamp(times[-1], unit="us", tz="UTC")
-        if times.count(times[-1]) == ties[(entity, at)]:
+        if times.count(times[-1]) == ties[key][(entity, at)]:
             assert row is not None
-            rows.append({key: entity, "event_timestamp": at, **row})
+            rows[key].append({key: entity, "event_timestamp": at, **row})
 
     for _, _, item in feed:
         if isinstance(item, _Outcome):
@@ -340,22 +416,36 @@ def _assert_replay_matches(
             )
             merchants[item.merchant_id] = up.state
             if up.row is not None:
-                times = up.state.events.times_us
-                record(merchant_rows, "merchant_id", item.merchant_id, times, up.row, ties_merchant)
+                record("merchant_id", item.merchant_id, up.state.events.times_us, up.row)
+            if item.terminal_id is not None:
+                up = agg.apply_terminal_label(
+                    terminals.get(item.terminal_id),
+                    item.transaction_id,
+                    item.is_fraud,
+                    item.reported_s,
+                )
+                terminals[item.terminal_id] = up.state
+                if up.row is not None:
+                    record("terminal_id", item.terminal_id, up.state.events.times_us, up.row)
             continue
         c = agg.apply_card(cards.get(item.card_id), item)
         m = agg.apply_merchant(merchants.get(item.merchant_id), item)
         assert c.change is Change.APPLIED and m.change is Change.APPLIED
         cards[item.card_id], merchants[item.merchant_id] = c.state, m.state
-        record(card_rows, "card_id", item.card_id, c.state.events.times_us, c.row, ties_card)
-        times = m.state.events.times_us
-        record(merchant_rows, "merchant_id", item.merchant_id, times, m.row, ties_merchant)
+        record("card_id", item.card_id, c.state.events.times_us, c.row)
+        record("merchant_id", item.merchant_id, m.state.events.times_us, m.row)
+        if item.terminal_id is not None:
+            t = agg.apply_terminal(terminals.get(item.terminal_id), item)
+            assert t.change is Change.APPLIED
+            terminals[item.terminal_id] = t.state
+            record("terminal_id", item.terminal_id, t.state.events.times_us, t.row)
 
-    for rows, table, key, names in (
-        (card_rows, cards_table, "card_id", featurespec.CARD_FEATURES),
-        (merchant_rows, merchants_table, "merchant_id", featurespec.MERCHANT_FEATURES),
+    for key, table, names in (
+        ("card_id", tables.cards, featurespec.CARD_FEATURES),
+        ("merchant_id", tables.merchants, featurespec.MERCHANT_FEATURES),
+        ("terminal_id", tables.terminals, featurespec.TERMINAL_FEATURES),
     ):
-        got = pd.DataFrame(rows)
+        got = pd.DataFrame(rows[key])
         want = got[[key, "event_timestamp"]].merge(
             table, on=[key, "event_timestamp"], how="left", validate="many_to_one"
         )
@@ -371,28 +461,40 @@ def test_event_by_event_replay_equals_batch_over_the_small_preset(
     reported: pd.DataFrame,
 ) -> None:
     tx = reported
-    merchants = agg.merchant_feature_table(tx)
+    tables = _tables(tx)
     # Late reports hold some fraud back: the rates differ from the default rule's.
     on_time = agg.merchant_feature_table(tx.drop(columns=["fraud_reported_at"]))
-    rate = "merchant_fraud_rate_28d"
-    assert (merchants[rate] < on_time[rate]).any() and (merchants[rate] <= on_time[rate]).all()
+    for window in featurespec.RISK_WINDOWS:
+        rate = f"merchant_fraud_rate_{window}"
+        got = tables.merchants[rate]
+        assert (got < on_time[rate]).any() and (got <= on_time[rate]).all()
     # Labels only through the outcome feed, as the live loop receives them.
     events = list(agg.events_from_frame(tx.assign(is_fraud=None)))
-    _assert_replay_matches(tx, events, agg.card_feature_table(tx), merchants)
+    _assert_replay_matches(tx, events, tables)
 
 
 def test_labels_carried_by_events_follow_the_default_delay_rule(raw: pd.DataFrame) -> None:
     merchants: dict[str, agg.MerchantState] = {}
+    terminals: dict[str, agg.MerchantState] = {}
     last: dict[str, agg.FeatureRow] = {}
+    last_terminal: dict[str, agg.FeatureRow] = {}
     for event in agg.events_from_frame(raw):
         up = agg.apply_merchant(merchants.get(event.merchant_id), event)
         merchants[event.merchant_id] = up.state
-        assert up.row is not None
+        assert up.row is not None and event.terminal_id is not None
         last[event.merchant_id] = up.row
+        up = agg.apply_terminal(terminals.get(event.terminal_id), event)
+        terminals[event.terminal_id] = up.state
+        assert up.row is not None
+        last_terminal[event.terminal_id] = up.row
     want = agg.merchant_feature_table(raw).groupby("merchant_id").last()
     got = pd.DataFrame.from_dict(last, orient="index").loc[want.index]
     _assert_rows_close(got, want, featurespec.MERCHANT_FEATURES)
     assert want["merchant_fraud_rate_28d"].gt(0).any()
+    want = agg.terminal_feature_table(raw).groupby("terminal_id").last()
+    got = pd.DataFrame.from_dict(last_terminal, orient="index").loc[want.index]
+    _assert_rows_close(got, want, featurespec.TERMINAL_FEATURES)
+    assert want["terminal_fraud_rate_7d"].gt(0).any()
 
 
 def test_shuffled_late_and_duplicated_events_give_the_same_final_rows(
@@ -495,7 +597,7 @@ def test_an_instant_with_several_transactions_is_one_row_covering_all() -> None:
     assert row["card_amount_max_7d"] == 3.0
     # Latest known within an instant: the greatest transaction id, "b".
     assert row["card_home_country"] == 250
-    assert math.isnan(table.iloc[0]["card_home_country"])
+    assert pd.isna(table.iloc[0]["card_home_country"])
     # Any arrival order gives the same row.
     for order in (["c", "a", "b"], ["b", "a", "c"], ["a", "c", "b"]):
         events = {e.transaction_id: e for e in agg.events_from_frame(tx)}
@@ -548,7 +650,7 @@ def test_late_events_merge_at_their_time_or_are_ignored_when_too_old() -> None:
     ten = agg.apply_card(inside.state, _event("late-10d", T0 + 30 * DAY, 4_000))
     assert ten.change is Change.LATE and ten.row is not None
     changed = {k for k in before if before[k] != ten.row[k]}
-    assert changed == {"card_amount_mean_30d", "card_amount_std_30d"}
+    assert changed == {"card_txn_count_30d", "card_amount_mean_30d", "card_amount_std_30d"}
     # Thirty days old: too old for every window; nothing changes.
     size = len(ten.state.events)
     old = agg.apply_card(ten.state, _event("late-30d", T0 + 10 * DAY))

@@ -20,7 +20,7 @@ def defaults() -> dict[str, float]:
 def test_model_features_are_store_features_then_request_features() -> None:
     assert fs.MODEL_FEATURES == fs.MODEL_STORE_FEATURES + fs.REQUEST_FEATURES
     assert len(set(fs.MODEL_FEATURES)) == len(fs.MODEL_FEATURES)
-    assert fs.STORE_FEATURES == fs.CARD_FEATURES + fs.MERCHANT_FEATURES
+    assert fs.STORE_FEATURES == fs.CARD_FEATURES + fs.MERCHANT_FEATURES + fs.TERMINAL_FEATURES
     assert set(fs.HELPER_FEATURES) <= set(fs.STORE_FEATURES)
     assert not set(fs.HELPER_FEATURES) & set(fs.MODEL_FEATURES)
 
@@ -39,7 +39,12 @@ def test_missing_store_features_take_defaults() -> None:
     for name in fs.MODEL_STORE_FEATURES:
         assert named[name] == d[name]
     # Derived from missing inputs: their own defaults.
-    for name in ("seconds_since_last_txn", "amount_to_card_mean_7d", "geo_mismatch"):
+    for name in (
+        "seconds_since_last_txn",
+        "amount_to_card_mean_7d",
+        "geo_mismatch",
+        "amount_to_card_mean_30d",
+    ):
         assert named[name] == d[name]
     # Derived from the transaction alone: always computed.
     assert named["amount_eur"] == 50.0
@@ -54,6 +59,7 @@ def test_present_store_features_and_derived_values() -> None:
     store.update(
         card_last_txn_s=1_700_000_000.0 - 90.0,
         card_amount_mean_7d=25.0,
+        card_amount_mean_30d=50.0,
         card_home_country=276.0,
         merchant_country=840.0,
     )
@@ -70,6 +76,7 @@ def test_present_store_features_and_derived_values() -> None:
         assert named[name] == store[name]
     assert named["seconds_since_last_txn"] == 90.0
     assert named["amount_to_card_mean_7d"] == 4.0
+    assert named["amount_to_card_mean_30d"] == 2.0
     assert named["geo_mismatch"] == 1.0
     assert named["is_card_not_present"] == 0.0
 
@@ -110,7 +117,8 @@ def _sample(n: int, seed: int) -> pd.DataFrame:
     countries = np.array([276.0, 250.0, 840.0, 392.0])
     for name in ("card_home_country", "merchant_country"):
         frame[name] = np.where(rng.random(n) < 0.2, np.nan, rng.choice(countries, n))
-    frame["card_amount_mean_7d"] = np.where(rng.random(n) < 0.05, 0.0, frame["card_amount_mean_7d"])
+    for name in ("card_amount_mean_7d", "card_amount_mean_30d"):
+        frame[name] = np.where(rng.random(n) < 0.05, 0.0, frame[name])
     timestamp_s = 1_790_000_000.0 + rng.integers(0, 90 * 86_400, n)
     frame["timestamp_s"] = timestamp_s
     frame["card_last_txn_s"] = np.where(
@@ -145,6 +153,16 @@ def test_vectorized_frame_equals_model_vector_row_by_row() -> None:
         )
         # Same arithmetic in the same order: equal to the last bit, not just close.
         assert frame.iloc[i].tolist() == expected, f"row {i} differs"
+
+
+def test_model_matrix_fills_as_model_frame_does() -> None:
+    sample = _sample(2000, seed=3)
+    raw = fs.model_frame(sample)
+    rows = np.arange(len(sample)) % 3 != 0
+    d = fs.population_defaults(raw, rows=rows)
+    assert d == fs.population_defaults(raw[rows])
+    want = fs.model_frame(sample, d).to_numpy(dtype=np.float32)
+    assert np.array_equal(fs.model_matrix(raw, d, np.float32), want)
 
 
 def test_population_defaults_are_medians_of_present_values() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -43,9 +44,15 @@ class Features:
         self.clock: Clock | None = None
 
     async def get(
-        self, card_id: str, merchant_id: str, as_of_s: float, timeout_s: float
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
     ) -> Mapping[str, float | None]:
         self.calls += 1
+        self.terminal_id = terminal_id
         if self.clock is not None:
             self.clock.now += self.delay_s
         if self.values is None:
@@ -148,6 +155,18 @@ async def test_some_missing_features_are_partial() -> None:
     outcome = await _pipeline(Features(store), Model(0.1)).score(TX, Budget(POLICY, None))
     assert outcome.feature_source is Source.PARTIAL
     assert any("defaults" in r for r in outcome.reasons)
+
+
+async def test_terminal_features_count_only_when_a_terminal_is_named() -> None:
+    store = _store(**dict.fromkeys(featurespec.TERMINAL_FEATURES))
+    features = Features(store)
+    outcome = await _pipeline(features, Model(0.1)).score(TX, Budget(POLICY, None))
+    assert features.terminal_id == ""
+    assert outcome.feature_source is Source.ONLINE
+    with_terminal = replace(TX, terminal_id="term-1")
+    outcome = await _pipeline(features, Model(0.1)).score(with_terminal, Budget(POLICY, None))
+    assert features.terminal_id == "term-1"
+    assert outcome.feature_source is Source.PARTIAL
 
 
 async def test_all_missing_features_are_default() -> None:

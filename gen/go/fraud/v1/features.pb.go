@@ -86,7 +86,9 @@ type GetFeaturesRequest struct {
 	// Merchant entity key.
 	MerchantId string `protobuf:"bytes,2,opt,name=merchant_id,json=merchantId,proto3" json:"merchant_id,omitempty"`
 	// Point in time the features are judged fresh against; unset means now.
-	AsOf          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
+	AsOf *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
+	// Terminal entity key; empty when the payment names no terminal.
+	TerminalId    string `protobuf:"bytes,4,opt,name=terminal_id,json=terminalId,proto3" json:"terminal_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +142,13 @@ func (x *GetFeaturesRequest) GetAsOf() *timestamppb.Timestamp {
 		return x.AsOf
 	}
 	return nil
+}
+
+func (x *GetFeaturesRequest) GetTerminalId() string {
+	if x != nil {
+		return x.TerminalId
+	}
+	return ""
 }
 
 // Feature is one named feature value with its status and event time.
@@ -265,12 +274,14 @@ var File_fraud_v1_features_proto protoreflect.FileDescriptor
 
 const file_fraud_v1_features_proto_rawDesc = "" +
 	"\n" +
-	"\x17fraud/v1/features.proto\x12\bfraud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n" +
+	"\x17fraud/v1/features.proto\x12\bfraud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x01\n" +
 	"\x12GetFeaturesRequest\x12\x17\n" +
 	"\acard_id\x18\x01 \x01(\tR\x06cardId\x12\x1f\n" +
 	"\vmerchant_id\x18\x02 \x01(\tR\n" +
 	"merchantId\x12/\n" +
-	"\x05as_of\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\"\xa9\x01\n" +
+	"\x05as_of\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\x12\x1f\n" +
+	"\vterminal_id\x18\x04 \x01(\tR\n" +
+	"terminalId\"\xa9\x01\n" +
 	"\aFeature\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value\x12/\n" +

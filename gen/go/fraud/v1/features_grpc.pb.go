@@ -28,9 +28,10 @@ const (
 //
 // FeatureService serves the model's online features from the Feast online store.
 type FeatureServiceClient interface {
-	// GetFeatures returns the model's store-backed features for one card and
-	// merchant. An unknown card or merchant is not an error: its features come
-	// back with status MISSING.
+	// GetFeatures returns the model's store-backed features for one card,
+	// merchant and (optionally) terminal. An unknown entity is not an error: its
+	// features come back with status MISSING, as do the terminal's when no
+	// terminal is named.
 	GetFeatures(ctx context.Context, in *GetFeaturesRequest, opts ...grpc.CallOption) (*GetFeaturesResponse, error)
 }
 
@@ -58,9 +59,10 @@ func (c *featureServiceClient) GetFeatures(ctx context.Context, in *GetFeaturesR
 //
 // FeatureService serves the model's online features from the Feast online store.
 type FeatureServiceServer interface {
-	// GetFeatures returns the model's store-backed features for one card and
-	// merchant. An unknown card or merchant is not an error: its features come
-	// back with status MISSING.
+	// GetFeatures returns the model's store-backed features for one card,
+	// merchant and (optionally) terminal. An unknown entity is not an error: its
+	// features come back with status MISSING, as do the terminal's when no
+	// terminal is named.
 	GetFeatures(context.Context, *GetFeaturesRequest) (*GetFeaturesResponse, error)
 	mustEmbedUnimplementedFeatureServiceServer()
 }

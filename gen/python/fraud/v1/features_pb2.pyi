@@ -22,14 +22,16 @@ FEATURE_STATUS_MISSING: FeatureStatus
 FEATURE_STATUS_STALE: FeatureStatus
 
 class GetFeaturesRequest(_message.Message):
-    __slots__ = ("card_id", "merchant_id", "as_of")
+    __slots__ = ("card_id", "merchant_id", "as_of", "terminal_id")
     CARD_ID_FIELD_NUMBER: _ClassVar[int]
     MERCHANT_ID_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_ID_FIELD_NUMBER: _ClassVar[int]
     card_id: str
     merchant_id: str
     as_of: _timestamp_pb2.Timestamp
-    def __init__(self, card_id: _Optional[str] = ..., merchant_id: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    terminal_id: str
+    def __init__(self, card_id: _Optional[str] = ..., merchant_id: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., terminal_id: _Optional[str] = ...) -> None: ...
 
 class Feature(_message.Message):
     __slots__ = ("name", "value", "status", "event_timestamp")

@@ -47,9 +47,10 @@ class FeatureServiceServicer:
     """
 
     def GetFeatures(self, request, context):
-        """GetFeatures returns the model's store-backed features for one card and
-        merchant. An unknown card or merchant is not an error: its features come
-        back with status MISSING.
+        """GetFeatures returns the model's store-backed features for one card,
+        merchant and (optionally) terminal. An unknown entity is not an error: its
+        features come back with status MISSING, as do the terminal's when no
+        terminal is named.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
