@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services import client
 from services.cli import features as features_cli
+from services.cli import model as model_cli
 from services.cli import train as train_cli
 from services.common.settings import from_mapping
 from services.featurestore.settings import FeatureStoreSettings
@@ -33,6 +34,11 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
+app.add_typer(
+    model_cli.app,
+    name="model",
+    help="List model versions; shadow, canary, promote, roll back or retire one.",
+)
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )
