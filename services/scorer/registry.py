@@ -129,7 +129,11 @@ class ModelRegistry:
                 try:
                     model = await loop.run_in_executor(None, self._load_sync, version)
                 except FileNotFoundError as error:
-                    raise NotFound(str(error)) from error
+                    published = repository.published_versions(self.model_root, self.name)
+                    raise NotFound(
+                        f"version {version!r} of {self.name!r} is not published "
+                        f"(published: {', '.join(published) or 'none'})"
+                    ) from error
                 self._models[version] = model
                 log.info(
                     "model version loaded",
@@ -145,7 +149,8 @@ class ModelRegistry:
             return model
 
     def _load_sync(self, version: str) -> OnnxModel:
-        model = OnnxModel.load(self.model_root, self.name, version, self._threads)
+        metadata, folder = repository.load(self.model_root, self.name, version)
+        model = OnnxModel(metadata, folder, self._threads)
         model.warm_up(self._warmup_calls)
         return model
 
