@@ -18,7 +18,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
@@ -156,6 +156,7 @@ class Pipeline:
         self.shadow_queue: ShadowQueue | None = None
         """Where shadow jobs go after the answer; None scores no shadow."""
         self._store_names = featurespec.STORE_FEATURES
+        self._answer_counters: dict[tuple[Route, str], Any] = {}
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -302,7 +303,13 @@ class Pipeline:
     ) -> Outcome:
         t = route.thresholds
         decision = decide(score, t.review, t.decline)
-        self.metrics.model_answers.labels(arm.value, route.version).inc()
+        key = (arm, route.version)
+        counter = self._answer_counters.get(key)
+        if counter is None:
+            counter = self._answer_counters[key] = self.metrics.model_answers.labels(
+                arm.value, route.version
+            )
+        counter.inc()
         return Outcome(
             decision=decision,
             score=score,
