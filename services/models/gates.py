@@ -147,11 +147,11 @@ def evaluate(
         ]
         return _report(checks, None)
 
-    live_meta, live_folder = repository.load(model_root, candidate.name, live)
-    live_model = OnnxModel(live_meta, live_folder, threads=1)
     try:
+        live_meta, live_folder = repository.load(model_root, candidate.name, live)
+        live_model = OnnxModel(live_meta, live_folder, threads=1)
         live_x = _matrix(live_model, holdout)
-    except KeyError as error:
+    except (KeyError, FileNotFoundError) as error:
         checks.append(
             GateCheck(
                 name="average_precision",
