@@ -126,6 +126,7 @@ class GatewayApp:
             self.metrics.shadow_dropped.inc,
             size=s.shadow_queue_size,
             workers=s.shadow_workers,
+            max_batch=s.shadow_max_batch,
         )
         pipeline.shadow_queue = self._shadow
         await self._warm_up(pipeline)

@@ -18,7 +18,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
@@ -26,7 +26,13 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.decision import Decision, decide
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.routing import ModelClient, ModelRoute, Route, RouteTable
+from services.gateway.routing import (
+    BatchModelClient,
+    ModelClient,
+    ModelRoute,
+    Route,
+    RouteTable,
+)
 from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
@@ -339,25 +345,43 @@ class Pipeline:
         if job is not None and queue is not None:
             queue.submit(job)
 
-    async def score_shadow(self, job: ShadowJob) -> None:
-        """Scores one shadow job and records how the shadow compares with the answer."""
-        route = job.route
-        vector = self._vector(route, job.tx, job.store)
+    async def score_shadow(self, jobs: list[ShadowJob]) -> None:
+        """Scores shadow jobs (one model call per shadow version when its client takes
+        batches) and records how the shadow compares with each answer."""
+        by_route: dict[int, list[ShadowJob]] = {}
+        for job in jobs:
+            by_route.setdefault(id(job.route), []).append(job)
+        for group in by_route.values():
+            await self._score_shadow_group(group[0].route, group)
+
+    async def _score_shadow_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
+        vectors = [self._vector(route, job.tx, job.store) for job in jobs]
         m = self.metrics
+        client = route.client
+        batch = getattr(client, "score_batch", None)
         started = time.perf_counter()
         try:
-            score = await route.client.score(vector, self.shadow_timeout_s)
+            if batch is not None and len(vectors) > 1:
+                scores = await cast(BatchModelClient, client).score_batch(
+                    vectors, self.shadow_timeout_s
+                )
+            else:
+                scores = [await client.score(v, self.shadow_timeout_s) for v in vectors]
         except DependencyError as error:
-            m.shadow_errors.labels(route.version, error.reason).inc()
-            job.resolve(None)
+            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
+            for job in jobs:
+                job.resolve(None)
             return
         latency = time.perf_counter() - started
         t = route.thresholds
-        decision = decide(score, t.review, t.decline)
-        m.shadow_latency.labels(route.version).observe(latency)
-        m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
-        m.shadow_decisions.labels(route.version, job.answer_decision.value, decision.value).inc()
-        job.resolve(ShadowResult(route.version, score, decision, latency))
+        for job, score in zip(jobs, scores, strict=True):
+            decision = decide(score, t.review, t.decline)
+            m.shadow_latency.labels(route.version).observe(latency)
+            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
+            m.shadow_decisions.labels(
+                route.version, job.answer_decision.value, decision.value
+            ).inc()
+            job.resolve(ShadowResult(route.version, score, decision, latency))
 
 
 _REASON_TEXT = {

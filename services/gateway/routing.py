@@ -41,6 +41,14 @@ class ModelClient(Protocol):
         ...
 
 
+class BatchModelClient(ModelClient, Protocol):
+    """A model client that can also score several vectors in one call."""
+
+    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
+        """Fraud probability of each vector; raises DependencyError like ``score``."""
+        ...
+
+
 def card_bucket(card_id: str) -> int:
     """The card's canary bucket in [0, CANARY_BUCKETS): stable across processes and runs."""
     digest = hashlib.blake2b(card_id.encode(), digest_size=8).digest()

@@ -120,7 +120,12 @@ class GatewaySettings(ModelServerSettings):
     shadow_queue_size: int = Field(
         1000, ge=1, description="Shadow jobs waiting at most; beyond it they are dropped."
     )
-    shadow_workers: int = Field(2, ge=1, description="Shadow jobs scored at once.")
+    shadow_workers: int = Field(
+        1, ge=1, description="Shadow worker tasks, each scoring one batch at a time."
+    )
+    shadow_max_batch: int = Field(
+        32, ge=1, description="Most shadow jobs a worker scores in one model call."
+    )
     shadow_timeout_ms: float = Field(50.0, gt=0, description="Deadline of a shadow model call.")
 
     @property

@@ -2,10 +2,12 @@
 
 The pipeline prepares a ``ShadowJob`` with each model answer while a shadow version is
 routed; the servicer hands it to the ``ShadowQueue`` once the answer has gone out (the
-RPC's done callback). A bounded queue and a few worker tasks do the scoring; when the
-queue is full the job is dropped and counted, so shadow work can never back up into the
-request path. Whatever happens to it, a job ends with a result or None, and the answer it
-shadows has long been sent.
+RPC's done callback). A bounded queue and a worker task do the scoring; the worker takes
+every job waiting (up to ``max_batch``) and scores them in one model call, so shadowing
+costs one extra call per batch rather than per answer. When the queue is full the job is
+dropped and counted, so shadow work can never back up into the request path. Whatever
+happens to it, a job ends with a result or None, and the answer it shadows has long been
+sent.
 """
 
 from __future__ import annotations
@@ -81,15 +83,17 @@ class ShadowQueue:
 
     def __init__(
         self,
-        score: Callable[[ShadowJob], Awaitable[None]],
+        score: Callable[[list[ShadowJob]], Awaitable[None]],
         on_drop: Callable[[], None],
         size: int = 1000,
-        workers: int = 2,
+        workers: int = 1,
+        max_batch: int = 32,
     ) -> None:
         self._score = score
         self._on_drop = on_drop
         self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=size)
         self._workers = workers
+        self._max_batch = max_batch
         self._tasks: list[asyncio.Task[None]] = []
 
     def submit(self, job: ShadowJob) -> bool:
@@ -113,14 +117,17 @@ class ShadowQueue:
 
     async def _work(self) -> None:
         while True:
-            job = await self._queue.get()
+            jobs = [await self._queue.get()]
+            while len(jobs) < self._max_batch and not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
             try:
-                await self._score(job)
+                await self._score(jobs)
             except Exception:
-                log.exception("shadow scoring failed", extra={"version": job.version})
+                log.exception("shadow scoring failed", extra={"jobs": len(jobs)})
             finally:
-                job.resolve(None)
-                self._queue.task_done()
+                for job in jobs:
+                    job.resolve(None)
+                    self._queue.task_done()
 
     async def close(self) -> None:
         """Stops the workers; queued jobs resolve to None."""

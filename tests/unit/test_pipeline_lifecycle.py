@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from services.domain import featurespec
@@ -220,3 +221,34 @@ async def test_rules_answers_carry_no_shadow() -> None:
     pipeline.shadow_queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc)
     outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
     assert outcome.scored_by is ScoredBy.RULES and outcome.shadow is None
+
+
+class BatchModel(Model):
+    def __init__(self, score: float) -> None:
+        super().__init__(score)
+        self.batches: list[int] = []
+
+    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
+        self.batches.append(len(vectors))
+        return [float(self.value or 0.0) + i / 100 for i in range(len(vectors))]
+
+
+async def test_waiting_shadow_jobs_are_scored_in_one_call() -> None:
+    live, shadow = Model(0.5), BatchModel(0.1)
+    pipeline, metrics = _pipeline(live, shadow=shadow)
+    queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc, max_batch=4)
+    pipeline.shadow_queue = queue
+    outcomes = [await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None)) for _ in range(6)]
+    for outcome in outcomes:
+        pipeline.after_answer(outcome)
+    queue.start()  # six jobs wait: a batch of four, then one of two
+    try:
+        results = [await o.shadow.wait(1.0) for o in outcomes if o.shadow is not None]
+    finally:
+        await queue.close()
+    assert shadow.batches == [4, 2] and not shadow.vectors
+    assert [r.score if r else None for r in results] == pytest.approx(
+        [0.1, 0.11, 0.12, 0.13, 0.1, 0.11]
+    )
+    decisions = {"model_version": "2", "answer": "review", "shadow": "review"}
+    assert _sample(metrics, "fraudmesh_shadow_decisions_total", decisions) == 6

@@ -17,6 +17,7 @@ from services.common.errors import FailedPrecondition, NotFound
 from services.common.interceptor import ErrorInterceptor
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
+from services.models.v2 import RowRequests, fraud_probabilities, fraud_probability
 from services.scorer.registry import ModelRegistry
 from services.scorer.servicer import InferenceServicer
 
@@ -183,3 +184,13 @@ async def test_repository_extension_loads_serves_and_unloads(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="other"))
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_batch_of_rows_is_scored_like_single_rows(
+    stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    rows = RowRequests(NAME, "1", "input", N_FEATURES, "probabilities")
+    vectors = [[float(i + j) / 10 for j in range(N_FEATURES)] for i in range(3)]
+    batch = fraud_probabilities(await stub.ModelInfer(rows.batch(vectors)), 3)
+    single = [fraud_probability(await stub.ModelInfer(rows.request(v))) for v in vectors]
+    assert batch == pytest.approx(single, abs=1e-7)
