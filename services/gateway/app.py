@@ -127,6 +127,7 @@ class GatewayApp:
             size=s.shadow_queue_size,
             workers=s.shadow_workers,
             max_batch=s.shadow_max_batch,
+            linger_s=s.shadow_linger_ms / 1000,
         )
         pipeline.shadow_queue = self._shadow
         await self._warm_up(pipeline)

@@ -126,6 +126,12 @@ class GatewaySettings(ModelServerSettings):
     shadow_max_batch: int = Field(
         32, ge=1, description="Most shadow jobs a worker scores in one model call."
     )
+    shadow_linger_ms: float = Field(
+        50.0,
+        ge=0,
+        description="How long shadow jobs gather before a batch is scored (fewer, larger "
+        "model calls; nobody waits for a shadow result).",
+    )
     shadow_timeout_ms: float = Field(50.0, gt=0, description="Deadline of a shadow model call.")
 
     @property

@@ -2,9 +2,10 @@
 
 The pipeline prepares a ``ShadowJob`` with each model answer while a shadow version is
 routed; the servicer hands it to the ``ShadowQueue`` once the answer has gone out (the
-RPC's done callback). A bounded queue and a worker task do the scoring; the worker takes
-every job waiting (up to ``max_batch``) and scores them in one model call, so shadowing
-costs one extra call per batch rather than per answer. When the queue is full the job is
+RPC's done callback). A bounded queue and a worker task do the scoring; the worker lets
+jobs gather for ``linger_s`` after the first, then scores every job waiting (up to
+``max_batch``) in one model call, so shadowing costs one extra call per batch rather than
+per answer. When the queue is full the job is
 dropped and counted, so shadow work can never back up into the request path. Whatever
 happens to it, a job ends with a result or None, and the answer it shadows has long been
 sent.
@@ -88,12 +89,14 @@ class ShadowQueue:
         size: int = 1000,
         workers: int = 1,
         max_batch: int = 32,
+        linger_s: float = 0.05,
     ) -> None:
         self._score = score
         self._on_drop = on_drop
         self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=size)
         self._workers = workers
         self._max_batch = max_batch
+        self._linger_s = linger_s
         self._tasks: list[asyncio.Task[None]] = []
 
     def submit(self, job: ShadowJob) -> bool:
@@ -118,6 +121,9 @@ class ShadowQueue:
     async def _work(self) -> None:
         while True:
             jobs = [await self._queue.get()]
+            if self._linger_s > 0 and self._queue.qsize() + 1 < self._max_batch:
+                # Nobody waits for a shadow result: let a batch gather first.
+                await asyncio.sleep(self._linger_s)
             while len(jobs) < self._max_batch and not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
             try:
