@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import data, ghz
@@ -146,6 +147,7 @@ def shadow_cost(
     live = lifecycle.read().routing.live
     assert live is not None
     runs: dict[str, list[ghz.Result]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     shadowed: list[dict[str, int]] = []
     for i in range(rounds):
         for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
@@ -155,18 +157,24 @@ def shadow_cost(
                 lifecycle.shadow(shadow, by="lifecycle-benchmark")
                 time.sleep(2)  # loaded, warmed and routed everywhere
             before = _shadow_counts(mesh)
+            cpu_before = _cpu_s(mesh)
             result = ghz.parse_report(_ghz(mesh.config.envoy_target, data_file, rps, run_s), rps)
             runs[side].append(result)
+            cpu[side].append(1000 * (_cpu_s(mesh) - cpu_before) / max(result.count, 1))
             if shadow is not None:
                 shadowed.append(_delta(_shadow_counts(mesh), before))
                 lifecycle.retire(shadow, by="lifecycle-benchmark")
                 time.sleep(1)
             log(
                 f"shadow {side:3}: p99 {result.p99_ms:.2f} ms, p99.9 {result.p999_ms:.2f} ms, "
+                f"CPU {cpu[side][-1]:.2f} ms per call, "
                 f"{result.count} calls, {dict(result.status_counts)}"
             )
     median = {side: statistics.median(r.p99_ms for r in rs) for side, rs in runs.items()}
+    cpu_median = {side: statistics.median(values) for side, values in cpu.items()}
     return {
+        "cpu_ms_per_call": cpu,
+        "median_cpu_ms_per_call": cpu_median,
         "rps": rps,
         "run_s": run_s,
         "runs": {side: [r.to_dict() for r in rs] for side, rs in runs.items()},
@@ -174,6 +182,20 @@ def shadow_cost(
         "added_p99_ms": median["on"] - median["off"],
         "shadow_counts": shadowed,
     }
+
+
+def _cpu_s(mesh: Mesh) -> float:
+    """CPU seconds the mesh's processes (Envoy, gateways, features, scorer) have used."""
+    total = 0.0
+    for process in mesh.processes.values():
+        if process.pid is None:
+            continue
+        try:
+            times = psutil.Process(process.pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _shadow_counts(mesh: Mesh) -> dict[str, float]:
@@ -292,22 +314,25 @@ def markdown(shadow: dict[str, Any], moves: dict[str, Any], command: str) -> str
         "",
         f"## Shadow scoring at {shadow['rps']} rps ({shadow['run_s']:g} s per run)",
         "",
-        "| run | shadow | calls | errors | p50 ms | p99 ms | p99.9 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| run | shadow | calls | not OK | p50 ms | p99 ms | p99.9 ms | mesh CPU ms per call |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for side in ("off", "on"):
         for i, run in enumerate(shadow["runs"][side], 1):
             errors = run["count"] - run["status_counts"].get("OK", 0)
             lines.append(
                 f"| {i} | {side} | {run['count']} | {errors} | {run['p50_ms']:.2f} | "
-                f"{run['p99_ms']:.2f} | {run['p999_ms']:.2f} |"
+                f"{run['p99_ms']:.2f} | {run['p999_ms']:.2f} | "
+                f"{shadow['cpu_ms_per_call'][side][i - 1]:.2f} |"
             )
     m = shadow["median_p99_ms"]
+    c = shadow["median_cpu_ms_per_call"]
     lines += [
         "",
         f"Median p99: off {m['off']:.2f} ms, on {m['on']:.2f} ms: shadow adds "
-        f"**{shadow['added_p99_ms']:+.2f} ms**. Shadow comparisons per run (agreed / disagreed "
-        f"decisions, dropped, errors): {shadow['shadow_counts']}.",
+        f"**{shadow['added_p99_ms']:+.2f} ms**. Median mesh CPU per call: off {c['off']:.2f} ms, "
+        f"on {c['on']:.2f} ms. Shadow comparisons per run (agreed / disagreed decisions, "
+        f"dropped, errors): {shadow['shadow_counts']}.",
         "",
         f"## Transitions at {moves['rps']} rps",
         "",
