@@ -34,6 +34,7 @@ from services.featurestore.repo import definitions
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Process, free_port, grpc_serving, http_ok, tcp_open
 from services.models import repository
+from services.models.lifecycle import ModelLifecycle
 
 Log = Callable[[str], None]
 
@@ -341,7 +342,8 @@ def bench_scorer(
     """The scorer against MLServer on the same LightGBM model, ghz ModelInfer, same requests."""
     work = out_dir / ".bench-scorer.tmp"
     model_root = var_dir / "models"
-    metadata, model_dir = repository.load(model_root)
+    live = ModelLifecycle(model_root).read().routing.live
+    metadata, model_dir = repository.load(model_root, repository.DEFAULT_MODEL_NAME, live)
     population = data.sample_population(var_dir / "data", 2000)
     vectors = data.model_vectors(population, var_dir / "data", metadata)
     # No outputs named: each server returns its default outputs (ours: label and

@@ -43,6 +43,7 @@ from google.protobuf import json_format
 from services.domain import featurespec
 from services.featurestore import layout
 from services.models import repository
+from services.models.lifecycle import ModelLifecycle
 from services.models.v2 import RowRequests
 
 Stamp = Literal["now", "template"]
@@ -281,9 +282,10 @@ def write_all(
     seed: int = 7,
 ) -> DataFiles:
     """Writes ``score.json``, ``features.json`` and ``infer.json`` into ``out_dir`` from one
-    population sample and the latest published model."""
+    population sample and the live model version."""
     population = sample_population(data_dir, n, mix, seed)
-    metadata, _ = repository.load(model_root)
+    live = ModelLifecycle(model_root).read().routing.live
+    metadata, _ = repository.load(model_root, repository.DEFAULT_MODEL_NAME, live)
     now = time.time()
     return DataFiles(
         score=write_data_file(out_dir / "score.json", score_requests(population, stamp, now)),

@@ -25,6 +25,7 @@ from services.cli import certs as certs_cli
 from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
 from services.cli import features as features_cli
+from services.cli import model as model_cli
 from services.cli import train as train_cli
 from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.common.settings import from_mapping
@@ -41,6 +42,11 @@ app.add_typer(
     decisions_cli.app, name="decisions", help="Export, follow and compact the decision log."
 )
 app.add_typer(data_cli.app, name="data", help="Import your own transaction history.")
+app.add_typer(
+    model_cli.app,
+    name="model",
+    help="List model versions; shadow, canary, promote, roll back or retire one.",
+)
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )

@@ -1,12 +1,17 @@
-"""The gateway as a Service for the shared runtime: model metadata, rules, channels, warm-up.
+"""The gateway as a Service for the shared runtime: model versions, rules, channels, warm-up.
 
 By default the gateway calls the feature service and the scorer over gRPC; with
-``in_process`` it reads the online store and runs the model itself (``inprocess.py``)."""
+``in_process`` it reads the online store and runs the model itself (``inprocess.py``).
+Which model versions answer follows the lifecycle file (``rollout.py``), unless a version
+is pinned in the settings."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -20,13 +25,16 @@ from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
-from services.gateway.dependencies import GrpcFeatureClient, GrpcModelClient
+from services.gateway.dependencies import GrpcFeatureClient, GrpcModelProvider
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import FeatureClient, ModelClient, Pipeline
+from services.gateway.pipeline import FeatureClient, Pipeline
+from services.gateway.rollout import ModelProvider, Rollout
 from services.gateway.servicer import FraudScoringServicer
 from services.gateway.settings import GatewaySettings
+from services.gateway.shadow import ShadowQueue
 from services.gateway.validate import Transaction
 from services.models import repository
+from services.models.lifecycle import ModelLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +57,10 @@ class GatewayApp:
             settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
         )
         self.channels: list[grpc.aio.Channel] = []
+        self.rollout: Rollout | None = None
         self._closers: list[Callable[[], None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shadow: ShadowQueue | None = None
 
     def register(self, server: grpc.aio.Server) -> list[str]:
         """Adds the public scoring servicer."""
@@ -57,10 +68,14 @@ class GatewayApp:
         return ["fraud.v1.FraudScoring"]
 
     async def start(self) -> None:
-        """Loads model metadata and rules, opens channels, waits for and warms the dependencies."""
+        """Reads the lifecycle and rules, opens channels, readies and warms every routed
+        version, then follows the lifecycle."""
         s = self.settings
+        lifecycle = ModelLifecycle(s.models_path, s.model_name)
+        state = lifecycle.read()
+        live_version = s.model_version or state.routing.live
         try:
-            metadata, _ = repository.load(s.models_path, s.model_name, s.model_version)
+            metadata, _ = repository.load(s.models_path, s.model_name, live_version)
         except FileNotFoundError as error:
             raise FailedPrecondition(str(error)) from error
         if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
@@ -70,45 +85,73 @@ class GatewayApp:
             )
         rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, metadata.feature_order)
         features: FeatureClient
-        model: ModelClient
+        provider: ModelProvider
         if s.in_process:
-            features, model = await self._in_process(metadata)
+            features, provider = await self._in_process()
         else:
             features_channel = insecure_channel(s.features_target)
             scorer_channel = insecure_channel(s.scorer_target)
             self.channels = [features_channel, scorer_channel]
             await self._wait_ready([features_channel, scorer_channel])
             features = GrpcFeatureClient(features_channel)
-            model = GrpcModelClient(scorer_channel, metadata)
+            provider = GrpcModelProvider(scorer_channel, s.model_load_timeout_s)
+        # The scorer loads the live version by itself before it reports SERVING; asking it
+        # here would only hold up a gateway started while the scorer is down.
+        live_model = await provider.prepare(metadata, load=s.in_process)
         pipeline = Pipeline(
             metadata,
             rules,
             features,
-            model,
+            live_model,
             self.metrics,
             self._breaker("features", s.features_slow_ms),
             self._breaker("scorer", s.scorer_slow_ms),
+            canary_cap_s=s.canary_cap_ms / 1000,
+            shadow_timeout_s=s.shadow_timeout_ms / 1000,
         )
+        self.rollout = Rollout(
+            lifecycle,
+            pipeline,
+            provider,
+            self.metrics,
+            limits=s.canary_limits,
+            new_breaker=lambda name: self._breaker(name, s.scorer_slow_ms),
+            poll_s=s.lifecycle_poll_ms / 1000,
+            actor=f"gateway:{s.port} pid {os.getpid()}@{socket.gethostname()}",
+            pinned_version=s.model_version,
+        )
+        await self.rollout.apply(self.rollout.read())
+        self._shadow = ShadowQueue(
+            pipeline.score_shadow,
+            self.metrics.shadow_dropped.inc,
+            size=s.shadow_queue_size,
+            workers=s.shadow_workers,
+            max_batch=s.shadow_max_batch,
+            linger_s=s.shadow_linger_ms / 1000,
+        )
+        pipeline.shadow_queue = self._shadow
         await self._warm_up(pipeline)
+        self._shadow.start()
         self.servicer.pipeline = pipeline
+        self._tasks.append(asyncio.create_task(self.rollout.follow()))
+        routes = pipeline.routes
         log.info(
             "gateway ready",
             extra={
                 "model": metadata.name,
-                "version": metadata.version,
+                "live": routes.live.version,
+                "canary": routes.canary.version if routes.canary else None,
+                "shadow": routes.shadow.version if routes.shadow else None,
                 "rules": rules.version,
                 "in_process": s.in_process,
             },
         )
 
-    async def _in_process(
-        self, metadata: repository.ModelMetadata
-    ) -> tuple[FeatureClient, ModelClient]:
-        """Opens the online store and loads the ONNX model of ``metadata`` in this process."""
+    async def _in_process(self) -> tuple[FeatureClient, ModelProvider]:
+        """Opens the online store; model versions are loaded in this process."""
         # Imported here: Feast and ONNX Runtime stay out of a gateway that calls the services.
         from services.featurestore.online import OnlineFeatureReader
-        from services.gateway.inprocess import LocalFeatureClient, LocalModelClient
-        from services.models.onnx import OnnxModel
+        from services.gateway.inprocess import LocalFeatureClient, LocalModelProvider
 
         s = self.settings
         if self.store is None:
@@ -121,10 +164,7 @@ class GatewayApp:
         reader = await loop.run_in_executor(None, OnlineFeatureReader, store_settings)
         features = LocalFeatureClient(reader)
         self._closers.append(features.close)
-        model = await loop.run_in_executor(
-            None, OnnxModel.load, s.models_path, metadata.name, metadata.version
-        )
-        return features, LocalModelClient(model)
+        return features, LocalModelProvider(s.models_path)
 
     def _breaker(self, dependency: str, slow_ms: float) -> CircuitBreaker:
         """A breaker for ``dependency`` whose state changes reach the metrics."""
@@ -159,7 +199,13 @@ class GatewayApp:
         pipeline.scorer_breaker.reset()
 
     async def close(self) -> None:
-        """Closes the dependency channels."""
+        """Stops following the lifecycle and the shadow workers, closes the channels."""
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._shadow is not None:
+            await self._shadow.close()
         for channel in self.channels:
             await channel.close()
         for close in self._closers:

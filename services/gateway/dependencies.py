@@ -1,5 +1,6 @@
 """gRPC clients of the gateway's dependencies (feature service, scorer); they turn RPC
-failures into DependencyError."""
+failures into DependencyError. ``GrpcModelProvider`` makes a model version ready in the
+scorer (the v2 repository extension's ``RepositoryModelLoad``) for the lifecycle follower."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Mapping
 import grpc
 
 from fraud.v1 import features_pb2, features_pb2_grpc
+from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.gateway.pipeline import DependencyError
 from services.models.repository import ModelMetadata
-from services.models.v2 import BadResponse, RowRequests, fraud_probability
+from services.models.v2 import BadResponse, RowRequests, fraud_probabilities, fraud_probability
 
 _PRESENT = features_pb2.FEATURE_STATUS_PRESENT
 
@@ -68,3 +70,37 @@ class GrpcModelClient:
             return fraud_probability(response)
         except BadResponse as error:
             raise DependencyError("scorer", "bad_response", str(error)) from error
+
+    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
+        """Fraud probabilities of several rows, in one call."""
+        try:
+            response = await self._stub.ModelInfer(self._requests.batch(vectors), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise DependencyError("scorer", _reason(error), error.details() or "") from error
+        try:
+            return fraud_probabilities(response, len(vectors))
+        except BadResponse as error:
+            raise DependencyError("scorer", "bad_response", str(error)) from error
+
+
+class GrpcModelProvider:
+    """Makes versions ready in the scorer and builds clients that score with them."""
+
+    def __init__(self, channel: grpc.aio.Channel, load_timeout_s: float) -> None:
+        self._channel = channel
+        self._stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        self._load_timeout_s = load_timeout_s
+
+    async def prepare(self, metadata: ModelMetadata, load: bool = True) -> GrpcModelClient:
+        """A client for ``metadata``'s version; with ``load``, once the scorer has it
+        loaded and warmed (it also loads it by itself from the lifecycle file)."""
+        if load:
+            request = v2.RepositoryModelLoadRequest(model_name=metadata.name)
+            request.parameters["version"].string_param = metadata.version
+            try:
+                await self._stub.RepositoryModelLoad(request, timeout=self._load_timeout_s)
+            except grpc.aio.AioRpcError as error:
+                raise DependencyError(
+                    "scorer", _reason(error), f"loading v{metadata.version}: {error.details()}"
+                ) from error
+        return GrpcModelClient(self._channel, metadata)

@@ -17,7 +17,9 @@ costs at most that slice before the breaker takes over.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from services.domain.featurespec import FeatureStatus
 from services.featurestore.online import OnlineFeatureReader
 from services.gateway.pipeline import DependencyError
 from services.models.onnx import OnnxModel
+from services.models.repository import ModelMetadata
 
 
 class LocalFeatureClient:
@@ -59,6 +62,25 @@ class LocalFeatureClient:
         self._reader.close()
 
 
+class LocalModelProvider:
+    """Loads versions into this process with ONNX Runtime (off the event loop)."""
+
+    def __init__(self, model_root: Path, threads: int = 1, warmup_calls: int = 50) -> None:
+        self._model_root = model_root
+        self._threads = threads
+        self._warmup_calls = warmup_calls
+
+    def _load(self, metadata: ModelMetadata) -> OnnxModel:
+        model = OnnxModel.load(self._model_root, metadata.name, metadata.version, self._threads)
+        model.warm_up(self._warmup_calls)
+        return model
+
+    async def prepare(self, metadata: ModelMetadata, load: bool = True) -> LocalModelClient:
+        """A client running ``metadata``'s version here, loaded and warmed."""
+        loop = asyncio.get_running_loop()
+        return LocalModelClient(await loop.run_in_executor(None, self._load, metadata))
+
+
 class LocalModelClient:
     """Fraud probabilities from the ONNX model, run in this process."""
 
@@ -70,3 +92,7 @@ class LocalModelClient:
         """Fraud probability of one row."""
         self._row[0] = vector
         return float(self._model.predict(self._row)[0])
+
+    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
+        """Fraud probabilities of several rows, in one run."""
+        return [float(p) for p in self._model.predict(np.asarray(vectors, dtype=np.float32))]

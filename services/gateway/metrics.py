@@ -1,4 +1,5 @@
-"""Prometheus metrics of the gateway: latency, decisions, fallbacks, dependency errors."""
+"""Prometheus metrics of the gateway: latency, decisions, fallbacks, dependency errors, and
+the model lifecycle (answers by version and route, canary rollbacks, shadow comparisons)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,23 @@ _LATENCY_BUCKETS = (
     0.25,
 )
 _SCORE_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+# Shadow score minus the answer's score: fine near zero, where agreeing versions land.
+_DIFF_BUCKETS = (
+    -0.5,
+    -0.2,
+    -0.1,
+    -0.05,
+    -0.02,
+    -0.01,
+    -0.001,
+    0.001,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+)
 
 
 class GatewayMetrics:
@@ -80,6 +98,66 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge(
             "fraudmesh_in_flight", "Score calls being handled now.", registry=registry
+        )
+
+        self.model_answers = Counter(
+            "fraudmesh_model_answers_total",
+            "Answers given by a model, by route (live, canary) and model version.",
+            ["route", "model_version"],
+            registry=registry,
+        )
+        self.routing_generation = Gauge(
+            "fraudmesh_routing_generation",
+            "Generation of the lifecycle file the gateway routes by.",
+            registry=registry,
+        )
+        self.canary_percent = Gauge(
+            "fraudmesh_canary_percent",
+            "Share of cards routed to the canary (0 without a canary).",
+            registry=registry,
+        )
+        self.canary_breaches = Counter(
+            "fraudmesh_canary_breaches_total",
+            "Canaries this gateway found beyond their limits, by version.",
+            ["model_version"],
+            registry=registry,
+        )
+        self.canary_rollbacks = Counter(
+            "fraudmesh_canary_rollbacks_total",
+            "Automatic rollbacks this gateway wrote (at most one gateway writes each).",
+            ["model_version"],
+            registry=registry,
+        )
+        self.shadow_latency = Histogram(
+            "fraudmesh_shadow_latency_seconds",
+            "Time the shadow version took to score, by version.",
+            ["model_version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_score_diff = Histogram(
+            "fraudmesh_shadow_score_diff",
+            "Shadow score minus the answer's score, by shadow version.",
+            ["model_version"],
+            buckets=_DIFF_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_decisions = Counter(
+            "fraudmesh_shadow_decisions_total",
+            "Shadow comparisons by shadow version, the answer's decision and the shadow's.",
+            ["model_version", "answer", "shadow"],
+            registry=registry,
+        )
+        self.shadow_errors = Counter(
+            "fraudmesh_shadow_errors_total",
+            "Shadow scorings that failed, by version and reason.",
+            ["model_version", "reason"],
+            registry=registry,
+        )
+        self.shadow_dropped = Counter(
+            "fraudmesh_shadow_dropped_total",
+            "Shadow scorings dropped because the shadow queue was full.",
+            registry=registry,
         )
 
     def breaker_transition(self, dependency: str, old: State, new: State) -> None:

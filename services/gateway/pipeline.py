@@ -2,6 +2,13 @@
 
 Transport-free: the feature and model clients are injected, so the pipeline is tested
 without servers. Whatever fails behind it, ``score`` returns an on-time outcome.
+
+Which model version answers comes from the route table (``routing.py``), swapped whole
+when the lifecycle changes: the live version, or the canary for its share of cards. The
+version that answers brings its own defaults and thresholds. A canary call gets a shorter
+slice of the budget and its own breaker; if it fails, the live version answers (the rules
+only when live cannot too), and the canary watch counts the failure. With a shadow version
+routed, a model answer carries a shadow job, scored once the answer has been sent.
 """
 
 from __future__ import annotations
@@ -11,23 +18,37 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
+from services.gateway.decision import Decision, decide
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.routing import (
+    BatchModelClient,
+    ModelClient,
+    ModelRoute,
+    Route,
+    RouteTable,
+)
+from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
 
-
-class Decision(enum.Enum):
-    """What the payment system should do."""
-
-    APPROVE = "approve"
-    REVIEW = "review"
-    DECLINE = "decline"
+__all__ = [
+    "Decision",
+    "DependencyError",
+    "FeatureClient",
+    "ModelClient",
+    "Outcome",
+    "Pipeline",
+    "Route",
+    "ScoredBy",
+    "Source",
+    "guarded",
+]
 
 
 class ScoredBy(enum.Enum):
@@ -91,14 +112,6 @@ class FeatureClient(Protocol):
         ...
 
 
-class ModelClient(Protocol):
-    """Scores one model feature vector."""
-
-    async def score(self, vector: list[float], timeout_s: float) -> float:
-        """Fraud probability; raises DependencyError when the model cannot answer in time."""
-        ...
-
-
 @dataclass(slots=True)
 class Outcome:
     """The decision and how it was reached."""
@@ -107,20 +120,28 @@ class Outcome:
     score: float
     reasons: list[str] = field(default_factory=list)
     model_version: str = ""
+    """The version that answered (``rules-…`` when the rules did)."""
     scored_by: ScoredBy = ScoredBy.MODEL
     feature_source: Source = Source.ONLINE
+    route: Route = Route.LIVE
+    """The arm that answered: the canary, or live (also when the rules answered)."""
+    shadow: ShadowJob | None = None
+    """The shadow version's scoring of this transaction, run after the answer is sent
+    (``Pipeline.after_answer``): ``shadow.version``, ``await shadow.wait(timeout)``."""
 
+    @property
+    def shadow_version(self) -> str:
+        """The shadow version that scores this transaction, or empty."""
+        return self.shadow.version if self.shadow is not None else ""
 
-def _decide(score: float, review: float, decline: float) -> Decision:
-    if score >= decline:
-        return Decision.DECLINE
-    if score >= review:
-        return Decision.REVIEW
-    return Decision.APPROVE
+    def shadow_result(self) -> ShadowResult | None:
+        """The shadow's result if it has finished, else None."""
+        return self.shadow.result() if self.shadow is not None else None
 
 
 class Pipeline:
-    """Scores validated transactions with the model, falling back to defaults and rules."""
+    """Scores validated transactions with the routed model version, falling back to the
+    live version, defaults and rules."""
 
     def __init__(
         self,
@@ -131,19 +152,35 @@ class Pipeline:
         metrics: GatewayMetrics,
         features_breaker: CircuitBreaker,
         scorer_breaker: CircuitBreaker,
+        *,
+        canary_cap_s: float = 0.008,
+        shadow_timeout_s: float = 0.05,
     ) -> None:
-        self.metadata = metadata
+        self.routes = RouteTable(live=ModelRoute(metadata, model))
+        """What answers now; replaced whole when the lifecycle changes."""
         self.features_breaker = features_breaker
         self.scorer_breaker = scorer_breaker
         self.rules = rules
         self.features = features
-        self.model = model
         self.metrics = metrics
-        self._order = tuple(metadata.feature_order)
-        self._defaults = dict(metadata.default_features)
+        self.canary_cap_s = canary_cap_s
+        self.shadow_timeout_s = shadow_timeout_s
+        self.shadow_queue: ShadowQueue | None = None
+        """Where shadow jobs go after the answer; None scores no shadow."""
         self._store_names = featurespec.STORE_FEATURES
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
+        self._answer_counters: dict[tuple[Route, str], Any] = {}
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """The live version's metadata."""
+        return self.routes.live.metadata
+
+    @property
+    def model(self) -> ModelClient:
+        """The live version's client."""
+        return self.routes.live.client
 
     async def _read_features(
         self, tx: Transaction, budget: Budget
@@ -170,50 +207,58 @@ class Pipeline:
             return store, Source.DEFAULT
         return store, Source.PARTIAL
 
-    async def score(self, tx: Transaction, budget: Budget) -> Outcome:
-        """Scores ``tx``; always returns before the budget's reserve is spent."""
-        store, source = await self._read_features(tx, budget)
-        vector = featurespec.model_vector(
+    @staticmethod
+    def _vector(
+        route: ModelRoute, tx: Transaction, store: Mapping[str, float | None]
+    ) -> list[float]:
+        return featurespec.model_vector(
             store,
             amount_minor=tx.amount_minor,
             currency=tx.currency,
             timestamp_s=tx.timestamp_s,
             card_not_present=tx.card_not_present,
-            defaults=self._defaults,
+            defaults=route.defaults,
         )
-        named = dict(zip(self._order, vector, strict=True))
+
+    async def score(self, tx: Transaction, budget: Budget) -> Outcome:
+        """Scores ``tx``; always returns before the budget's reserve is spent."""
+        table = self.routes
+        route, arm = table.pick(tx.card_id)
+        store, source = await self._read_features(tx, budget)
+        notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
+        if arm is Route.CANARY:
+            answered = await self._score_canary(table, route, tx, store, source, notes, budget)
+            if answered is not None:
+                return self._with_shadow(table, answered, tx, store)
+            route = table.live
+        vector = self._vector(route, tx, store)
+        named = dict(zip(route.order, vector, strict=True))
         verdict = self.rules.evaluate(named)
         rule_reasons = verdict.reasons(named)
-        notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
 
         timeout = budget.scorer_timeout()
         fallback_reason = "too little budget left for the model"
         if timeout > 0:
+            watch = table.watch
+            started = time.perf_counter()
             try:
                 score = await guarded(
-                    self.scorer_breaker, lambda: self.model.score(vector, timeout)
+                    self.scorer_breaker, lambda: route.client.score(vector, timeout)
                 )
             except DependencyError as error:
                 self.metrics.dependency_error("scorer", error.reason)
                 fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
+                if watch is not None and error.reason != "breaker_open":
+                    watch.record(Route.LIVE, False, time.perf_counter() - started, False)
             else:
-                t = self.metadata.thresholds
-                decision = _decide(score, t.review, t.decline)
-                return Outcome(
-                    decision=decision,
-                    score=score,
-                    reasons=[
-                        _model_reason(score, decision, t.review, t.decline),
-                        *rule_reasons,
-                        *notes,
-                    ],
-                    model_version=self.metadata.version,
-                    scored_by=ScoredBy.MODEL,
-                    feature_source=source,
-                )
+                elapsed = time.perf_counter() - started
+                outcome = self._model_outcome(route, Route.LIVE, score, rule_reasons, notes, source)
+                if watch is not None:
+                    watch.record(Route.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
+                return self._with_shadow(table, outcome, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
-        decision = _decide(verdict.score, self.rules.review, self.rules.decline)
+        decision = decide(verdict.score, self.rules.review, self.rules.decline)
         return Outcome(
             decision=decision,
             score=verdict.score,
@@ -226,6 +271,128 @@ class Pipeline:
             scored_by=ScoredBy.RULES,
             feature_source=source,
         )
+
+    async def _score_canary(
+        self,
+        table: RouteTable,
+        route: ModelRoute,
+        tx: Transaction,
+        store: Mapping[str, float | None],
+        source: Source,
+        notes: list[str],
+        budget: Budget,
+    ) -> Outcome | None:
+        """The canary's answer, or None when it cannot give one (live answers then)."""
+        breaker, watch = table.canary_breaker, table.watch
+        timeout = min(budget.scorer_timeout(), self.canary_cap_s)
+        if breaker is None or timeout <= 0:
+            return None
+        vector = self._vector(route, tx, store)
+        started = time.perf_counter()
+        try:
+            score = await guarded(breaker, lambda: route.client.score(vector, timeout))
+        except DependencyError as error:
+            self.metrics.dependency_error("scorer-canary", error.reason)
+            if watch is not None:
+                # A refusal by the canary's open breaker counts as a failure too: it only
+                # opens on failures, and the watch must still reach its verdict.
+                opened = error.reason == "breaker_open"
+                watch.record(
+                    Route.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
+                )
+            return None
+        elapsed = time.perf_counter() - started
+        named = dict(zip(route.order, vector, strict=True))
+        rule_reasons = self.rules.evaluate(named).reasons(named)
+        outcome = self._model_outcome(route, Route.CANARY, score, rule_reasons, notes, source)
+        if watch is not None:
+            watch.record(Route.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
+        return outcome
+
+    def _model_outcome(
+        self,
+        route: ModelRoute,
+        arm: Route,
+        score: float,
+        rule_reasons: list[str],
+        notes: list[str],
+        source: Source,
+    ) -> Outcome:
+        t = route.thresholds
+        decision = decide(score, t.review, t.decline)
+        key = (arm, route.version)
+        counter = self._answer_counters.get(key)
+        if counter is None:
+            counter = self._answer_counters[key] = self.metrics.model_answers.labels(
+                arm.value, route.version
+            )
+        counter.inc()
+        return Outcome(
+            decision=decision,
+            score=score,
+            reasons=[_model_reason(score, decision, t.review, t.decline), *rule_reasons, *notes],
+            model_version=route.version,
+            scored_by=ScoredBy.MODEL,
+            feature_source=source,
+            route=arm,
+        )
+
+    def _with_shadow(
+        self,
+        table: RouteTable,
+        outcome: Outcome,
+        tx: Transaction,
+        store: Mapping[str, float | None],
+    ) -> Outcome:
+        shadow = table.shadow
+        if shadow is not None and self.shadow_queue is not None:
+            outcome.shadow = ShadowJob(shadow, tx, store, outcome.score, outcome.decision)
+        return outcome
+
+    def after_answer(self, outcome: Outcome) -> None:
+        """Hands the outcome's shadow job (if any) to the shadow workers; call it once the
+        answer has been sent."""
+        job, queue = outcome.shadow, self.shadow_queue
+        if job is not None and queue is not None:
+            queue.submit(job)
+
+    async def score_shadow(self, jobs: list[ShadowJob]) -> None:
+        """Scores shadow jobs (one model call per shadow version when its client takes
+        batches) and records how the shadow compares with each answer."""
+        by_route: dict[int, list[ShadowJob]] = {}
+        for job in jobs:
+            by_route.setdefault(id(job.route), []).append(job)
+        for group in by_route.values():
+            await self._score_shadow_group(group[0].route, group)
+
+    async def _score_shadow_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
+        vectors = [self._vector(route, job.tx, job.store) for job in jobs]
+        m = self.metrics
+        client = route.client
+        batch = getattr(client, "score_batch", None)
+        started = time.perf_counter()
+        try:
+            if batch is not None and len(vectors) > 1:
+                scores = await cast(BatchModelClient, client).score_batch(
+                    vectors, self.shadow_timeout_s
+                )
+            else:
+                scores = [await client.score(v, self.shadow_timeout_s) for v in vectors]
+        except DependencyError as error:
+            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
+            for job in jobs:
+                job.resolve(None)
+            return
+        latency = time.perf_counter() - started
+        t = route.thresholds
+        for job, score in zip(jobs, scores, strict=True):
+            decision = decide(score, t.review, t.decline)
+            m.shadow_latency.labels(route.version).observe(latency)
+            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
+            m.shadow_decisions.labels(
+                route.version, job.answer_decision.value, decision.value
+            ).inc()
+            job.resolve(ShadowResult(route.version, score, decision, latency))
 
 
 _REASON_TEXT = {

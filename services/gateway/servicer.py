@@ -55,12 +55,16 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
         self._in_flight += 1
         try:
-            return await self._score(request, pipeline, budget)
+            return await self._score(request, pipeline, budget, context)
         finally:
             self._in_flight -= 1
 
     async def _score(
-        self, request: pb.ScoreRequest, pipeline: Pipeline, budget: Budget
+        self,
+        request: pb.ScoreRequest,
+        pipeline: Pipeline,
+        budget: Budget,
+        context: grpc.aio.ServicerContext,
     ) -> pb.ScoreResponse:
         try:
             tx = validate(
@@ -83,6 +87,9 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             self._metrics.invalid.labels(error.field).inc()
             raise
         outcome = await pipeline.score(tx, budget)
+        if outcome.shadow is not None:
+            # Shadow scoring starts once the answer has been sent, never before.
+            context.add_done_callback(lambda _: pipeline.after_answer(outcome))
         elapsed = budget.elapsed()
         m = self._metrics
         m.latency.observe(elapsed)

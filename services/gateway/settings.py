@@ -9,6 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
+from services.gateway.canary import CanaryLimits
 from services.gateway.validate import Limits
 from services.models.settings import ModelServerSettings
 
@@ -87,6 +88,70 @@ class GatewaySettings(ModelServerSettings):
         8.0, gt=0, description="A feature call slower than this counts as slow."
     )
     scorer_slow_ms: float = Field(15.0, gt=0, description="A model call slower than this is slow.")
+
+    lifecycle_poll_ms: float = Field(
+        200.0,
+        gt=0,
+        description="How often the lifecycle file (routing.json) is checked; a routing "
+        "change takes effect within this plus the load of a version not yet loaded.",
+    )
+    model_load_timeout_s: float = Field(
+        30.0, gt=0, description="Longest the scorer may take to load a newly routed version."
+    )
+    canary_cap_ms: float = Field(
+        8.0,
+        gt=0,
+        description="Longest a canary model call may take; after it the live version answers, "
+        "with the rest of the budget.",
+    )
+    canary_window_calls: int = Field(
+        500, ge=1, description="Recent model calls per arm the canary watch compares."
+    )
+    canary_window_s: float = Field(
+        120.0, gt=0, description="Calls older than this leave the canary watch's window."
+    )
+    canary_min_calls: int = Field(
+        100, ge=1, description="Calls each arm needs before the canary is judged."
+    )
+    canary_max_error_rate_increase: float = Field(
+        0.05, ge=0, le=1, description="Canary error rate may exceed live's by this (0..1)."
+    )
+    canary_p99_ratio: float = Field(
+        2.0, gt=0, description="Canary model-call p99 may be this multiple of live's …"
+    )
+    canary_p99_slack_ms: float = Field(2.0, ge=0, description="… plus this many milliseconds.")
+    canary_max_decline_rate_increase: float = Field(
+        0.05, ge=0, le=1, description="Canary decline rate may exceed live's by this (0..1)."
+    )
+    shadow_queue_size: int = Field(
+        1000, ge=1, description="Shadow jobs waiting at most; beyond it they are dropped."
+    )
+    shadow_workers: int = Field(
+        1, ge=1, description="Shadow worker tasks, each scoring one batch at a time."
+    )
+    shadow_max_batch: int = Field(
+        32, ge=1, description="Most shadow jobs a worker scores in one model call."
+    )
+    shadow_linger_ms: float = Field(
+        50.0,
+        ge=0,
+        description="How long shadow jobs gather before a batch is scored (fewer, larger "
+        "model calls; nobody waits for a shadow result).",
+    )
+    shadow_timeout_ms: float = Field(50.0, gt=0, description="Deadline of a shadow model call.")
+
+    @property
+    def canary_limits(self) -> CanaryLimits:
+        """The canary watch's limits."""
+        return CanaryLimits(
+            window_calls=self.canary_window_calls,
+            window_s=self.canary_window_s,
+            min_calls=self.canary_min_calls,
+            max_error_rate_increase=self.canary_max_error_rate_increase,
+            p99_ratio=self.canary_p99_ratio,
+            p99_slack_s=self.canary_p99_slack_ms / 1000,
+            max_decline_rate_increase=self.canary_max_decline_rate_increase,
+        )
 
     def breaker_config(self, slow_ms: float) -> BreakerConfig:
         """A breaker configuration with the given slow-call threshold."""

@@ -38,17 +38,22 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
 class OnnxModel:
     """A published model version served by ONNX Runtime."""
 
-    def __init__(self, metadata: repository.ModelMetadata, folder: Path, threads: int = 1) -> None:
+    def __init__(
+        self,
+        metadata: repository.ModelMetadata,
+        folder: Path,
+        threads: int = 1,
+        model_file: Path | None = None,
+    ) -> None:
         self.metadata = metadata
         self.folder = folder
+        path = model_file or folder / repository.MODEL_FILE
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(
-            str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self.n_features = len(metadata.feature_order)

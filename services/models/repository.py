@@ -111,6 +111,11 @@ def _versions(model_root: Path, name: str) -> list[int]:
     )
 
 
+def published_versions(model_root: Path, name: str = DEFAULT_MODEL_NAME) -> list[str]:
+    """Every complete published version of ``name``, in increasing order."""
+    return [str(v) for v in _versions(model_root, name)]
+
+
 def latest_version(model_root: Path, name: str = DEFAULT_MODEL_NAME) -> str | None:
     """The highest published version of ``name``, or None when there is none."""
     versions = _versions(model_root, name)

@@ -18,7 +18,9 @@ class ModelServerSettings(ServerSettings):
     )
     model_name: str = Field(DEFAULT_MODEL_NAME, description="Name of the model to use.")
     model_version: str | None = Field(
-        None, description="Version to use; unset uses the latest published version."
+        None,
+        description="Pin this version for every call; unset follows the model lifecycle "
+        "(routing.json: the live version, and any canary and shadow).",
     )
 
     @property

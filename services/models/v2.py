@@ -65,6 +65,14 @@ class RowRequests:
         request.raw_input_contents.append(self._pack(*vector))
         return request
 
+    def batch(self, vectors: list[list[float]]) -> v2.ModelInferRequest:
+        """One ModelInfer request for several feature vectors: FP32 [k, n]."""
+        request = v2.ModelInferRequest()
+        request.CopyFrom(self._template)
+        request.inputs[0].shape[0] = len(vectors)
+        request.raw_input_contents.append(b"".join(self._pack(*v) for v in vectors))
+        return request
+
 
 def fraud_probability(response: v2.ModelInferResponse) -> float:
     """The fraud probability of a one-row response; raises BadResponse when it has none."""
@@ -72,3 +80,12 @@ def fraud_probability(response: v2.ModelInferResponse) -> float:
         return float(_PROBABILITIES.unpack(response.raw_output_contents[0])[1])
     except (IndexError, struct.error) as error:
         raise BadResponse(f"no FP32 [1, 2] probabilities in the response: {error}") from error
+
+
+def fraud_probabilities(response: v2.ModelInferResponse, rows: int) -> list[float]:
+    """The fraud probability of each row of a ``rows``-row response; raises BadResponse."""
+    try:
+        values = struct.unpack(f"<{2 * rows}f", response.raw_output_contents[0])
+    except (IndexError, struct.error) as error:
+        raise BadResponse(f"no FP32 [{rows}, 2] probabilities in the response: {error}") from error
+    return [float(v) for v in values[1::2]]

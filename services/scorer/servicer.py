@@ -1,8 +1,19 @@
-"""Open Inference Protocol v2 servicer: protos in, ONNX Runtime, protos out."""
+"""Open Inference Protocol v2 servicer: protos in, the model registry and ONNX Runtime, protos out.
+
+Besides inference it implements the model repository extension as Triton defines it
+(``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``). Load and
+unload name the version with a parameter: ``version`` (a string or integer, this
+server's convention) or ``config``, a JSON model configuration whose
+``version_policy.specific.versions`` lists the versions (what Triton clients send).
+Without one, load re-reads the lifecycle and loads every version it needs, and unload
+unloads every loaded version that carries no traffic.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Mapping
 
 import grpc
 import numpy as np
@@ -12,10 +23,13 @@ from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.domain.validation import shown
 from services.models.onnx import OnnxModel
+from services.scorer.registry import ModelRegistry
 
 SERVER_NAME = "fraudmesh-scorer"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["model_repository"]
+"""Protocol extensions this server implements."""
 
 _NUMPY = {
     "FP32": np.float32,
@@ -32,24 +46,26 @@ _CONTENTS_FIELD = {
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """Serves one loaded model version; every other name or version is NOT_FOUND."""
+    """Serves the versions loaded in the registry; other names or versions are NOT_FOUND."""
 
-    def __init__(self, fault_delay_s: float = 0.0) -> None:
-        self.model: OnnxModel | None = None
+    def __init__(
+        self,
+        registry: ModelRegistry | None = None,
+        fault_delay_s: float = 0.0,
+        fault_versions: frozenset[str] = frozenset(),
+    ) -> None:
+        self.registry = registry
         self._fault_delay_s = fault_delay_s
+        self._fault_versions = fault_versions
+
+    def _registry(self) -> ModelRegistry:
+        registry = self.registry
+        if registry is None:
+            raise Unavailable("models are still loading")
+        return registry
 
     def _model(self, name: str, version: str) -> OnnxModel:
-        model = self.model
-        if model is None:
-            raise Unavailable("model is still loading")
-        if name and name != model.name:
-            raise NotFound(f"model {shown(name)} is not served here (serving {model.name!r})")
-        if version and version != model.version:
-            raise NotFound(
-                f"version {shown(version)} of {model.name!r} is not served "
-                f"(serving {model.version!r})"
-            )
-        return model
+        return self._registry().get(name, version)
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
@@ -59,23 +75,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.model is not None)
+        registry = self.registry
+        return pb.ServerReadyResponse(ready=registry is not None and bool(registry.loaded()))
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        model = self.model
-        ready = (
-            model is not None
-            and request.name == model.name
-            and request.version in ("", model.version)
-        )
+        registry = self.registry
+        ready = registry is not None and registry.ready(request.name, request.version)
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS
+        )
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
@@ -86,7 +101,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=model.name,
-            versions=[model.version],
+            versions=self._registry().loaded(),
             platform=PLATFORM,
             inputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape) for t in model.inputs],
             outputs=[
@@ -101,7 +116,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise InvalidArgument("model_name", "model name is required")
         model = self._model(request.model_name, request.model_version)
         batch = _input_batch(request, model)
-        if self._fault_delay_s:
+        if self._fault_delay_s and (
+            not self._fault_versions or model.version in self._fault_versions
+        ):
             await asyncio.sleep(self._fault_delay_s)
         wanted = [o.name for o in request.outputs] or None
         known = {o.name: o for o in model.outputs}
@@ -122,6 +139,75 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 getattr(out.contents, _CONTENTS_FIELD[spec.datatype]).extend(array.ravel().tolist())
         return response
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        registry = self._registry()
+        entry = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                entry(name=registry.name, version=e.version, state=e.state, reason=e.reason)
+                for e in registry.index(ready_only=request.ready)
+            ]
+        )
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        registry = self._registry()
+        _check_name(registry, request.model_name)
+        versions = _versions(request.parameters)
+        # The lifecycle first: a version it routes to is then managed by it, not pinned.
+        await registry.refresh(force=True)
+        for version in versions:
+            await registry.load(version, explicit=True)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        registry = self._registry()
+        _check_name(registry, request.model_name)
+        versions = _versions(request.parameters)
+        await registry.refresh(force=True)
+        if not versions:
+            registry.unload_idle()
+        for version in versions:
+            registry.unload(version)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _check_name(registry: ModelRegistry, name: str) -> None:
+    if not name:
+        raise InvalidArgument("model_name", "model name is required")
+    if name != registry.name:
+        raise NotFound(f"model {name!r} is not in this repository (serving {registry.name!r})")
+
+
+def _versions(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> list[str]:
+    """The versions a load or unload request names: ``version``, or the specific versions
+    of a ``config`` JSON (Triton's version policy); empty when it names none."""
+    if "version" in parameters:
+        value = parameters["version"]
+        kind = value.WhichOneof("parameter_choice")
+        if kind == "string_param" and value.string_param.strip():
+            return [value.string_param.strip()]
+        if kind == "int64_param":
+            return [str(value.int64_param)]
+        raise InvalidArgument("parameters[version]", "expected a version string or integer")
+    if "config" in parameters:
+        value = parameters["config"]
+        text = value.string_param or value.bytes_param.decode("utf-8", "replace")
+        try:
+            config = json.loads(text)
+            specific = config.get("version_policy", {}).get("specific", {})
+            return [str(v) for v in specific.get("versions", [])]
+        except (ValueError, AttributeError) as error:
+            raise InvalidArgument(
+                "parameters[config]", "expected a JSON model configuration"
+            ) from error
+    return []
 
 
 def _input_batch(request: pb.ModelInferRequest, model: OnnxModel) -> np.ndarray:

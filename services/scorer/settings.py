@@ -25,3 +25,24 @@ class ScorerSettings(ModelServerSettings):
         ge=0,
         description="Fault injection for resilience tests: delay every ModelInfer by this much.",
     )
+    fault_delay_versions: str = Field(
+        "",
+        description="Comma-separated model versions the fault delay applies to; empty: all.",
+    )
+    lifecycle_poll_ms: float = Field(
+        200.0,
+        gt=0,
+        description="How often the lifecycle file (routing.json) is checked for changes: "
+        "versions routed to are loaded, versions no longer needed unloaded.",
+    )
+    unload_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="A version no longer needed stays loaded this long, so gateways still "
+        "routing to it for a moment are answered.",
+    )
+
+    @property
+    def fault_versions(self) -> frozenset[str]:
+        """The versions the fault delay applies to (empty: every version)."""
+        return frozenset(v.strip() for v in self.fault_delay_versions.split(",") if v.strip())

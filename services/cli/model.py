@@ -1,0 +1,205 @@
+"""``fraudmesh model …``: list model versions and move them through their lifecycle.
+
+Each command changes the lifecycle file beside the models (``routing.json``); every
+gateway and scorer follows it within a fraction of a second, without a restart. Commands
+print what changed, and refuse, with the reason, what the lifecycle does not allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.common.errors import FraudmeshError
+from services.featurestore.settings import from_env
+from services.models import repository
+from services.models.lifecycle import Change, LifecycleState, ModelLifecycle, Routing
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+console = Console()
+
+VarDirOption = Annotated[
+    Path | None,
+    typer.Option(help="State folder (data, Feast, models); default FRAUD_FEATURES_VAR_DIR or var."),
+]
+ModelRootOption = Annotated[
+    Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
+]
+NameOption = Annotated[str, typer.Option(help="Model name.")]
+VersionArgument = Annotated[str, typer.Argument(help="Model version, e.g. 3.")]
+
+
+def _lifecycle(var_dir: Path | None, model_root: Path | None, name: str) -> ModelLifecycle:
+    root = model_root or from_env(var_dir=var_dir).var_dir / "models"
+    return ModelLifecycle(root, name)
+
+
+def _routing_text(routing: Routing) -> str:
+    parts = [f"live v{routing.live}" if routing.live else "no live version"]
+    if routing.canary:
+        parts.append(f"canary v{routing.canary.version} at {routing.canary.percent:g}%")
+    if routing.shadow:
+        parts.append(f"shadow v{routing.shadow}")
+    if routing.previous:
+        parts.append(f"rollback target v{routing.previous}")
+    return ", ".join(parts)
+
+
+def _print_change(change: Change) -> None:
+    for note in change.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
+    if not change.changed:
+        console.print(f"unchanged: {_routing_text(change.after)}")
+        return
+    for t in change.transitions:
+        old = t.from_state.value if t.from_state else "new"
+        console.print(f"v{t.version}: {old} → [bold]{t.to_state.value}[/bold] ({t.reason})")
+    console.print(f"routing (generation {change.generation}): {_routing_text(change.after)}")
+    console.print("gateways and scorers follow within a second; no restart needed")
+
+
+def _run(action: str, call: Callable[[], Change]) -> None:
+    """Runs a lifecycle call, printing its change or why it was refused."""
+    try:
+        change = call()
+    except FraudmeshError as error:
+        console.print(f"[red]{action} refused[/red]: {error.message}")
+        raise typer.Exit(1) from error
+    _print_change(change)
+
+
+def _metric(metadata: repository.ModelMetadata | None, name: str) -> str:
+    if metadata is None or name not in metadata.metrics:
+        return "-"
+    return f"{metadata.metrics[name]:.4f}"
+
+
+def _print_list(state: LifecycleState, root: Path, history: int) -> None:
+    table = Table(title=f"{state.name} in {root} (generation {state.generation})")
+    for column in ("version", "state", "traffic", "pr_auc", "recall@1%fpr", "gates", "created"):
+        table.add_column(column, justify="left" if column in ("state", "gates") else "right")
+    records = sorted(
+        state.versions.values(),
+        key=lambda r: (int(r.version), r.version) if r.version.isdigit() else (1 << 62, r.version),
+    )
+    for record in records:
+        try:
+            metadata, _ = repository.load(root, state.name, record.version)
+        except FileNotFoundError:
+            metadata = None
+        gates = record.gates
+        gates_text = "-" if gates is None else ("passed" if gates.passed else "[red]failed[/red]")
+        if gates is not None and not gates.passed:
+            gates_text += ": " + ", ".join(c.name for c in gates.failures())
+        style = {"live": "green", "canary": "yellow", "shadow": "cyan"}.get(record.state.value)
+        state_text = f"[{style}]{record.state.value}[/{style}]" if style else record.state.value
+        table.add_row(
+            record.version,
+            state_text,
+            state.traffic(record.version),
+            _metric(metadata, "pr_auc"),
+            _metric(metadata, "recall_at_1pct_fpr"),
+            gates_text,
+            f"{metadata.created_at:%Y-%m-%d %H:%M}" if metadata else "-",
+        )
+    console.print(table)
+    console.print(f"routing: {_routing_text(state.routing)}")
+    for record in records:
+        console.print(
+            f"  v{record.version} {record.state.value} since {record.since:%Y-%m-%d %H:%M:%S}: "
+            f"{record.reason}"
+        )
+        if record.gates is not None:
+            for check in record.gates.checks:
+                mark = "ok" if check.passed else "[red]FAILED[/red]"
+                console.print(f"      gate {check.name} {mark}: {check.detail}")
+    if history and state.history:
+        console.print(f"[bold]last {min(history, len(state.history))} changes[/bold]")
+        for t in state.history[-history:]:
+            old = t.from_state.value if t.from_state else "new"
+            console.print(
+                f"  {t.at:%Y-%m-%d %H:%M:%S} g{t.generation} v{t.version} {old} → "
+                f"{t.to_state.value} by {t.by}: {t.reason}"
+            )
+
+
+@app.command("list")
+def list_command(
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+    history: Annotated[int, typer.Option(help="How many recent changes to show.")] = 10,
+) -> None:
+    """Versions, states, traffic shares, metrics, gates and the recent changes."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    state = lifecycle.read()
+    if not state.versions:
+        console.print(f"no version of {name!r} is published in {lifecycle.model_root}")
+        raise typer.Exit(1)
+    _print_list(state, lifecycle.model_root, history)
+
+
+@app.command()
+def shadow(
+    version: VersionArgument,
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """Score live traffic with VERSION after each answer, for comparison only."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    _run("shadow", lambda: lifecycle.shadow(version))
+
+
+@app.command()
+def canary(
+    version: VersionArgument,
+    percent: Annotated[float, typer.Option(help="Share of cards VERSION answers, in %.")],
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """VERSION answers PERCENT % of the cards (the same cards throughout)."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    _run("canary", lambda: lifecycle.canary(version, percent))
+
+
+@app.command()
+def promote(
+    version: VersionArgument,
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """VERSION answers all traffic at once; the current live version is kept for rollback."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    _run("promote", lambda: lifecycle.promote(version))
+
+
+@app.command()
+def rollback(
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+    reason: Annotated[str, typer.Option(help="Why, for the audit trail.")] = "",
+) -> None:
+    """The previous live version answers all traffic again, at once."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    _run("rollback", lambda: lifecycle.rollback(reason=reason))
+
+
+@app.command()
+def retire(
+    version: VersionArgument,
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """Take VERSION out of service (candidate, shadow, canary or rollback target)."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    _run("retire", lambda: lifecycle.retire(version))

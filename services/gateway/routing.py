@@ -1,0 +1,108 @@
+"""Which model version answers a transaction: the live one, or the canary for its cards.
+
+A ``RouteTable`` is an immutable snapshot of the routing the lifecycle file describes,
+with a ready client per version. The gateway swaps the whole table in one assignment
+when the routing changes, so a call sees one consistent routing from start to end.
+
+A card goes to the canary when its bucket (a stable hash of the card id, modulo 10,000)
+is below the canary's share in hundredths of a percent: the same card always gets the
+same version while the canary lasts, on every gateway replica, and raising the share
+only adds cards to the canary.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from services.gateway.breaker import CircuitBreaker
+from services.models.lifecycle import CANARY_BUCKETS
+from services.models.repository import ModelMetadata, Thresholds
+
+if TYPE_CHECKING:
+    from services.gateway.canary import CanaryWatch
+
+
+class Route(enum.Enum):
+    """Which arm of the routing answered."""
+
+    LIVE = "live"
+    CANARY = "canary"
+
+
+class ModelClient(Protocol):
+    """Scores one model feature vector."""
+
+    async def score(self, vector: list[float], timeout_s: float) -> float:
+        """Fraud probability; raises DependencyError when the model cannot answer in time."""
+        ...
+
+
+class BatchModelClient(ModelClient, Protocol):
+    """A model client that can also score several vectors in one call."""
+
+    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
+        """Fraud probability of each vector; raises DependencyError like ``score``."""
+        ...
+
+
+def card_bucket(card_id: str) -> int:
+    """The card's canary bucket in [0, CANARY_BUCKETS): stable across processes and runs."""
+    digest = hashlib.blake2b(card_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % CANARY_BUCKETS
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ModelRoute:
+    """One servable version: what the gateway needs to score and decide with it."""
+
+    metadata: ModelMetadata
+    client: ModelClient
+    order: tuple[str, ...] = field(init=False)
+    defaults: Mapping[str, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", tuple(self.metadata.feature_order))
+        object.__setattr__(self, "defaults", dict(self.metadata.default_features))
+
+    @property
+    def version(self) -> str:
+        """The model version."""
+        return self.metadata.version
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """Its decision thresholds."""
+        return self.metadata.thresholds
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RouteTable:
+    """The versions answering now: live for every card, canary for its share of cards."""
+
+    live: ModelRoute
+    canary: ModelRoute | None = None
+    canary_buckets: int = 0
+    """Cards whose bucket is below this go to the canary."""
+    canary_breaker: CircuitBreaker | None = None
+    """The canary's own breaker: its failures never open the live model's breaker."""
+    watch: CanaryWatch | None = None
+    """Compares the canary with live while a canary runs."""
+    shadow: ModelRoute | None = None
+    generation: int = 0
+    """Generation of the lifecycle file this table follows."""
+
+    def pick(self, card_id: str) -> tuple[ModelRoute, Route]:
+        """The version that answers for ``card_id``, and its arm."""
+        canary = self.canary
+        if canary is not None and card_bucket(card_id) < self.canary_buckets:
+            return canary, Route.CANARY
+        return self.live, Route.LIVE
+
+    def versions(self) -> dict[str, ModelRoute]:
+        """Every version in the table by version."""
+        routes = [self.live, self.canary, self.shadow]
+        return {r.version: r for r in routes if r is not None}

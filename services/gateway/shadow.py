@@ -1,0 +1,147 @@
+"""Shadow scoring: a candidate scores live traffic after the answer is sent, for comparison.
+
+The pipeline prepares a ``ShadowJob`` with each model answer while a shadow version is
+routed; the servicer hands it to the ``ShadowQueue`` once the answer has gone out (the
+RPC's done callback). A bounded queue and a worker task do the scoring; the worker lets
+jobs gather for ``linger_s`` after the first, then scores every job waiting (up to
+``max_batch``) in one model call, so shadowing costs one extra call per batch rather than
+per answer. When the queue is full the job is
+dropped and counted, so shadow work can never back up into the request path. Whatever
+happens to it, a job ends with a result or None, and the answer it shadows has long been
+sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from services.gateway.decision import Decision
+from services.gateway.routing import ModelRoute
+from services.gateway.validate import Transaction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowResult:
+    """What the shadow version said about one transaction."""
+
+    version: str
+    score: float
+    decision: Decision
+    latency_s: float
+
+
+class ShadowJob:
+    """One answered transaction for the shadow version to score; resolves to its result."""
+
+    __slots__ = ("_future", "answer_decision", "answer_score", "route", "store", "tx")
+
+    def __init__(
+        self,
+        route: ModelRoute,
+        tx: Transaction,
+        store: Mapping[str, float | None],
+        answer_score: float,
+        answer_decision: Decision,
+    ) -> None:
+        self.route = route
+        self.tx = tx
+        self.store = store
+        self.answer_score = answer_score
+        self.answer_decision = answer_decision
+        self._future: asyncio.Future[ShadowResult | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    @property
+    def version(self) -> str:
+        """The shadow version."""
+        return self.route.version
+
+    def resolve(self, result: ShadowResult | None) -> None:
+        """Ends the job (None: dropped or failed); later calls are ignored."""
+        if not self._future.done():
+            self._future.set_result(result)
+
+    def result(self) -> ShadowResult | None:
+        """The result if the job has ended with one, else None."""
+        return self._future.result() if self._future.done() else None
+
+    async def wait(self, timeout_s: float) -> ShadowResult | None:
+        """The result, waiting at most ``timeout_s``; None if dropped, failed or still running."""
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(self._future), timeout_s)
+        return None
+
+
+class ShadowQueue:
+    """A bounded queue of shadow jobs and the worker tasks that score them."""
+
+    def __init__(
+        self,
+        score: Callable[[list[ShadowJob]], Awaitable[None]],
+        on_drop: Callable[[], None],
+        size: int = 1000,
+        workers: int = 1,
+        max_batch: int = 32,
+        linger_s: float = 0.05,
+    ) -> None:
+        self._score = score
+        self._on_drop = on_drop
+        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=size)
+        self._workers = workers
+        self._max_batch = max_batch
+        self._linger_s = linger_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def submit(self, job: ShadowJob) -> bool:
+        """Queues ``job``; when the queue is full drops it (counted) and returns False."""
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self._on_drop()
+            job.resolve(None)
+            return False
+        return True
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting in the queue."""
+        return self._queue.qsize()
+
+    def start(self) -> None:
+        """Starts the worker tasks on the running loop."""
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(self._workers)]
+
+    async def _work(self) -> None:
+        while True:
+            jobs = [await self._queue.get()]
+            if self._linger_s > 0 and self._queue.qsize() + 1 < self._max_batch:
+                # Nobody waits for a shadow result: let a batch gather first.
+                await asyncio.sleep(self._linger_s)
+            while len(jobs) < self._max_batch and not self._queue.empty():
+                jobs.append(self._queue.get_nowait())
+            try:
+                await self._score(jobs)
+            except Exception:
+                log.exception("shadow scoring failed", extra={"jobs": len(jobs)})
+            finally:
+                for job in jobs:
+                    job.resolve(None)
+                    self._queue.task_done()
+
+    async def close(self) -> None:
+        """Stops the workers; queued jobs resolve to None."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        while not self._queue.empty():
+            self._queue.get_nowait().resolve(None)

@@ -1,0 +1,133 @@
+"""Promotion gates on real (tiny) ONNX models: parity, average precision, latency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import average_precision_score
+
+from services.domain.featurespec import MODEL_FEATURES
+from services.models import gates
+from services.models.lifecycle import ModelLifecycle
+
+from .tiny_models import holdout, metadata, onnx_model, publish
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("tiny")
+    return {
+        "good": onnx_model(folder / "good.onnx", trees=20),
+        "better": onnx_model(folder / "better.onnx", trees=40, seed=3),
+        "useless": onnx_model(folder / "useless.onnx", trees=20, shuffle_labels=True),
+    }
+
+
+@pytest.fixture
+def root(tmp_path: Path, models: dict[str, Path]) -> Path:
+    root = tmp_path / "models"
+    assert publish(root, models["good"], candidate=False) == "1"
+    return root
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_average_precision_is_scikit_learns(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=500)
+    # Rounded scores make ties, which both must group into one threshold.
+    scores = np.round(rng.random(500) * 0.5 + y * 0.3, 2)
+    assert gates.average_precision(y, scores) == pytest.approx(
+        average_precision_score(y, scores), abs=1e-12
+    )
+    assert np.isnan(gates.average_precision(np.zeros(5), np.ones(5)))
+
+
+def test_a_candidate_as_good_as_live_passes(root: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    report = gates.evaluate(
+        metadata(), models["better"], x, y, root, gates.GatePolicy(latency_ratio=1e6)
+    )
+    assert report.passed, report
+    assert report.against == "1"
+    assert [c.name for c in report.checks] == ["parity", "average_precision", "latency_p99"]
+    ap = report.checks[1]
+    assert ap.value is not None and ap.limit is not None and ap.value >= ap.limit
+    assert "vs live v1" in ap.detail
+
+
+def test_a_worse_candidate_fails_on_average_precision(root: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    report = gates.evaluate(
+        metadata(), models["useless"], x, y, root, gates.GatePolicy(latency_ratio=1e6)
+    )
+    assert not report.passed
+    assert [c.name for c in report.failures()] == ["average_precision"]
+
+
+def test_parity_is_judged_from_the_metadata(root: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    report = gates.evaluate(
+        metadata(parity_max_abs_diff=3e-4),
+        models["good"],
+        x,
+        y,
+        root,
+        gates.GatePolicy(latency_ratio=1e6),
+    )
+    assert [c.name for c in report.failures()] == ["parity"]
+
+
+def test_latency_is_measured_against_live(root: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    policy = gates.GatePolicy(latency_ratio=1e-9, latency_calls=200)
+    report = gates.evaluate(metadata(), models["good"], x, y, root, policy)
+    latency = report.checks[-1]
+    assert latency.name == "latency_p99" and not latency.passed
+    assert latency.value is not None and latency.value > 0
+    assert latency.limit is not None and latency.limit < latency.value
+
+
+def test_without_live_only_parity_can_fail(tmp_path: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    report = gates.evaluate(metadata(), models["useless"], x, y, tmp_path / "empty")
+    assert report.passed and report.against is None
+    assert "no live version" in report.checks[1].detail
+
+
+def test_a_live_version_with_other_features_fails_the_comparison(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    root = tmp_path / "models"
+    order = [*MODEL_FEATURES[:-1], "dropped_feature"]
+    publish(
+        root,
+        models["good"],
+        candidate=False,
+        feature_order=order,
+        default_features=dict.fromkeys(order, 0.0),
+    )
+    x, y = holdout()
+    report = gates.evaluate(metadata(), models["good"], x, y, root)
+    assert [c.name for c in report.failures()] == ["average_precision"]
+    assert "dropped_feature" in report.failures()[0].detail
+
+
+def test_a_holdout_without_the_candidates_features_is_an_error(
+    root: Path, models: dict[str, Path]
+) -> None:
+    x, y = holdout()
+    del x[MODEL_FEATURES[0]]
+    with pytest.raises(KeyError, match=MODEL_FEATURES[0]):
+        gates.evaluate(metadata(), models["good"], x, y, root)
+
+
+def test_a_report_travels_with_the_candidate(root: Path, models: dict[str, Path]) -> None:
+    x, y = holdout()
+    report = gates.evaluate(
+        metadata(), models["useless"], x, y, root, gates.GatePolicy(latency_ratio=1e6)
+    )
+    version = publish(root, models["useless"], gates=report)
+    state = ModelLifecycle(root).read()
+    assert state.versions[version].gates == report

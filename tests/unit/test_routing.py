@@ -1,0 +1,162 @@
+"""Canary routing by card and the canary watch (pure logic)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.gateway.canary import CanaryLimits, CanaryWatch
+from services.gateway.routing import ModelRoute, Route, RouteTable, card_bucket
+from services.models.lifecycle import CANARY_BUCKETS, Canary
+
+from .tiny_models import metadata
+
+
+class _Client:
+    async def score(self, vector: list[float], timeout_s: float) -> float:
+        return 0.0
+
+
+def _cards(n: int, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    return [f"card-{rng.getrandbits(40):010x}" for _ in range(n)]
+
+
+def test_a_card_always_gets_the_same_bucket() -> None:
+    # Replicas and releases must agree on every card's bucket: the values are pinned.
+    assert [card_bucket(f"card-{i:06d}") for i in range(3)] == [9089, 5702, 3158]
+    assert 0 <= card_bucket("") < CANARY_BUCKETS
+
+
+@pytest.mark.parametrize("percent", [0.5, 5, 20, 50, 99])
+def test_the_share_of_cards_matches_the_percent(percent: float) -> None:
+    cards = _cards(100_000)
+    cut = Canary(version="2", percent=percent).buckets
+    share = sum(card_bucket(c) < cut for c in cards) / len(cards)
+    assert share == pytest.approx(percent / 100, abs=0.005)
+
+
+def test_raising_the_share_only_adds_cards() -> None:
+    cards = _cards(20_000)
+    small = {c for c in cards if card_bucket(c) < Canary(version="2", percent=5).buckets}
+    large = {c for c in cards if card_bucket(c) < Canary(version="2", percent=25).buckets}
+    assert small < large
+
+
+def test_route_table_picks_canary_for_its_cards() -> None:
+    live = ModelRoute(metadata(version="1"), _Client())
+    canary = ModelRoute(metadata(version="2"), _Client())
+    table = RouteTable(live=live, canary=canary, canary_buckets=2000)
+    for card in _cards(2000):
+        route, arm = table.pick(card)
+        expected = Route.CANARY if card_bucket(card) < 2000 else Route.LIVE
+        assert arm is expected
+        assert route is (canary if expected is Route.CANARY else live)
+    assert RouteTable(live=live).pick("any")[1] is Route.LIVE
+    assert set(table.versions()) == {"1", "2"}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watch(**limits: float) -> tuple[CanaryWatch, _Clock]:
+    clock = _Clock()
+    base = {"min_calls": 50, "p99_min_calls": 100, "window_calls": 500, "window_s": 60.0}
+    return CanaryWatch("2", CanaryLimits(**(base | limits)), cap_s=0.008, clock=clock), clock
+
+
+def _feed(
+    watch: CanaryWatch,
+    route: Route,
+    n: int,
+    *,
+    latency_s: float = 0.002,
+    fail_every: int = 0,
+    decline_every: int = 0,
+) -> None:
+    for i in range(1, n + 1):
+        failed = bool(fail_every) and i % fail_every == 0
+        declined = bool(decline_every) and i % decline_every == 0
+        watch.record(route, not failed, latency_s, declined)
+
+
+def test_a_canary_like_live_does_not_breach() -> None:
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400, decline_every=50, fail_every=200)
+    _feed(watch, Route.CANARY, 100, decline_every=40, fail_every=100)
+    assert watch.breach() is None
+
+
+def test_nothing_is_judged_before_enough_calls() -> None:
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400)
+    _feed(watch, Route.CANARY, 49, decline_every=1)
+    assert watch.breach() is None
+    _feed(watch, Route.CANARY, 1, decline_every=1)
+    assert watch.breach() is not None
+
+
+def test_a_declining_canary_breaches_on_decision_mix() -> None:
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400, decline_every=100)
+    _feed(watch, Route.CANARY, 60, decline_every=2)
+    reason = watch.breach()
+    assert reason is not None and "decline rate 50.0% vs live 1.0%" in reason
+    assert reason.startswith("canary v2 over 60 calls")
+
+
+def test_a_failing_canary_breaches_on_error_rate() -> None:
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400)
+    _feed(watch, Route.CANARY, 60, fail_every=3)
+    reason = watch.breach()
+    assert reason is not None and "error rate 33.3% vs live 0.0%" in reason
+
+
+def test_a_few_unlucky_calls_in_a_small_window_are_noise() -> None:
+    # 3 declines in 50 calls against 1% in live: 6% is above +5 points, but not beyond
+    # three standard errors of the difference.
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400, decline_every=100)
+    _feed(watch, Route.CANARY, 50)
+    for _ in range(3):
+        watch.record(Route.CANARY, True, 0.002, True)
+    assert watch.breach() is None
+
+
+def test_a_slow_canary_breaches_on_p99_once_both_arms_have_enough_calls() -> None:
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400, latency_s=0.002)
+    _feed(watch, Route.CANARY, 60, latency_s=0.007)
+    assert watch.breach() is None  # p99 is not judged on 60 calls
+    _feed(watch, Route.CANARY, 60, latency_s=0.007)
+    reason = watch.breach()
+    assert reason is not None and "model p99 7.0 ms vs live 2.0 ms (limit 6.0 ms)" in reason
+
+
+def test_live_calls_beyond_the_canary_cut_off_count_as_failures() -> None:
+    # A machine slow for everyone: the canary's calls are cut off at 8 ms and fail, live's
+    # merely take as long. Judged by the same yardstick, the canary is no worse.
+    watch, _ = _watch()
+    _feed(watch, Route.LIVE, 400, latency_s=0.002)
+    _feed(watch, Route.LIVE, 100, latency_s=0.012)
+    _feed(watch, Route.CANARY, 80, latency_s=0.002)
+    _feed(watch, Route.CANARY, 20, latency_s=0.008, fail_every=1)
+    figures = watch.figures()
+    assert figures[Route.LIVE].error_rate == pytest.approx(0.2)
+    assert watch.breach() is None
+
+
+def test_old_calls_leave_the_window() -> None:
+    watch, clock = _watch()
+    _feed(watch, Route.LIVE, 400)
+    _feed(watch, Route.CANARY, 60, decline_every=1)
+    clock.now = 61.0
+    assert watch.figures()[Route.CANARY].calls == 0
+    assert watch.breach() is None
