@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 
@@ -54,6 +55,26 @@ def score(target: str, request: pb.ScoreRequest, timeout_s: float = 0.042) -> pb
     with grpc.insecure_channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=5)
         return pb_grpc.FraudScoringStub(channel).Score(request, timeout=timeout_s)
+
+
+def report_outcome(
+    target: str,
+    transaction_id: str,
+    outcome: outcomes_pb2.Outcome = outcomes_pb2.OUTCOME_FRAUD,
+    source: outcomes_pb2.OutcomeSource = outcomes_pb2.OUTCOME_SOURCE_ANALYST,
+    reported_at_s: float | None = None,
+    timeout_s: float = 5.0,
+) -> outcomes_pb2.ReportOutcomeResponse:
+    """Reports what a decided transaction turned out to be; raises grpc.RpcError if refused."""
+    request = outcomes_pb2.ReportOutcomeRequest(
+        transaction_id=transaction_id, outcome=outcome, source=source
+    )
+    request.reported_at.FromNanoseconds(int((reported_at_s or time.time()) * 1e9))
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=5)
+        return outcomes_pb2_grpc.OutcomeServiceStub(channel).ReportOutcome(
+            request, timeout=timeout_s
+        )
 
 
 def scored_by(response: pb.ScoreResponse) -> str:

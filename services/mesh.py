@@ -29,10 +29,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import envoy
 from services.common.settings import ServerSettings, to_env
+from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
 from services.scorer.settings import ScorerSettings
+from services.updater.settings import UpdaterSettings
 
 STARTUP_NICENESS = 10
 """Children start at this niceness and get normal priority once ready: the seconds of CPU
@@ -93,6 +95,12 @@ def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def _made(path: Path) -> Path:
+    """``path``, created as a folder if missing."""
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _serving_probe(target: str) -> Callable[[], bool]:
@@ -212,6 +220,13 @@ class MeshConfig:
     rate_limit_rps: int = 1000
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
     """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
+    live_loop: bool = True
+    """Gateways emit decision events and the feature updater applies them to the store."""
+    eventlog: str | None = None
+    """Event log backend: file, redis or kafka; None: redis with the Redis store, else file."""
+    kafka_bootstrap: str | None = None
+    """Bootstrap servers of the Kafka event log (a broker the mesh does not run)."""
+    updater_port: int = 50054
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -227,6 +242,7 @@ class MeshConfig:
                 "features_port",
                 "scorer_port",
                 "redis_port",
+                "updater_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -242,9 +258,15 @@ class MeshConfig:
         """host:port clients call."""
         return f"{self.host}:{self.envoy_port}"
 
+    @property
+    def eventlog_backend(self) -> str:
+        """The event log's backend (see ``eventlog``)."""
+        return self.eventlog or ("redis" if self.store == "redis" else "file")
+
     def service_env(self) -> dict[str, str]:
         """Environment that points every service at this mesh's ports and state."""
         host, var = self.host, self.var_dir
+        backend = self.eventlog_backend
         env = {
             **to_env(
                 GatewaySettings,
@@ -253,7 +275,16 @@ class MeshConfig:
                 features_target=f"{host}:{self.features_port}",
                 scorer_target=f"{host}:{self.scorer_port}",
                 in_process=True if self.gateway_in_process else None,
+                emit_events=None if self.live_loop else False,
             ),
+            **to_env(
+                EventLogSettings,
+                var_dir=var,
+                backend=backend,
+                redis_url=f"redis://{host}:{self.redis_port}/0" if backend == "redis" else None,
+                kafka_bootstrap=self.kafka_bootstrap,
+            ),
+            **to_env(UpdaterSettings, port=self.updater_port, var_dir=var),
             **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
             **to_env(
                 FeatureStoreSettings,
@@ -286,8 +317,12 @@ class Mesh:
                     c.host,
                     "--save",
                     "",
-                    "--appendonly",
-                    "no",
+                    # The event log on Redis Streams must survive a restart of redis-server.
+                    *(
+                        ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
+                        if c.eventlog_backend == "redis"
+                        else ["--appendonly", "no"]
+                    ),
                     "--protected-mode",
                     "yes",
                 ],
@@ -303,6 +338,8 @@ class Mesh:
             (f"gateway-{i}", "gateway", GatewaySettings, port)
             for i, port in enumerate(c.extra_gateway_ports, 2)
         ]
+        if c.live_loop:
+            services.append(("updater", "updater", UpdaterSettings, c.updater_port))
         for name, module, settings_class, port in services:
             self.processes[name] = Process(
                 name,
@@ -339,7 +376,7 @@ class Mesh:
         )
         try:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
-            for group in (("redis",), ("features", "scorer"), gateways, ("envoy",)):
+            for group in (("redis",), ("features", "scorer", "updater"), gateways, ("envoy",)):
                 started = [self.processes[n] for n in group if n in self.processes]
                 for process in started:
                     process.start()
@@ -380,7 +417,7 @@ class Mesh:
     def stop(self) -> None:
         """Stops every process, front to back: Envoy first, redis-server last."""
         order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
-        order += ["features", "scorer", "redis"]
+        order += ["features", "scorer", "updater", "redis"]
         for name in order:
             if name in self.processes:
                 self.processes[name].stop()

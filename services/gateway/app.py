@@ -12,18 +12,21 @@ from collections.abc import Callable
 
 import grpc
 
+from fraud.v1 import outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
+from services.eventlog import EventLogSettings, open_producer
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.dependencies import GrpcFeatureClient, GrpcModelClient
+from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import FeatureClient, ModelClient, Pipeline
-from services.gateway.servicer import FraudScoringServicer
+from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.validate import Transaction
 from services.models import repository
@@ -32,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class GatewayApp:
-    """Answers fraud.v1.FraudScoring/Score through the feature service and the scorer."""
+    """Answers fraud.v1.FraudScoring/Score through the feature service and the scorer, and
+    fraud.v1.OutcomeService/ReportOutcome; both feed the event log (``events``)."""
 
     name = "gateway"
 
@@ -41,20 +45,32 @@ class GatewayApp:
         settings: GatewaySettings,
         store: FeatureStoreSettings | None = None,
         metrics: GatewayMetrics | None = None,
+        events: EventLogSettings | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics or GatewayMetrics()
+        # The producer connects lazily: a log backend that is down only means spilling.
+        producer = open_producer(events) if events is not None and settings.emit_events else None
+        self.emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, self.metrics)
         self.servicer = FraudScoringServicer(
-            settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
+            settings.budget_policy,
+            settings.limits,
+            self.metrics,
+            settings.max_in_flight,
+            self.emitter,
+        )
+        self.outcomes = OutcomeServicer(
+            self.emitter, settings.limits, self.metrics, settings.outcome_delivery_timeout_s
         )
         self.channels: list[grpc.aio.Channel] = []
         self._closers: list[Callable[[], None]] = []
 
     def register(self, server: grpc.aio.Server) -> list[str]:
-        """Adds the public scoring servicer."""
+        """Adds the public scoring and outcome servicers."""
         pb_grpc.add_FraudScoringServicer_to_server(self.servicer, server)
-        return ["fraud.v1.FraudScoring"]
+        outcomes_pb2_grpc.add_OutcomeServiceServicer_to_server(self.outcomes, server)
+        return ["fraud.v1.FraudScoring", "fraud.v1.OutcomeService"]
 
     async def start(self) -> None:
         """Loads model metadata and rules, opens channels, waits for and warms the dependencies."""
@@ -159,7 +175,9 @@ class GatewayApp:
         pipeline.scorer_breaker.reset()
 
     async def close(self) -> None:
-        """Closes the dependency channels."""
+        """Delivers the buffered events (the server has stopped: no more come), then closes
+        the dependency channels."""
+        await self.emitter.close()
         for channel in self.channels:
             await channel.close()
         for close in self._closers:

@@ -103,6 +103,8 @@ class Outcome:
     model_version: str = ""
     scored_by: ScoredBy = ScoredBy.MODEL
     feature_source: Source = Source.ONLINE
+    features: list[float] = field(default_factory=list)
+    """The model input the score was computed from (``metadata.feature_order``)."""
 
 
 def _decide(score: float, review: float, decline: float) -> Decision:
@@ -199,6 +201,7 @@ class Pipeline:
                     model_version=self.metadata.version,
                     scored_by=ScoredBy.MODEL,
                     feature_source=source,
+                    features=vector,
                 )
         else:
             self.metrics.dependency_error("scorer", "no_budget")
@@ -214,6 +217,7 @@ class Pipeline:
             model_version=f"rules-{self.rules.version}",
             scored_by=ScoredBy.RULES,
             feature_source=source,
+            features=vector,
         )
 
 

@@ -1,0 +1,131 @@
+"""The live writer of the online store: card and merchant rows as the feature updater computes them.
+
+Rows go through the online store's public ``online_write_batch`` (SQLite or Redis), in
+the layout materialization writes and ``OnlineFeatureReader`` reads: the same entity keys,
+value types (Int64 or Float64 per the view's schema; a NaN code becomes a null value, as
+materialization leaves it) and event timestamp (the entity's newest transaction).
+
+Two settings differ from Feast's defaults, both for the live path:
+
+- Redis writes are unconditional (``skip_dedup``). Feast's Redis store otherwise skips a
+  row whose event time is not newer than the stored one, yet a late event or a second
+  transaction of the same instant changes the row without moving its time. One writer
+  (the updater) owns the live rows, so there is no older writer to guard against; a
+  ``features materialize`` run after live updates would overwrite them with the batch
+  rows, as it does on SQLite.
+- The SQLite file is switched to write-ahead logging, so that the feature service's reads
+  never wait for the updater's commits (in the default rollback-journal mode a reader
+  that meets a commit sleeps in SQLite's busy handler for a millisecond or more).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+from feast import FeatureView
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.protos.feast.types.Value_pb2 import Value
+from feast.types import Int64
+from redis.exceptions import RedisError
+
+from services.common.errors import Unavailable
+from services.domain import featurespec
+from services.featurestore import feast_internals
+from services.featurestore.admin import feature_store, not_applied
+from services.featurestore.settings import FeatureStoreSettings
+
+
+class Row(NamedTuple):
+    """One entity's features as of its newest transaction."""
+
+    entity_id: str
+    """The card_id or merchant_id."""
+    event_s: float
+    """Epoch seconds of the entity's newest transaction (the row's event timestamp)."""
+    values: dict[str, float]
+    """Feature name → value (``aggregation.card_row`` / ``merchant_row``)."""
+
+
+_FeastRow = tuple[EntityKey, dict[str, Value], datetime, datetime | None]
+
+
+class _ViewWriter:
+    """One feature view: its join key and how each feature is typed in the store."""
+
+    def __init__(self, view: FeatureView, join_key: str, names: tuple[str, ...]) -> None:
+        self.view = view
+        self.join_key = join_key
+        types = {field.name: field.dtype for field in view.features}
+        self.fields = tuple((name, types[name] == Int64) for name in names)
+
+    def data(self, rows: Sequence[Row]) -> list[_FeastRow]:
+        """The rows in the form ``online_write_batch`` takes."""
+        out: list[_FeastRow] = []
+        for entity_id, event_s, values in rows:
+            key = EntityKey(join_keys=[self.join_key], entity_values=[Value(string_val=entity_id)])
+            encoded: dict[str, Value] = {}
+            for name, integer in self.fields:
+                value = values[name]
+                if math.isnan(value):
+                    encoded[name] = Value()  # unknown: null, as materialization writes NaN
+                elif integer:
+                    encoded[name] = Value(int64_val=int(value))
+                else:
+                    encoded[name] = Value(double_val=float(value))
+            out.append((key, encoded, datetime.fromtimestamp(event_s, UTC), None))
+        return out
+
+
+class OnlineFeatureWriter:
+    """Writes card and merchant rows to the configured online store (see the module doc).
+
+    Not thread-safe: one thread (the updater's loop) writes.
+    """
+
+    def __init__(self, settings: FeatureStoreSettings, timeout_ms: float = 1000.0) -> None:
+        if settings.store == "sqlite":
+            _use_wal(settings)
+        self._store = feature_store(settings, read_timeout_ms=timeout_ms, skip_dedup=True)
+        try:
+            card_view = self._store.get_feature_view(featurespec.CARD_VIEW)
+            merchant_view = self._store.get_feature_view(featurespec.MERCHANT_VIEW)
+        except Exception as error:
+            raise not_applied(settings) from error
+        self._card = _ViewWriter(card_view, "card_id", featurespec.CARD_FEATURES)
+        self._merchant = _ViewWriter(merchant_view, "merchant_id", featurespec.MERCHANT_FEATURES)
+        self._config = self._store.config
+        self._online = feast_internals.online_store(self._store)
+
+    def write(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
+        """Writes the rows (each view in one batch); raises ``Unavailable`` when the store
+        cannot take them (nothing is assumed written then: write them again)."""
+        try:
+            for writer, rows in ((self._card, cards), (self._merchant, merchants)):
+                if rows:
+                    self._online.online_write_batch(
+                        self._config, writer.view, writer.data(rows), None
+                    )
+        except (RedisError, sqlite3.Error, OSError) as error:
+            raise Unavailable(
+                f"online store write failed: {type(error).__name__}: {error}"
+            ) from error
+
+    def close(self) -> None:
+        """Closes the store's connection."""
+        feast_internals.close_sync_connections(self._online)
+
+
+def _use_wal(settings: FeatureStoreSettings) -> None:
+    """Switches the SQLite online store to write-ahead logging (a property of the file, kept
+    across connections and restarts; the readers' connections use it from then on)."""
+    path = settings.online_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(path, timeout=30)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()

@@ -1,0 +1,174 @@
+"""The updater's durable state: entity states, the transaction → merchant index, held labels.
+
+One SQLite file (write-ahead log, ``synchronous=FULL``): a checkpoint writes every changed
+state in one transaction, and the log position is committed only after that transaction,
+so after a crash the states and the log agree up to the last checkpoint and what follows
+is consumed again (and applied idempotently).
+
+Tables::
+
+    meta(key, value)                            the seed's dataset fingerprint, the format
+    cards(id, state, live)                      CardState.to_bytes; live: changed by an event
+    merchants(id, state, live)                  MerchantState.to_bytes (live: as for cards)
+    transactions(id, merchant_id, t_us)         which merchant a transaction paid, for outcomes
+    pending_labels(id, is_fraud, reported_us)   outcomes whose decision has not come yet
+
+The transaction index is pruned to the merchant horizon (label delay + 28 days): an outcome
+for an older transaction cannot change any window.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from services.domain.aggregation import CardState, Label, MerchantState
+
+FORMAT = "1"
+"""Version of the table layout; a file of another version is rebuilt."""
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS cards "
+    "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS merchants "
+    "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS transactions "
+    "(id TEXT PRIMARY KEY, merchant_id TEXT NOT NULL, t_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS transactions_by_time ON transactions (t_us)",
+    "CREATE TABLE IF NOT EXISTS pending_labels "
+    "(id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, reported_us INTEGER NOT NULL) WITHOUT ROWID",
+)
+
+IndexEntry = tuple[str, str, int]
+"""(transaction_id, merchant_id, t_us)."""
+
+
+class StateStore:
+    """The SQLite file of the updater's state (one writer: the updater's loop thread)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        with self._db:
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+        if self.meta("format") not in (None, FORMAT):
+            self.reset()
+        self.set_meta("format", FORMAT)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value, None when unset."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def card(self, card_id: str) -> CardState | None:
+        """A card's saved state."""
+        row = self._db.execute("SELECT state FROM cards WHERE id = ?", (card_id,)).fetchone()
+        return None if row is None else CardState.from_bytes(row[0])
+
+    def merchant(self, merchant_id: str) -> MerchantState | None:
+        """A merchant's saved state."""
+        row = self._db.execute(
+            "SELECT state FROM merchants WHERE id = ?", (merchant_id,)
+        ).fetchone()
+        return None if row is None else MerchantState.from_bytes(row[0])
+
+    def merchant_of(self, transaction_id: str) -> str | None:
+        """The merchant a transaction paid, if it is in the index."""
+        row = self._db.execute(
+            "SELECT merchant_id FROM transactions WHERE id = ?", (transaction_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def pending_label(self, transaction_id: str) -> Label | None:
+        """A held label of a transaction not consumed yet."""
+        row = self._db.execute(
+            "SELECT is_fraud, reported_us FROM pending_labels WHERE id = ?", (transaction_id,)
+        ).fetchone()
+        return None if row is None else Label(bool(row[0]), int(row[1]))
+
+    def pending_labels(self) -> Iterator[tuple[str, Label]]:
+        """Every held label."""
+        for tid, is_fraud, reported_us in self._db.execute(
+            "SELECT id, is_fraud, reported_us FROM pending_labels"
+        ):
+            yield str(tid), Label(bool(is_fraud), int(reported_us))
+
+    def live_cards(self) -> Iterator[tuple[str, CardState]]:
+        """Cards an event has changed since the seed (their rows differ from the batch's)."""
+        for card_id, data in self._db.execute("SELECT id, state FROM cards WHERE live = 1"):
+            yield str(card_id), CardState.from_bytes(data)
+
+    def live_merchants(self) -> Iterator[tuple[str, MerchantState]]:
+        """Merchants an event has changed since the seed."""
+        for merchant_id, data in self._db.execute("SELECT id, state FROM merchants WHERE live = 1"):
+            yield str(merchant_id), MerchantState.from_bytes(data)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (for logs and tests)."""
+        return {
+            table: int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            for table in ("cards", "merchants", "transactions", "pending_labels")
+        }
+
+    # --- writes ------------------------------------------------------------------------
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Sets one metadata value (its own transaction)."""
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def save(
+        self,
+        cards: Iterable[tuple[str, CardState]],
+        merchants: Iterable[tuple[str, MerchantState]],
+        transactions: Iterable[IndexEntry] = (),
+        labels_held: Iterable[tuple[str, Label]] = (),
+        labels_released: Iterable[str] = (),
+        prune_before_us: int | None = None,
+        live: bool = True,
+    ) -> None:
+        """Writes one checkpoint in a single durable transaction (``live``: the states come
+        from events, not from the seed)."""
+        db = self._db
+        flag = int(live)
+        with db:
+            db.executemany(
+                "INSERT OR REPLACE INTO cards (id, state, live) VALUES (?, ?, ?)",
+                ((k, s.to_bytes(), flag) for k, s in cards),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO merchants (id, state, live) VALUES (?, ?, ?)",
+                ((k, s.to_bytes(), flag) for k, s in merchants),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO transactions (id, merchant_id, t_us) VALUES (?, ?, ?)",
+                transactions,
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO pending_labels (id, is_fraud, reported_us) "
+                "VALUES (?, ?, ?)",
+                ((k, int(v.is_fraud), v.reported_us) for k, v in labels_held),
+            )
+            db.executemany(
+                "DELETE FROM pending_labels WHERE id = ?", ((k,) for k in labels_released)
+            )
+            if prune_before_us is not None:
+                db.execute("DELETE FROM transactions WHERE t_us <= ?", (prune_before_us,))
+
+    def reset(self) -> None:
+        """Empties every table (a new seed follows)."""
+        with self._db:
+            for table in ("meta", "cards", "merchants", "transactions", "pending_labels"):
+                self._db.execute(f"DELETE FROM {table}")
+
+    def close(self) -> None:
+        """Closes the file."""
+        self._db.close()
