@@ -58,7 +58,9 @@ def up(
     redis_port: int = 6379,
     metrics_port: Annotated[
         int,
-        typer.Option(help="Prometheus /metrics of the gateway; features and scorer use +1, +2."),
+        typer.Option(
+            help="Prometheus /metrics of the gateway; features, scorer and updater use +1, +2, +3."
+        ),
     ] = 9101,
     gateway_in_process: Annotated[
         bool,
@@ -67,6 +69,24 @@ def up(
             "calling the feature service and the scorer (both still run for other clients)."
         ),
     ] = False,
+    live_loop: Annotated[
+        bool,
+        typer.Option(
+            help="Decision events and the feature updater (velocity features move with "
+            "every transaction); off: the store changes only by materialization."
+        ),
+    ] = True,
+    eventlog: Annotated[
+        str | None,
+        typer.Option(
+            help="Event log backend: file, redis or kafka (default: redis with --store "
+            "redis, else the file log under the state folder)."
+        ),
+    ] = None,
+    kafka_bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
+    ] = None,
+    updater_port: int = 50054,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; stop them on Ctrl-C/SIGTERM."""
     from services.cli import demo as demo_mod
@@ -74,6 +94,12 @@ def up(
 
     if store not in ("sqlite", "redis"):
         raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if eventlog not in (None, "file", "redis", "kafka"):
+        raise typer.BadParameter("eventlog must be file, redis or kafka", param_hint="--eventlog")
+    if eventlog == "redis" and store != "redis":
+        raise typer.BadParameter("the Redis event log needs --store redis", param_hint="--eventlog")
+    if eventlog == "kafka" and not kafka_bootstrap:
+        raise typer.BadParameter("--eventlog kafka needs --kafka-bootstrap")
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -85,8 +111,13 @@ def up(
         redis_port=redis_port,
         gateway_in_process=gateway_in_process,
         metrics_ports={
-            name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))
+            name: metrics_port + i
+            for i, name in enumerate(("gateway", "features", "scorer", "updater"))
         },
+        live_loop=live_loop,
+        eventlog=eventlog,
+        kafka_bootstrap=kafka_bootstrap,
+        updater_port=updater_port,
     )
     mesh = Mesh(config)
     stop = threading.Event()
@@ -118,6 +149,8 @@ def up(
         "scorer": f"grpc://{config.host}:{scorer_port}  inference.GRPCInferenceService"
         f"  (metrics :{metrics_port + 2})",
         "redis": f"redis://{config.host}:{redis_port}",
+        "updater": f"grpc://{config.host}:{updater_port}  health only; event log "
+        f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics_port + 3})",
     }
     for name, process in mesh.processes.items():
         table.add_row(name, endpoints.get(name, ""), str(process.pid))
