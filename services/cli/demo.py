@@ -124,16 +124,18 @@ def live_attack(config: MeshConfig, console: Console) -> None:
         f"[bold]{BURST} payments of 0.99 EUR, card not present[/] on {card} at {merchant}"
     )
     target = config.envoy_target
-    for _ in range(BURST):
+    for i in range(1, BURST + 1):
         sample = client.Sample("burst", card, merchant, 99, card_not_present=True)
         response = client.score(target, sample.request())
         decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
+        # The model sees the card's earlier payments as they happen: the live loop updated
+        # its velocity features after each answer.
+        velocity = next((r for r in response.reasons if "in the last hour" in r), "")
         console.print(
-            f"  [{_COLOUR.get(decision, 'white')}]{decision}[/] score={response.score:.3f}",
-            end="",
+            f"  {i:2d}. [{_COLOUR.get(decision, 'white')}]{decision:<7}[/] "
+            f"score={response.score:.3f}  {velocity}",
             highlight=False,
         )
-    console.print()
     start = time.monotonic()
     while _card_count(config, card, merchant) < BURST and time.monotonic() - start < 10:
         time.sleep(0.005)
