@@ -202,7 +202,7 @@ def run(var_dir: Path, stores: Sequence[str], rates: Sequence[int], seconds: flo
                     within = (after.get(0.05, 0) - before.get(0.05, 0)) / events if events else 0
                     s = sorted(probe.samples)
                     probe_p50 = statistics.median(s) * 1000 if s else float("nan")
-                    probe_p99 = ghz.percentile(s, 0.99) * 1000 if s else float("nan")
+                    probe_p99 = ghz.percentile(s, 99) * 1000 if s else float("nan")
                     line = (
                         f"| {store} | {rps} | {result.achieved_rps:.0f} | {result.p99_ms:.2f} | "
                         f"{events:.0f} | {p50:.1f} | {p99:.1f} | {within:.2%} | {len(s)} | "

@@ -15,7 +15,10 @@ Two settings differ from Feast's defaults, both for the live path:
   rows, as it does on SQLite.
 - The SQLite file is switched to write-ahead logging, so that the feature service's reads
   never wait for the updater's commits (in the default rollback-journal mode a reader
-  that meets a commit sleeps in SQLite's busy handler for a millisecond or more).
+  that meets a commit sleeps in SQLite's busy handler for a millisecond or more), and the
+  writer's commits do not wait for the disk (``synchronous=NORMAL``: a commit survives a
+  killed process, and the rows are derived data the updater writes again from its states
+  after a power loss, so the fsync per commit, about half a millisecond here, buys nothing).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from feast import FeatureView
+from feast.infra.online_stores.sqlite import SqliteOnlineStore
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 from feast.types import Int64
@@ -99,6 +103,9 @@ class OnlineFeatureWriter:
         self._merchant = _ViewWriter(merchant_view, "merchant_id", featurespec.MERCHANT_FEATURES)
         self._config = self._store.config
         self._online = feast_internals.online_store(self._store)
+        if isinstance(self._online, SqliteOnlineStore):
+            connection = feast_internals.sqlite_connection(self._online, self._config)
+            connection.execute("PRAGMA synchronous=NORMAL")
 
     def write(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
         """Writes the rows (each view in one batch); raises ``Unavailable`` when the store

@@ -115,8 +115,8 @@ class UpdaterApp:
         else:
             history = seed.replay(pd.read_parquet(path))
             state.save(
-                history.cards.items(),
-                history.merchants.items(),
+                ((k, s.to_bytes()) for k, s in history.cards.items()),
+                ((k, s.to_bytes()) for k, s in history.merchants.items()),
                 history.transactions,
                 live=False,
             )

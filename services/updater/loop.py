@@ -144,12 +144,11 @@ class UpdateLoop:
                 kind = envelope.WhichOneof("event")
                 if kind == "decision":
                     created = _seconds(envelope.decision.decided_at)
-                    applied = self._agg.apply_decision(envelope.decision)
                 elif kind == "outcome":
                     created = _seconds(envelope.outcome.received_at)
-                    applied = self._agg.apply_outcome(envelope.outcome)
                 else:
                     raise ValueError("the envelope carries no event")
+                applied = self._agg.apply(envelope, record.value)
             except (DecodeError, ValueError) as error:
                 m.records.labels("invalid").inc()
                 log.error(
@@ -209,14 +208,18 @@ class UpdateLoop:
         self._metrics.checkpoint.observe(time.perf_counter() - start)
         for view, size in self._agg.sizes().items():
             self._metrics.cached.labels(view.value).set(size)
+        self._metrics.journal.set(self._agg.journal_events)
 
     def _finish(self) -> None:
         """On stop: the last rows, a last checkpoint and commit, then leave the group."""
         try:
             if self._agg.rows_pending:
                 self._write_rows()
-            if self._uncommitted_since is not None:
-                self.checkpoint()
+            if self._uncommitted_since is not None and self._consumer is not None:
+                # Every state snapshotted: the next start has no journal to apply.
+                self._agg.snapshot_all()
+                self._consumer.commit()
+                self._uncommitted_since = None
         except Exception:
             log.exception("final checkpoint failed; the log gives the rest again on restart")
         if self._consumer is not None:

@@ -96,6 +96,12 @@ class UpdaterMetrics:
             ["view"],
             registry=registry,
         )
+        self.journal = Gauge(
+            "fraudmesh_updater_journal_events",
+            "Events in the state file's journal not yet covered by entity snapshots (applied "
+            "again at start).",
+            registry=registry,
+        )
         self.pending_labels = Gauge(
             "fraudmesh_updater_pending_labels",
             "Outcomes held for transactions whose decision has not been consumed yet.",

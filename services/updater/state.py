@@ -1,9 +1,9 @@
 """The updater's durable state: entity states, the transaction → merchant index, held labels.
 
-One SQLite file (write-ahead log, ``synchronous=FULL``): a checkpoint writes every changed
-state in one transaction, and the log position is committed only after that transaction,
-so after a crash the states and the log agree up to the last checkpoint and what follows
-is consumed again (and applied idempotently).
+One SQLite file (write-ahead log, ``synchronous=FULL``): a checkpoint is one transaction,
+and the log position is committed only after it, so after a crash the states and the log
+agree up to the last checkpoint and what follows is consumed again (and applied
+idempotently).
 
 Tables::
 
@@ -12,6 +12,11 @@ Tables::
     merchants(id, state, live)                  MerchantState.to_bytes (live: as for cards)
     transactions(id, merchant_id, t_us)         which merchant a transaction paid, for outcomes
     pending_labels(id, is_fraud, reported_us)   outcomes whose decision has not come yet
+    journal(seq, record)                        events applied since the snapshots that lack them
+
+A state is its snapshot with the journal applied again (``engine.py``): checkpoints append to
+the journal and write a budget of snapshots, so that none has to rewrite every changed
+merchant (tens of KB each) at once.
 
 The transaction index is pruned to the merchant horizon (label delay + 28 days): an outcome
 for an older transaction cannot change any window.
@@ -25,7 +30,7 @@ from pathlib import Path
 
 from services.domain.aggregation import CardState, Label, MerchantState
 
-FORMAT = "1"
+FORMAT = "2"
 """Version of the table layout; a file of another version is rebuilt."""
 
 _SCHEMA = (
@@ -39,7 +44,10 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS transactions_by_time ON transactions (t_us)",
     "CREATE TABLE IF NOT EXISTS pending_labels "
     "(id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, reported_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)",
 )
+
+_TABLES = ("meta", "cards", "merchants", "transactions", "pending_labels", "journal")
 
 IndexEntry = tuple[str, str, int]
 """(transaction_id, merchant_id, t_us)."""
@@ -54,12 +62,20 @@ class StateStore:
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        if self._format() not in (None, FORMAT):
+            with self._db:  # another layout: rebuilt (a new seed follows)
+                for table in _TABLES:
+                    self._db.execute(f"DROP TABLE IF EXISTS {table}")
         with self._db:
             for statement in _SCHEMA:
                 self._db.execute(statement)
-        if self.meta("format") not in (None, FORMAT):
-            self.reset()
         self.set_meta("format", FORMAT)
+
+    def _format(self) -> str | None:
+        try:
+            return self.meta("format")
+        except sqlite3.OperationalError:  # a new file: no tables yet
+            return None
 
     # --- reads -------------------------------------------------------------------------
 
@@ -111,11 +127,21 @@ class StateStore:
         for merchant_id, data in self._db.execute("SELECT id, state FROM merchants WHERE live = 1"):
             yield str(merchant_id), MerchantState.from_bytes(data)
 
+    def journal(self) -> Iterator[tuple[int, bytes]]:
+        """The journal, oldest first: (sequence, serialized EventEnvelope)."""
+        for seq, record in self._db.execute("SELECT seq, record FROM journal ORDER BY seq"):
+            yield int(seq), bytes(record)
+
+    def journal_bounds(self) -> tuple[int, int]:
+        """(first, last) sequence of the journal; (1, 0) when it is empty."""
+        first, last = self._db.execute("SELECT min(seq), max(seq) FROM journal").fetchone()
+        return (1, 0) if last is None else (int(first), int(last))
+
     def counts(self) -> dict[str, int]:
         """Rows per table (for logs and tests)."""
         return {
             table: int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-            for table in ("cards", "merchants", "transactions", "pending_labels")
+            for table in ("cards", "merchants", "transactions", "pending_labels", "journal")
         }
 
     # --- writes ------------------------------------------------------------------------
@@ -127,26 +153,29 @@ class StateStore:
 
     def save(
         self,
-        cards: Iterable[tuple[str, CardState]],
-        merchants: Iterable[tuple[str, MerchantState]],
+        cards: Iterable[tuple[str, bytes]] = (),
+        merchants: Iterable[tuple[str, bytes]] = (),
         transactions: Iterable[IndexEntry] = (),
         labels_held: Iterable[tuple[str, Label]] = (),
         labels_released: Iterable[str] = (),
         prune_before_us: int | None = None,
+        journal: Iterable[tuple[int, bytes]] = (),
+        journal_from: int | None = None,
         live: bool = True,
     ) -> None:
-        """Writes one checkpoint in a single durable transaction (``live``: the states come
-        from events, not from the seed)."""
+        """Writes one checkpoint in a single durable transaction: state snapshots (``to_bytes``;
+        ``live``: they come from events, not from the seed), index entries, held labels, and
+        the journal (new events appended, those before ``journal_from`` deleted)."""
         db = self._db
         flag = int(live)
         with db:
             db.executemany(
                 "INSERT OR REPLACE INTO cards (id, state, live) VALUES (?, ?, ?)",
-                ((k, s.to_bytes(), flag) for k, s in cards),
+                ((k, data, flag) for k, data in cards),
             )
             db.executemany(
                 "INSERT OR REPLACE INTO merchants (id, state, live) VALUES (?, ?, ?)",
-                ((k, s.to_bytes(), flag) for k, s in merchants),
+                ((k, data, flag) for k, data in merchants),
             )
             db.executemany(
                 "INSERT OR REPLACE INTO transactions (id, merchant_id, t_us) VALUES (?, ?, ?)",
@@ -162,11 +191,14 @@ class StateStore:
             )
             if prune_before_us is not None:
                 db.execute("DELETE FROM transactions WHERE t_us <= ?", (prune_before_us,))
+            db.executemany("INSERT INTO journal (seq, record) VALUES (?, ?)", journal)
+            if journal_from is not None:
+                db.execute("DELETE FROM journal WHERE seq < ?", (journal_from,))
 
     def reset(self) -> None:
         """Empties every table (a new seed follows)."""
         with self._db:
-            for table in ("meta", "cards", "merchants", "transactions", "pending_labels"):
+            for table in _TABLES:
                 self._db.execute(f"DELETE FROM {table}")
 
     def close(self) -> None:

@@ -114,7 +114,12 @@ def outcome(transaction_id: str, fraud: bool, reported_s: float) -> events_pb2.O
 def _seeded_store(path: Path, history: pd.DataFrame) -> StateStore:
     store = StateStore(path)
     s = seed.replay(history)
-    store.save(s.cards.items(), s.merchants.items(), s.transactions, live=False)
+    store.save(
+        ((k, c.to_bytes()) for k, c in s.cards.items()),
+        ((k, m.to_bytes()) for k, m in s.merchants.items()),
+        s.transactions,
+        live=False,
+    )
     return store
 
 
@@ -238,6 +243,41 @@ def test_a_restart_from_the_checkpoint_replays_to_the_same_rows(
         assert agg.merchant_row(merchant) == agg.merchant_row(want_m[key])
 
 
+def test_the_journal_brings_back_what_no_snapshot_holds(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    cut = frame["timestamp"].max() - pd.Timedelta(days=1)
+    history, live = frame[frame["timestamp"] <= cut], frame[frame["timestamp"] > cut]
+    events = [decision(row) for _, row in live.iterrows()]
+    store = _seeded_store(tmp_path / "s.db", history)
+    # No snapshot budget: checkpoints only journal, until the journal passes its bound.
+    first = LiveAggregator(store, 10_000, 100, snapshot_budget_s=0.0, journal_max_events=40)
+    for i, event in enumerate(events):
+        first.apply_decision(event)
+        if i % 10 == 9:
+            first.checkpoint()
+    first.checkpoint()
+    assert 0 < first.journal_events <= 40 + 10
+    assert store.counts()["journal"] == first.journal_events
+    expected = {
+        key: agg.card_row(state)
+        for key in live["card_id"].unique()
+        if (state := first._cards.get(str(key))) is not None
+    }
+    store.close()
+
+    store = StateStore(tmp_path / "s.db")
+    second = LiveAggregator(store, 10_000, 100)
+    assert second.replayed == first.journal_events
+    cards, _ = second.rows()
+    assert cards  # the replayed entities' rows are written again
+    for key, row in expected.items():
+        state = second._cards.get(str(key))
+        assert state is not None and agg.card_row(state) == row
+    second.snapshot_all()
+    assert store.counts()["journal"] == 0 and second.journal_events == 0
+
+
 def test_an_outcome_before_its_decision_waits_for_it(frame: pd.DataFrame, tmp_path: Path) -> None:
     row = frame.iloc[-1]
     live = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
@@ -277,7 +317,7 @@ def test_only_saved_states_leave_the_cache(frame: pd.DataFrame, tmp_path: Path) 
         live.apply_decision(decision(row))
     assert live.sizes()[View.CARD] > 2  # nothing saved yet: nothing may go
     live.rows_written()
-    live.checkpoint()
+    live.snapshot_all()
     assert live.sizes()[View.CARD] == 2
     for row in rows:  # the evicted states come back from the file: all duplicates
         assert {c for _, c in live.apply_decision(decision(row)).changes} == {Change.DUPLICATE}
