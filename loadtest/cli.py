@@ -51,6 +51,13 @@ def loadtest_command(
             help="Gateways of a started mesh read the store and run the model in process."
         ),
     ] = False,
+    live_loop: Annotated[
+        bool,
+        typer.Option(
+            help="A started mesh emits decision events and runs the feature updater "
+            "(--no-live-loop: neither, to measure what the loop costs)."
+        ),
+    ] = True,
 ) -> None:
     """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report."""
     from loadtest import runner
@@ -83,6 +90,7 @@ def loadtest_command(
         saturated_steps=saturated_steps,
         gateway_replicas=gateway_replicas,
         gateway_in_process=gateway_in_process,
+        live_loop=live_loop,
     )
     try:
         result = runner.run(cfg, log=console.print)

@@ -70,11 +70,15 @@ class LoadtestConfig:
     """Gateway processes behind Envoy in a started mesh."""
     gateway_in_process: bool = False
     """The started mesh's gateways read the store and run the model in process."""
+    live_loop: bool = True
+    """The started mesh emits decision events and runs the feature updater."""
 
     @property
     def variant(self) -> str:
         """How the started mesh differs from the default, for names and titles."""
         parts = ["in-process"] if self.gateway_in_process else []
+        if not self.live_loop:
+            parts.append("no-loop")
         if self.gateway_replicas > 1:
             parts.append(f"{self.gateway_replicas}gw")
         return "-".join(parts)
@@ -151,6 +155,7 @@ def start_mesh(
     extra_env: dict[str, str] | None = None,
     gateway_replicas: int = 1,
     gateway_in_process: bool = False,
+    live_loop: bool = True,
     log: Log = print,
 ) -> Mesh:
     """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
@@ -162,8 +167,9 @@ def start_mesh(
         store=store,
         log_dir=log_dir,
         rate_limit_rps=edge_rate_limit,
-        metrics_ports={name: free_port() for name in gateways},
+        metrics_ports={name: free_port() for name in [*gateways, "updater"]},
         extra_env=extra_env or {},
+        live_loop=live_loop,
     )
     mesh = Mesh(config)
 
@@ -324,6 +330,11 @@ def write_report(
             if cfg.gateway_in_process
             else ""
         )
+        + (
+            "live loop on (decision events, feature updater); "
+            if cfg.live_loop
+            else "live loop off (no decision events, no updater); "
+        )
         + f"Envoy's edge rate limit {cfg.edge_rate_limit} rps. Percentiles from every call's latency, errors "
         "included; peak RSS sampled every 0.2 s.",
         "",
@@ -422,6 +433,7 @@ def run(cfg: LoadtestConfig, log: Log = print) -> LoadtestReport:
                 extra_env=cfg.extra_env,
                 gateway_replicas=cfg.gateway_replicas,
                 gateway_in_process=cfg.gateway_in_process,
+                live_loop=cfg.live_loop,
                 log=log,
             )
             target = mesh.config.envoy_target

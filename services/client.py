@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 
@@ -104,6 +105,27 @@ def score(
     with credentials.channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=5)
         return pb_grpc.FraudScoringStub(channel).Score(
+            request, timeout=timeout_s, metadata=credentials.metadata()
+        )
+
+
+def report_outcome(
+    target: str,
+    transaction_id: str,
+    outcome: outcomes_pb2.Outcome = outcomes_pb2.OUTCOME_FRAUD,
+    source: outcomes_pb2.OutcomeSource = outcomes_pb2.OUTCOME_SOURCE_ANALYST,
+    reported_at_s: float | None = None,
+    timeout_s: float = 5.0,
+    credentials: Credentials = PLAINTEXT,
+) -> outcomes_pb2.ReportOutcomeResponse:
+    """Reports what a decided transaction turned out to be; raises grpc.RpcError if refused."""
+    request = outcomes_pb2.ReportOutcomeRequest(
+        transaction_id=transaction_id, outcome=outcome, source=source
+    )
+    request.reported_at.FromNanoseconds(int((reported_at_s or time.time()) * 1e9))
+    with credentials.channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=5)
+        return outcomes_pb2_grpc.OutcomeServiceStub(channel).ReportOutcome(
             request, timeout=timeout_s, metadata=credentials.metadata()
         )
 

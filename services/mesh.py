@@ -40,6 +40,7 @@ from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
 from services.scorer.settings import ScorerSettings
+from services.updater.settings import UpdaterSettings
 
 STARTUP_NICENESS = 10
 """Children start at this niceness and get normal priority once ready: the seconds of CPU
@@ -100,6 +101,12 @@ def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def _made(path: Path) -> Path:
+    """``path``, created as a folder if missing."""
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _serving_probe(target: str) -> Callable[[], bool]:
@@ -231,6 +238,14 @@ class MeshConfig:
     rate_limit_rps: int = 1000
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
     """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
+    live_loop: bool = True
+    """Gateways emit decision events; the feature updater applies them to the store and the
+    decision sink writes them to the decision log. Off: no events, no updater, no sink."""
+    eventlog: str | None = None
+    """Event log backend: file, redis or kafka; None: redis with the Redis store, else file."""
+    kafka_bootstrap: str | None = None
+    """Bootstrap servers of the Kafka event log (a broker the mesh does not run)."""
+    updater_port: int = 50054
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
@@ -249,6 +264,7 @@ class MeshConfig:
                 "scorer_port",
                 "redis_port",
                 "decisionlog_port",
+                "updater_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -273,9 +289,15 @@ class MeshConfig:
         # The body Envoy sees is the message plus gRPC's 5-byte frame header.
         return edge.model_copy(update={"max_request_bytes": gateway.max_request_bytes + 5})
 
+    @property
+    def eventlog_backend(self) -> str:
+        """The event log's backend (see ``eventlog``)."""
+        return self.eventlog or ("redis" if self.store == "redis" else "file")
+
     def service_env(self) -> dict[str, str]:
         """Environment that points every service at this mesh's ports and state."""
         host, var = self.host, self.var_dir
+        backend = self.eventlog_backend
         env = {
             **to_env(
                 GatewaySettings,
@@ -284,7 +306,16 @@ class MeshConfig:
                 features_target=f"{host}:{self.features_port}",
                 scorer_target=f"{host}:{self.scorer_port}",
                 in_process=True if self.gateway_in_process else None,
+                emit_events=None if self.live_loop else False,
             ),
+            **to_env(
+                EventLogSettings,
+                var_dir=var,
+                backend=backend,
+                redis_url=f"redis://{host}:{self.redis_port}/0" if backend == "redis" else None,
+                kafka_bootstrap=self.kafka_bootstrap,
+            ),
+            **to_env(UpdaterSettings, port=self.updater_port, var_dir=var),
             **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
             **to_env(
                 FeatureStoreSettings,
@@ -332,8 +363,12 @@ class Mesh:
                     c.host,
                     "--save",
                     "",
-                    "--appendonly",
-                    "no",
+                    # The event log on Redis Streams must survive a restart of redis-server.
+                    *(
+                        ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
+                        if c.eventlog_backend == "redis"
+                        else ["--appendonly", "no"]
+                    ),
                     "--protected-mode",
                     "yes",
                 ],
@@ -349,6 +384,8 @@ class Mesh:
             (f"gateway-{i}", "gateway", GatewaySettings, port)
             for i, port in enumerate(c.extra_gateway_ports, 2)
         ]
+        if c.live_loop:
+            services.append(("updater", "updater", UpdaterSettings, c.updater_port))
         for name, module, settings_class, port in services:
             self.processes[name] = Process(
                 name,
@@ -360,13 +397,14 @@ class Mesh:
                 },
                 log_path=logs / f"{name}.log",
             )
-        self.processes["decisionlog"] = Process(
-            "decisionlog",
-            [sys.executable, "-m", "services.decisionlog"],
-            ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
-            env=c.decisionlog_env(),
-            log_path=logs / "decisionlog.log",
-        )
+        if c.live_loop:
+            self.processes["decisionlog"] = Process(
+                "decisionlog",
+                [sys.executable, "-m", "services.decisionlog"],
+                ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
+                env=c.decisionlog_env(),
+                log_path=logs / "decisionlog.log",
+            )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.edge = c.edge_settings()
         self.processes["envoy"] = Process(
@@ -430,7 +468,12 @@ class Mesh:
         self._envoy_config.write_text(edge_security.apply(rendered, self.edge))
         try:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
-            groups = (("redis",), ("features", "scorer", "decisionlog"), gateways, ("envoy",))
+            groups = (
+                ("redis",),
+                ("features", "scorer", "decisionlog", "updater"),
+                gateways,
+                ("envoy",),
+            )
             for group in groups:
                 started = [self.processes[n] for n in group if n in self.processes]
                 for process in started:

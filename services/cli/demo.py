@@ -1,12 +1,17 @@
 """Sample transactions for ``fraudmesh up --demo``: picked from the simulated data, sent
-through Envoy, printed with what a person would expect of them."""
+through Envoy, printed with what a person would expect of them; then, with the live loop,
+a card-testing attack that the velocity features see as it happens."""
 
 from __future__ import annotations
+
+import time
+import uuid
 
 import grpc
 import pandas as pd
 from rich.console import Console
 
+from fraud.v1 import features_pb2, features_pb2_grpc, outcomes_pb2, scoring_pb2
 from services import client
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
@@ -60,10 +65,21 @@ def samples(config: MeshConfig) -> list[client.Sample]:
     ]  # fmt: skip
 
 
+_COLOUR = {"APPROVE": "green", "REVIEW": "yellow", "DECLINE": "red"}
+
+
+def _print_answer(console: Console, response: scoring_pb2.ScoreResponse) -> None:
+    decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
+    summary, *reasons = client.describe(response).splitlines()
+    console.print(f"  [{_COLOUR.get(decision, 'white')}]{summary}[/]", highlight=False)
+    console.print("\n".join(reasons) + "\n", highlight=False)
+
+
 def run(
     config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
 ) -> None:
-    """Sends every sample through Envoy and prints each answer under what was expected."""
+    """Sends every sample through Envoy and prints each answer under what was expected;
+    then the live attack, when the loop runs."""
     console.rule("sample transactions through Envoy")
     for sample in samples(config):
         console.print(f"[bold]{sample.label}[/]  (expected: {sample.expect})")
@@ -72,8 +88,80 @@ def run(
         except grpc.RpcError as error:
             console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
             continue
+        _print_answer(console, response)
+    if config.live_loop:
+        live_attack(config, console, credentials)
+
+
+BURST = 12
+"""Tiny payments in the attack's burst."""
+
+
+def _online_merchant(config: MeshConfig) -> str:
+    """The merchant with the most card-not-present payments in the data (a web shop)."""
+    data = FeatureStoreSettings(var_dir=config.var_dir).data_path
+    tx = pd.read_parquet(data / layout.TRANSACTIONS_FILE, columns=["merchant_id", "channel"])
+    online = tx[tx["channel"] == "card_not_present"]
+    return str(online["merchant_id"].value_counts().index[0])
+
+
+def _card_count(config: MeshConfig, card_id: str, merchant_id: str) -> float:
+    target = f"{config.host}:{config.features_port}"
+    with grpc.insecure_channel(target) as channel:
+        reply = features_pb2_grpc.FeatureServiceStub(channel).GetFeatures(
+            features_pb2.GetFeaturesRequest(card_id=card_id, merchant_id=merchant_id),
+            timeout=2.0,
+        )
+    return next((f.value for f in reply.features if f.name == "card_txn_count_1h"), 0.0)
+
+
+def live_attack(
+    config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
+) -> None:
+    """Card testing on a fresh card: a burst of tiny online payments, then a large one that
+    the velocity features (updated by the live loop after each answer) make the model
+    decline, then an analyst's fraud verdict reported for it."""
+    console.rule("live attack: card testing on a fresh card")
+    card = f"card-stolen-{uuid.uuid4().hex[:8]}"
+    merchant = _online_merchant(config)
+    console.print(
+        f"[bold]{BURST} payments of 0.99 EUR, card not present[/] on {card} at {merchant}"
+    )
+    target = config.envoy_target
+    for i in range(1, BURST + 1):
+        sample = client.Sample("burst", card, merchant, 99, card_not_present=True)
+        response = client.score(target, sample.request(), credentials=credentials)
         decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
-        colour = {"APPROVE": "green", "REVIEW": "yellow", "DECLINE": "red"}.get(decision, "white")
-        summary, *reasons = client.describe(response).splitlines()
-        console.print(f"  [{colour}]{summary}[/]", highlight=False)
-        console.print("\n".join(reasons) + "\n", highlight=False)
+        # The model sees the card's earlier payments as they happen: the live loop updated
+        # its velocity features after each answer.
+        velocity = next((r for r in response.reasons if "in the last hour" in r), "")
+        console.print(
+            f"  {i:2d}. [{_COLOUR.get(decision, 'white')}]{decision:<7}[/] "
+            f"score={response.score:.3f}  {velocity}",
+            highlight=False,
+        )
+    start = time.monotonic()
+    while _card_count(config, card, merchant) < BURST and time.monotonic() - start < 10:
+        time.sleep(0.005)
+    seen = _card_count(config, card, merchant)
+    console.print(
+        f"the feature service counts {seen:.0f} payments on the card in the last hour, "
+        f"{(time.monotonic() - start) * 1000:.0f} ms after the last answer\n"
+    )
+    large = client.Sample("large", card, merchant, 180_000, card_not_present=True, expect="DECLINE")
+    request = large.request()
+    console.print("[bold]then 1,800 EUR, card not present[/]  (expected: DECLINE)")
+    response = client.score(target, request, credentials=credentials)
+    _print_answer(console, response)
+    reply = client.report_outcome(
+        target,
+        request.transaction_id,
+        outcomes_pb2.OUTCOME_FRAUD,
+        outcomes_pb2.OUTCOME_SOURCE_ANALYST,
+        credentials=credentials,
+    )
+    console.print(
+        f"[bold]outcome reported[/]: {request.transaction_id} is FRAUD (analyst), "
+        f"event {reply.event_id} on the log; the merchant's fraud rate counts it once "
+        "the label delay has passed, as in training\n"
+    )

@@ -78,7 +78,8 @@ def up(
     metrics_port: Annotated[
         int,
         typer.Option(
-            help="Prometheus /metrics of the gateway; features, scorer, decision sink use +1, +2, +4."
+            help="Prometheus /metrics of the gateway; features, scorer, updater, decision sink "
+            "use +1, +2, +3, +4."
         ),
     ] = 9101,
     gateway_in_process: Annotated[
@@ -111,6 +112,25 @@ def up(
     restart_window: Annotated[
         float, typer.Option(min=1, help="Seconds over which crashes are counted.")
     ] = 60.0,
+    live_loop: Annotated[
+        bool,
+        typer.Option(
+            help="Decision events, the feature updater (velocity features move with "
+            "every transaction) and the decision log; off: no events, and the store "
+            "changes only by materialization."
+        ),
+    ] = True,
+    eventlog: Annotated[
+        str | None,
+        typer.Option(
+            help="Event log backend: file, redis or kafka (default: redis with --store "
+            "redis, else the file log under the state folder)."
+        ),
+    ] = None,
+    kafka_bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
+    ] = None,
+    updater_port: int = 50054,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -124,6 +144,12 @@ def up(
     # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
+    if eventlog not in (None, "file", "redis", "kafka"):
+        raise typer.BadParameter("eventlog must be file, redis or kafka", param_hint="--eventlog")
+    if eventlog == "redis" and store != "redis":
+        raise typer.BadParameter("the Redis event log needs --store redis", param_hint="--eventlog")
+    if eventlog == "kafka" and not kafka_bootstrap:
+        raise typer.BadParameter("--eventlog kafka needs --kafka-bootstrap")
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -136,10 +162,14 @@ def up(
         decisionlog_port=decisionlog_port,
         gateway_in_process=gateway_in_process,
         metrics_ports={
-            **{name: metrics_port + i for i, name in enumerate(("gateway", "features", "scorer"))},
-            "decisionlog": metrics_port + 4,
+            name: metrics_port + i
+            for i, name in enumerate(("gateway", "features", "scorer", "updater", "decisionlog"))
         },
         edge=edge,
+        live_loop=live_loop,
+        eventlog=eventlog,
+        kafka_bootstrap=kafka_bootstrap,
+        updater_port=updater_port,
     )
     try:
         edge.check_files()
@@ -189,6 +219,8 @@ def up(
         "redis": f"redis://{config.host}:{redis_port}",
         "decisionlog": f"{config.var_dir / 'decisions'}  (health grpc://{config.host}:"
         f"{config.decisionlog_port}, metrics :{metrics_port + 4})",
+        "updater": f"grpc://{config.host}:{updater_port}  health only; event log "
+        f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics_port + 3})",
     }
     for name, process in mesh.processes.items():
         table.add_row(name, endpoints.get(name, ""), str(process.pid))

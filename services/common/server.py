@@ -10,7 +10,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import grpc
@@ -73,6 +73,19 @@ class Service(Protocol):
         ...
 
 
+class Readiness(Protocol):
+    """A service whose readiness changes while it runs (a consumer that loses its backend or
+    falls behind): the runtime follows ``ready()`` after ``start`` instead of SERVING at once."""
+
+    def ready(self) -> bool:
+        """True while the service does its job."""
+        ...
+
+
+READINESS_INTERVAL_S = 0.25
+"""How often the runtime asks a ``Readiness`` service whether it is ready."""
+
+
 class Runtime:
     """One running server: its health servicer, bound port and shutdown event."""
 
@@ -87,6 +100,7 @@ class Runtime:
         self.port = 0
         self.stopping = asyncio.Event()
         self._names: list[str] = []
+        self._follower: asyncio.Task[None] | None = None
 
     async def _set_all(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ["", *self._names]:
@@ -110,11 +124,32 @@ class Runtime:
         # collector's generations so full collections stay short on the request path.
         gc.collect()
         gc.freeze()
+        ready = getattr(self.service, "ready", None)
+        if callable(ready):
+            self._follower = asyncio.create_task(self._follow(ready))
+            return
         await self._set_all(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"port": self.port, "service": self.service.name})
 
+    async def _follow(self, ready: Callable[[], bool]) -> None:
+        """Keeps the health status equal to the service's readiness until shutdown."""
+        serving = False
+        while True:
+            now = bool(ready())
+            if now != serving:
+                serving = now
+                status = health_pb2.HealthCheckResponse
+                await self._set_all(status.SERVING if now else status.NOT_SERVING)
+                log.info(
+                    "serving" if now else "not ready",
+                    extra={"port": self.port, "service": self.service.name},
+                )
+            await asyncio.sleep(READINESS_INTERVAL_S)
+
     async def stop(self) -> None:
         """Ordered shutdown: NOT_SERVING, let health checks notice, drain, stop, close."""
+        if self._follower is not None:
+            self._follower.cancel()
         await self.health.enter_graceful_shutdown()
         log.info("draining", extra={"drain_seconds": self.settings.drain_seconds})
         await asyncio.sleep(self.settings.drain_seconds)

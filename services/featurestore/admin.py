@@ -48,13 +48,19 @@ VIEW_NAMES = (
 """The feature views, in the order materialize() loads them."""
 
 
-def repo_config(settings: FeatureStoreSettings) -> RepoConfig:
-    """The Feast configuration the settings describe (absolute paths)."""
+def repo_config(settings: FeatureStoreSettings, skip_dedup: bool = False) -> RepoConfig:
+    """The Feast configuration the settings describe (absolute paths).
+
+    ``skip_dedup`` (Redis only) makes writes unconditional: Feast's Redis store otherwise
+    skips a row whose event time is not newer than the stored one, which would drop the
+    live updater's rows for a late event or two events of the same instant."""
     if settings.store == "redis":
         online: dict[str, Any] = {
             "type": "redis",
             "connection_string": settings.redis_connection,
         }
+        if skip_dedup:
+            online["skip_dedup"] = True
     else:
         online = {"type": "sqlite", "path": str(settings.online_file.resolve())}
     return RepoConfig(
@@ -97,25 +103,30 @@ def write_feature_store_yaml(settings: FeatureStoreSettings) -> Path:
 
 
 def feature_store(
-    settings: FeatureStoreSettings, read_timeout_ms: float | None = None
+    settings: FeatureStoreSettings,
+    read_timeout_ms: float | None = None,
+    skip_dedup: bool = False,
 ) -> FeatureStore:
     """A FeatureStore on the configured registry, online and offline stores.
 
     ``read_timeout_ms`` bounds every Redis socket operation (connect, send, receive) of
     the store, unless the connection string sets its own; for request-path readers, not
-    for materialization, whose large pipelined writes take longer.
+    for materialization, whose large pipelined writes take longer. ``skip_dedup``: see
+    ``repo_config``.
     """
     settings.registry_file.parent.mkdir(parents=True, exist_ok=True)
     if settings.store == "sqlite":
         settings.online_file.parent.mkdir(parents=True, exist_ok=True)
-    config = repo_config(settings)
+    config = repo_config(settings, skip_dedup)
     if settings.store == "redis" and read_timeout_ms is not None:
         connection = settings.redis_connection
         timeout_s = read_timeout_ms / 1000
         for option in ("socket_timeout", "socket_connect_timeout"):
             if f"{option}=" not in connection:
                 connection += f",{option}={timeout_s}"
-        config = repo_config(settings.model_copy(update={"redis_connection": connection}))
+        config = repo_config(
+            settings.model_copy(update={"redis_connection": connection}), skip_dedup
+        )
     return FeatureStore(config=config)
 
 

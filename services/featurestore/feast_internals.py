@@ -10,12 +10,14 @@ upgrade changes any of them.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from feast import FeatureStore, FeatureView, RepoConfig
 from feast.infra.online_stores.online_store import OnlineStore
 from feast.infra.online_stores.redis import RedisOnlineStore, _versioned_fv_name
+from feast.infra.online_stores.sqlite import SqliteOnlineStore
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.utils import _get_requested_feature_views_to_features_dict
 
@@ -52,6 +54,12 @@ def redis_hash_fields(
     name = _versioned_fv_name(view, config)
     _, fields = online._generate_hset_keys_for_features(view, list(names), fv_name_override=name)
     return fields
+
+
+def sqlite_connection(online: SqliteOnlineStore, config: RepoConfig) -> sqlite3.Connection:
+    """The SQLite connection the SQLite online store reads and writes with (opened if needed)."""
+    connection: sqlite3.Connection = online._get_conn(config)
+    return connection
 
 
 def close_sync_connections(online: OnlineStore) -> None:

@@ -1,6 +1,7 @@
 """Runs the gateway: ``python -m services.gateway``."""
 
 from services.common.server import serve
+from services.eventlog import EventLogSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.app import GatewayApp
 from services.gateway.settings import GatewaySettings
@@ -11,7 +12,8 @@ def main() -> None:
     settings = GatewaySettings()
     # In-process mode opens the feature store itself, with the store's own settings.
     store = FeatureStoreSettings() if settings.in_process else None
-    serve(settings, GatewayApp(settings, store))
+    events = EventLogSettings() if settings.emit_events else None
+    serve(settings, GatewayApp(settings, store, events=events))
 
 
 if __name__ == "__main__":

@@ -17,19 +17,22 @@ from collections.abc import Callable
 
 import grpc
 
+from fraud.v1 import outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
+from services.eventlog import EventLogSettings, open_producer
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.dependencies import GrpcFeatureClient, GrpcModelProvider
+from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import FeatureClient, Pipeline
 from services.gateway.rollout import ModelProvider, Rollout
-from services.gateway.servicer import FraudScoringServicer
+from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.shadow import ShadowQueue
 from services.gateway.validate import Transaction
@@ -40,7 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class GatewayApp:
-    """Answers fraud.v1.FraudScoring/Score through the feature service and the scorer."""
+    """Answers fraud.v1.FraudScoring/Score through the feature service and the scorer, and
+    fraud.v1.OutcomeService/ReportOutcome; both feed the event log (``events``)."""
 
     name = "gateway"
 
@@ -49,12 +53,23 @@ class GatewayApp:
         settings: GatewaySettings,
         store: FeatureStoreSettings | None = None,
         metrics: GatewayMetrics | None = None,
+        events: EventLogSettings | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics or GatewayMetrics()
+        # The producer connects lazily: a log backend that is down only means spilling.
+        producer = open_producer(events) if events is not None and settings.emit_events else None
+        self.emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, self.metrics)
         self.servicer = FraudScoringServicer(
-            settings.budget_policy, settings.limits, self.metrics, settings.max_in_flight
+            settings.budget_policy,
+            settings.limits,
+            self.metrics,
+            settings.max_in_flight,
+            self.emitter,
+        )
+        self.outcomes = OutcomeServicer(
+            self.emitter, settings.limits, self.metrics, settings.outcome_delivery_timeout_s
         )
         self.channels: list[grpc.aio.Channel] = []
         self.rollout: Rollout | None = None
@@ -63,9 +78,10 @@ class GatewayApp:
         self._shadow: ShadowQueue | None = None
 
     def register(self, server: grpc.aio.Server) -> list[str]:
-        """Adds the public scoring servicer."""
+        """Adds the public scoring and outcome servicers."""
         pb_grpc.add_FraudScoringServicer_to_server(self.servicer, server)
-        return ["fraud.v1.FraudScoring"]
+        outcomes_pb2_grpc.add_OutcomeServiceServicer_to_server(self.outcomes, server)
+        return ["fraud.v1.FraudScoring", "fraud.v1.OutcomeService"]
 
     async def start(self) -> None:
         """Reads the lifecycle and rules, opens channels, readies and warms every routed
@@ -199,13 +215,19 @@ class GatewayApp:
         pipeline.scorer_breaker.reset()
 
     async def close(self) -> None:
-        """Stops following the lifecycle and the shadow workers, closes the channels."""
+        """Stops following the lifecycle and the shadow workers, delivers the buffered events
+        (the server has stopped: no more come), then closes the dependency channels."""
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._shadow is not None:
             await self._shadow.close()
+            # Jobs ended by the close run their decision events' callbacks on the next turns
+            # of the loop: let them append before the producer is flushed and closed.
+            for _ in range(3):
+                await asyncio.sleep(0)
+        await self.emitter.close()
         for channel in self.channels:
             await channel.close()
         for close in self._closers:

@@ -96,6 +96,18 @@ class GatewayMetrics:
             "Score calls rejected with RESOURCE_EXHAUSTED at the concurrency limit.",
             registry=registry,
         )
+        self.outcomes = Counter(
+            "fraudmesh_outcomes_total",
+            "Outcome reports accepted, by outcome and source.",
+            ["outcome", "source"],
+            registry=registry,
+        )
+        self.emit_errors = Counter(
+            "fraudmesh_event_emit_errors_total",
+            "Decision or outcome events that could not be handed to the event log, by kind.",
+            ["kind"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "fraudmesh_in_flight", "Score calls being handled now.", registry=registry
         )

@@ -128,6 +128,10 @@ class Outcome:
     shadow: ShadowJob | None = None
     """The shadow version's scoring of this transaction, run after the answer is sent
     (``Pipeline.after_answer``): ``shadow.version``, ``await shadow.wait(timeout)``."""
+    features: list[float] = field(default_factory=list)
+    """The model input the score was computed from, in ``feature_order``."""
+    feature_order: tuple[str, ...] = ()
+    """Names of ``features``: the feature order of the version whose input was built."""
 
     @property
     def shadow_version(self) -> str:
@@ -252,7 +256,9 @@ class Pipeline:
                     watch.record(Route.LIVE, False, time.perf_counter() - started, False)
             else:
                 elapsed = time.perf_counter() - started
-                outcome = self._model_outcome(route, Route.LIVE, score, rule_reasons, notes, source)
+                outcome = self._model_outcome(
+                    route, Route.LIVE, score, rule_reasons, notes, source, vector
+                )
                 if watch is not None:
                     watch.record(Route.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
                 return self._with_shadow(table, outcome, tx, store)
@@ -270,6 +276,8 @@ class Pipeline:
             model_version=f"rules-{self.rules.version}",
             scored_by=ScoredBy.RULES,
             feature_source=source,
+            features=vector,
+            feature_order=route.order,
         )
 
     async def _score_canary(
@@ -304,7 +312,9 @@ class Pipeline:
         elapsed = time.perf_counter() - started
         named = dict(zip(route.order, vector, strict=True))
         rule_reasons = self.rules.evaluate(named).reasons(named)
-        outcome = self._model_outcome(route, Route.CANARY, score, rule_reasons, notes, source)
+        outcome = self._model_outcome(
+            route, Route.CANARY, score, rule_reasons, notes, source, vector
+        )
         if watch is not None:
             watch.record(Route.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
         return outcome
@@ -317,6 +327,7 @@ class Pipeline:
         rule_reasons: list[str],
         notes: list[str],
         source: Source,
+        vector: list[float],
     ) -> Outcome:
         t = route.thresholds
         decision = decide(score, t.review, t.decline)
@@ -335,6 +346,8 @@ class Pipeline:
             scored_by=ScoredBy.MODEL,
             feature_source=source,
             route=arm,
+            features=vector,
+            feature_order=route.order,
         )
 
     def _with_shadow(

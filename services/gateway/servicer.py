@@ -1,18 +1,24 @@
-"""FraudScoring servicer: ScoreRequest in, validated transaction through the pipeline, ScoreResponse out."""
+"""The gateway's servicers: FraudScoring (ScoreRequest in, validated transaction through the
+pipeline, ScoreResponse out, decision event after the answer) and OutcomeService
+(ReportOutcomeRequest in, validated, OutcomeEvent on the log, acknowledgement out)."""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 import grpc
 
+from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
+from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, set_time
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Decision, Pipeline, ScoredBy, Source
-from services.gateway.validate import Limits, validate
+from services.gateway.validate import Limits, validate, validate_outcome
 
 _DECISION = {
     Decision.APPROVE: pb.DECISION_APPROVE,
@@ -31,9 +37,15 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
     """Thin adapter between the public proto API and the scoring pipeline."""
 
     def __init__(
-        self, policy: BudgetPolicy, limits: Limits, metrics: GatewayMetrics, max_in_flight: int
+        self,
+        policy: BudgetPolicy,
+        limits: Limits,
+        metrics: GatewayMetrics,
+        max_in_flight: int,
+        emitter: EventEmitter | None = None,
     ) -> None:
         self.pipeline: Pipeline | None = None
+        self._emitter = emitter
         self._policy = policy
         self._limits = limits
         self._metrics = metrics
@@ -55,9 +67,13 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
         self._in_flight += 1
         try:
-            return await self._score(request, pipeline, budget, context)
+            response, emit = await self._score(request, pipeline, budget, context)
         finally:
             self._in_flight -= 1
+        if emit is not None:
+            # Runs once the answer's final batch has completed: the caller never waits on it.
+            context.add_done_callback(emit)
+        return response
 
     async def _score(
         self,
@@ -65,7 +81,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         pipeline: Pipeline,
         budget: Budget,
         context: grpc.aio.ServicerContext,
-    ) -> pb.ScoreResponse:
+    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None]:
         try:
             tx = validate(
                 transaction_id=request.transaction_id,
@@ -87,9 +103,6 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             self._metrics.invalid.labels(error.field).inc()
             raise
         outcome = await pipeline.score(tx, budget)
-        if outcome.shadow is not None:
-            # Shadow scoring starts once the answer has been sent, never before.
-            context.add_done_callback(lambda _: pipeline.after_answer(outcome))
         elapsed = budget.elapsed()
         m = self._metrics
         m.latency.observe(elapsed)
@@ -97,7 +110,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             outcome.decision.value, outcome.scored_by.value, outcome.feature_source.value
         ).inc()
         m.scores.labels(outcome.scored_by.value).observe(outcome.score)
-        return pb.ScoreResponse(
+        response = pb.ScoreResponse(
             transaction_id=tx.transaction_id,
             decision=_DECISION[outcome.decision],
             score=outcome.score,
@@ -107,3 +120,72 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             feature_source=_SOURCE[outcome.feature_source],
             elapsed_ms=elapsed * 1000.0,
         )
+        emitter = self._emitter
+        emit = None
+        if emitter is not None and emitter.enabled:
+            emit = functools.partial(
+                emitter.decision, request, tx.card_not_present, outcome, response, time.time()
+            )
+        shadow = outcome.shadow
+        if shadow is None:
+            return response, emit
+
+        def after_answer(_context: object = None) -> None:
+            # Shadow scoring starts once the answer has been sent, never before; the decision
+            # event waits for the shadow's score (or its end without one) to carry it.
+            pipeline.after_answer(outcome)
+            if emit is not None:
+                shadow.when_done(emit)
+
+        return response, after_answer
+
+
+class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):
+    """Thin adapter between ReportOutcome and the event log."""
+
+    def __init__(
+        self,
+        emitter: EventEmitter,
+        limits: Limits,
+        metrics: GatewayMetrics,
+        delivery_timeout_s: float,
+    ) -> None:
+        self._emitter = emitter
+        self._limits = limits
+        self._metrics = metrics
+        self._delivery_timeout_s = delivery_timeout_s
+
+    async def ReportOutcome(
+        self, request: outcomes_pb2.ReportOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> outcomes_pb2.ReportOutcomeResponse:
+        try:
+            report = validate_outcome(
+                transaction_id=request.transaction_id,
+                verdict=VERDICTS.get(request.outcome),
+                reporter=REPORTERS.get(request.source),
+                reported_at=(
+                    (request.reported_at.seconds, request.reported_at.nanos)
+                    if request.HasField("reported_at")
+                    else None
+                ),
+                now_s=time.time(),
+                limits=self._limits,
+            )
+        except InvalidArgument as error:
+            self._metrics.invalid.labels(error.field).inc()
+            raise
+        if not self._emitter.enabled:
+            raise Unavailable("this gateway runs without an event log; outcomes are not taken")
+        event_id, received_at_s = self._emitter.outcome(report)
+        if self._delivery_timeout_s > 0 and not await self._emitter.delivered(
+            self._delivery_timeout_s
+        ):
+            # The event is queued (or in the spill file) and will most likely arrive; the
+            # client is told to retry, and a repeated outcome is harmless downstream.
+            raise Unavailable("the event log did not confirm the outcome in time; retry")
+        self._metrics.outcomes.labels(report.verdict.value, report.reporter.value).inc()
+        response = outcomes_pb2.ReportOutcomeResponse(
+            transaction_id=report.transaction_id, event_id=event_id
+        )
+        set_time(response.received_at, received_at_s)
+        return response

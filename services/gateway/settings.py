@@ -53,6 +53,21 @@ class GatewaySettings(ModelServerSettings):
     max_future_s: float = Field(300.0, ge=0, description="Tolerated clock skew ahead.")
     max_age_s: float = Field(7 * 86_400.0, gt=0, description="Oldest transaction scored.")
     max_amount_eur: float = Field(1_000_000.0, gt=0, description="Largest plausible amount.")
+    max_outcome_age_days: float = Field(
+        540.0, gt=0, description="Oldest reported_at an outcome report may carry."
+    )
+    emit_events: bool = Field(
+        True,
+        description="Append a decision event per answered Score to the event log "
+        "(FRAUD_EVENTLOG_*) after the answer, and take ReportOutcome; false turns the live "
+        "loop off at the gateway (ReportOutcome then answers UNAVAILABLE).",
+    )
+    outcome_delivery_timeout_s: float = Field(
+        2.0,
+        ge=0,
+        description="ReportOutcome answers once the event log has stored the outcome, waiting "
+        "at most this long (then UNAVAILABLE: retry); 0 answers as soon as it is queued.",
+    )
     warmup_calls: int = Field(20, ge=0, description="Warm-up calls to each dependency at start.")
     dependency_wait_s: float = Field(
         10.0, ge=0, description="How long start-up waits for the dependencies to be reachable."
@@ -183,4 +198,5 @@ class GatewaySettings(ModelServerSettings):
             max_future_s=self.max_future_s,
             max_age_s=self.max_age_s,
             max_amount_eur=self.max_amount_eur,
+            max_outcome_age_s=self.max_outcome_age_days * 86_400,
         )

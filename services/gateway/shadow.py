@@ -68,6 +68,10 @@ class ShadowJob:
         if not self._future.done():
             self._future.set_result(result)
 
+    def when_done(self, callback: Callable[[], object]) -> None:
+        """Calls ``callback`` once the job has ended (scored, dropped or failed)."""
+        self._future.add_done_callback(lambda _: callback())
+
     def result(self) -> ShadowResult | None:
         """The result if the job has ended with one, else None."""
         return self._future.result() if self._future.done() else None

@@ -24,10 +24,8 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    ports = {
-        name: free_port()
-        for name in ("envoy", "admin", "gateway", "features", "scorer", "decisionlog")
-    }
+    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
+    ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
@@ -44,7 +42,7 @@ def test_up_serves_and_stops_without_orphans(
             assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
             time.sleep(0.2)
         children = psutil.Process(up.pid).children(recursive=True)
-        assert len(children) >= 4  # envoy, gateway, features, scorer
+        assert len(children) >= 5  # envoy, gateway, features, scorer, updater
         sample = client.Sample("cli", known.card_id, known.merchant_id, known.amount_minor)
         response = client.score(target, sample.request(), timeout_s=1.0)
         assert response.decision != 0

@@ -38,6 +38,9 @@ def local_mesh(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> I
         tmp_path_factory.mktemp("in-process-logs"),
         store="redis",
         FRAUD_GATEWAY_IN_PROCESS="true",
+        # Each test scores a request twice (in process, then through the services): the live
+        # loop would change the card's features between the two.
+        FRAUD_GATEWAY_EMIT_EVENTS="false",
     )
     yield m
     m.stop()

@@ -49,8 +49,14 @@ def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_bina
         assert late <= 0.05 * r.count, r.errors
         assert 0.8 * r.offered_rps <= r.achieved_rps <= 1.2 * r.offered_rps
         assert 0 < r.p50_ms <= r.p90_ms <= r.p99_ms <= r.p999_ms <= r.max_ms < 1000
-    # The serving path is always measured; the mesh's sinks (decision log, updater) join it.
-    assert {"features", "scorer", "gateway", "envoy"} <= set(result.processes)
+    assert set(result.processes) == {
+        "features",
+        "scorer",
+        "gateway",
+        "envoy",
+        "updater",
+        "decisionlog",
+    }
     for step in result.steps:
         for name in result.processes:
             assert 1 * 2**20 < step.peak_rss[name] < 4 * 2**30, (name, step.peak_rss)

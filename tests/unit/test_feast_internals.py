@@ -13,6 +13,7 @@ import pytest
 from feast import FeatureStore
 from feast.infra.online_stores import redis as feast_redis
 from feast.infra.online_stores.redis import RedisOnlineStore
+from feast.infra.online_stores.sqlite import SqliteOnlineStore
 
 from services.featurestore import feast_internals
 
@@ -33,6 +34,7 @@ def _parameters(function: object) -> list[str]:
             ["self", "feature_view", "requested_features", "fv_name_override"],
         ),
         (feast_redis, "_versioned_fv_name", ["table", "config"]),
+        (SqliteOnlineStore, "_get_conn", ["self", "config"]),
     ],
 )
 def test_private_name_exists_with_its_parameters(

@@ -1,0 +1,203 @@
+"""The gateway's events: one DecisionEvent per answered Score, one OutcomeEvent per report.
+
+A decision event is built and appended after the answer has gone out: the servicer
+registers ``EventEmitter.decision`` with ``context.add_done_callback``, which grpc runs
+once the call's final batch (response and status) has completed, so the answer never waits
+on it (``loadtest/emit_bench.py`` measures the alternatives; docs/liveloop.md quotes it).
+Appending costs a serialization and a deque append; the event log producer's sender
+thread does the I/O. Emitting never raises into grpc: a failure is counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fraud.v1 import events_pb2, outcomes_pb2
+from fraud.v1 import scoring_pb2 as pb
+from services.eventlog import Producer
+from services.eventlog.events import feature_schema_id, new_event_id
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.pipeline import Outcome
+from services.gateway.routing import Route
+from services.gateway.validate import OutcomeReport, Reporter, Verdict
+
+log = logging.getLogger(__name__)
+
+_NANOS = 1_000_000_000
+
+VERDICTS: dict[int, Verdict] = {
+    outcomes_pb2.OUTCOME_FRAUD: Verdict.FRAUD,
+    outcomes_pb2.OUTCOME_LEGITIMATE: Verdict.LEGITIMATE,
+    outcomes_pb2.OUTCOME_DISPUTED: Verdict.DISPUTED,
+}
+"""Known ``fraud.v1.Outcome`` numbers; anything else is unspecified or unknown."""
+
+REPORTERS: dict[int, Reporter] = {
+    outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK: Reporter.CHARGEBACK,
+    outcomes_pb2.OUTCOME_SOURCE_ANALYST: Reporter.ANALYST,
+    outcomes_pb2.OUTCOME_SOURCE_CUSTOMER: Reporter.CUSTOMER,
+    outcomes_pb2.OUTCOME_SOURCE_ISSUER: Reporter.ISSUER,
+}
+"""Known ``fraud.v1.OutcomeSource`` numbers."""
+
+_VERDICT_NUMBER = {v: k for k, v in VERDICTS.items()}
+_REPORTER_NUMBER = {v: k for k, v in REPORTERS.items()}
+
+
+def set_time(stamp: Any, seconds: float) -> None:
+    """Sets a ``google.protobuf.Timestamp`` in place from epoch seconds."""
+    stamp.seconds, stamp.nanos = divmod(round(seconds * _NANOS), _NANOS)
+
+
+_ROUTE = {Route.LIVE: events_pb2.ROUTE_LIVE, Route.CANARY: events_pb2.ROUTE_CANARY}
+
+
+def _model_slot(event: events_pb2.DecisionEvent, outcome: Outcome) -> None:
+    """Which arm answered (live, also when the rules stood in for it, or canary) and the
+    shadow version's score of the same transaction, when one was scored in time."""
+    event.route = _ROUTE[outcome.route]
+    shadow = outcome.shadow.result() if outcome.shadow is not None else None
+    if shadow is not None:
+        event.shadow_score = shadow.score
+        event.shadow_model_version = shadow.version
+
+
+def decision_event(
+    request: pb.ScoreRequest,
+    card_not_present: bool,
+    outcome: Outcome,
+    response: pb.ScoreResponse,
+    decided_at_s: float,
+    feature_schema: str,
+    feature_names: Sequence[str] = (),
+) -> events_pb2.EventEnvelope:
+    """The envelope of one answered Score call: the request's fields, the model input and
+    what was answered (taken from the response itself, so the event says what the caller got)."""
+    envelope = events_pb2.EventEnvelope()
+    event = envelope.decision
+    event.event_id = new_event_id()
+    event.transaction_id = response.transaction_id
+    event.card_id = request.card_id
+    event.merchant_id = request.merchant_id
+    event.amount_minor = request.amount_minor
+    event.currency = request.currency
+    event.timestamp.CopyFrom(request.timestamp)
+    event.terminal_id = request.terminal_id
+    event.card_not_present = card_not_present
+    event.features.extend(outcome.features)
+    event.feature_schema = feature_schema
+    event.feature_names.extend(feature_names)
+    event.feature_source = response.feature_source
+    event.score = response.score
+    event.decision = response.decision
+    event.scored_by = response.scored_by
+    event.model_version = response.model_version
+    _model_slot(event, outcome)
+    event.reasons.extend(response.reasons)
+    event.elapsed_ms = response.elapsed_ms
+    set_time(event.decided_at, decided_at_s)
+    return envelope
+
+
+def outcome_event(report: OutcomeReport, received_at_s: float) -> events_pb2.EventEnvelope:
+    """The envelope of one accepted outcome report."""
+    envelope = events_pb2.EventEnvelope()
+    event = envelope.outcome
+    event.event_id = new_event_id()
+    event.transaction_id = report.transaction_id
+    event.outcome = _VERDICT_NUMBER[report.verdict]  # type: ignore[assignment]
+    event.source = _REPORTER_NUMBER[report.reporter]  # type: ignore[assignment]
+    set_time(event.reported_at, report.reported_at_s)
+    set_time(event.received_at, received_at_s)
+    return envelope
+
+
+class EventEmitter:
+    """Appends the gateway's events to the event log (or nowhere, with the loop off)."""
+
+    def __init__(
+        self,
+        producer: Producer | None,
+        feature_order: Sequence[str],
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.producer = producer
+        self._order = tuple(feature_order)
+        self._schema = feature_schema_id(self._order)
+        self._schemas: dict[tuple[str, ...], str] = {self._order: self._schema}
+        self._metrics = metrics
+
+    def _schema_of(self, order: tuple[str, ...]) -> tuple[str, Sequence[str]]:
+        """The fingerprint of a version's feature order, and its names when they are not the
+        serving order every consumer knows (a version trained on another order)."""
+        if not order or order == self._order:
+            return self._schema, ()
+        schema = self._schemas.get(order)
+        if schema is None:
+            schema = self._schemas[order] = feature_schema_id(order)
+        return schema, order
+
+    @property
+    def enabled(self) -> bool:
+        """True when events go to a log."""
+        return self.producer is not None
+
+    def decision(
+        self,
+        request: pb.ScoreRequest,
+        card_not_present: bool,
+        outcome: Outcome,
+        response: pb.ScoreResponse,
+        decided_at_s: float,
+        _context: object = None,
+    ) -> None:
+        """Builds and appends one decision event; never raises. The trailing argument takes
+        the servicer context grpc passes to a done callback."""
+        producer = self.producer
+        if producer is None:
+            return
+        try:
+            schema, names = self._schema_of(outcome.feature_order)
+            producer.append(
+                decision_event(
+                    request, card_not_present, outcome, response, decided_at_s, schema, names
+                )
+            )
+        except Exception:
+            self._metrics.emit_errors.labels("decision").inc()
+            log.exception("decision event not emitted", extra={"tx": response.transaction_id})
+
+    def outcome(self, report: OutcomeReport) -> tuple[str, float]:
+        """Appends one outcome event; returns its event id and receive time. Raises what the
+        producer raises (the caller answers the report with it)."""
+        received_at_s = time.time()
+        envelope = outcome_event(report, received_at_s)
+        if self.producer is not None:
+            try:
+                self.producer.append(envelope)
+            except Exception:
+                self._metrics.emit_errors.labels("outcome").inc()
+                raise
+        return envelope.outcome.event_id, received_at_s
+
+    async def delivered(self, timeout_s: float) -> bool:
+        """Waits until everything appended so far is stored by the log (False on timeout)."""
+        if self.producer is None:
+            return True
+        return await self.producer.aflush(timeout_s)
+
+    async def close(self) -> None:
+        """Delivers what is buffered (or leaves it in the spill file) and closes the producer.
+
+        Call after the server stopped: done callbacks of the last calls may still be queued
+        on the event loop, so it yields to them first. An event emitted after this is
+        counted in ``emit_errors`` and logged, never silently lost."""
+        if self.producer is None:
+            return
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await self.producer.aclose()

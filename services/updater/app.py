@@ -1,0 +1,138 @@
+"""The live feature updater as a Service for the shared runtime.
+
+Start: open the state file, seed it from the dataset's history when it is new or the
+dataset changed (``seed.py``), open the online-store writer, and run the consume loop
+(``loop.py``) on its own thread. The server only answers health checks (and reflection):
+NOT_SERVING until the loop is connected to the log and the store and has caught up with the
+log, and again whenever that stops being true. SIGTERM: the runtime reports NOT_SERVING,
+the loop finishes its batch, writes its rows, checkpoints and commits, and the files and
+connections are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import grpc
+
+from services.eventlog import EventLogSettings, open_consumer
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
+from services.featurestore.writer import OnlineFeatureWriter
+from services.updater import seed
+from services.updater.engine import LiveAggregator
+from services.updater.loop import UpdateLoop
+from services.updater.metrics import UpdaterMetrics
+from services.updater.settings import UpdaterSettings
+from services.updater.state import StateStore
+
+log = logging.getLogger(__name__)
+
+SEED_KEY = "seed"
+"""Meta key of the state file: fingerprint of the dataset the states were seeded from."""
+
+
+class UpdaterApp:
+    """Consumes decision and outcome events into the online store's card and merchant rows."""
+
+    name = "updater"
+
+    def __init__(
+        self,
+        settings: UpdaterSettings,
+        store: FeatureStoreSettings,
+        events: EventLogSettings,
+        metrics: UpdaterMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.events = events
+        self.metrics = metrics or UpdaterMetrics()
+        self._state: StateStore | None = None
+        self._writer: OnlineFeatureWriter | None = None
+        self._loop: UpdateLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def register(self, server: grpc.aio.Server) -> list[str]:
+        """No RPC of its own: health and reflection only."""
+        return []
+
+    async def start(self) -> None:
+        """Prepares the state and the store (off the event loop), then starts the loop thread."""
+        await asyncio.to_thread(self._prepare)
+        assert self._loop is not None
+        self._thread = threading.Thread(
+            target=self._loop.run, args=(self._stop,), name="updater-loop", daemon=True
+        )
+        self._thread.start()
+        log.info(
+            "updater consuming",
+            extra={"backend": self.events.backend, "group": self.settings.group},
+        )
+
+    def _prepare(self) -> None:
+        s = self.settings
+        state = StateStore(s.state_file)
+        self._state = state
+        if s.seed:
+            self._seed(state)
+        self._writer = OnlineFeatureWriter(self.store, timeout_ms=s.store_timeout_ms)
+        aggregator = LiveAggregator(state, s.cache_max_entities, s.max_pending_labels)
+        # A `features materialize` since the last run wrote batch rows over the live ones:
+        # the loop writes these first.
+        restored = aggregator.restore_live_rows()
+        if restored:
+            log.info("rewriting the rows of entities live events changed", extra=restored)
+        self._loop = UpdateLoop(
+            s,
+            lambda: open_consumer(self.events, s.group),
+            self._writer,
+            aggregator,
+            self.metrics,
+        )
+
+    def _seed(self, state: StateStore) -> None:
+        """Seeds the states from the dataset's transactions unless they already come from it."""
+        import pandas as pd
+
+        path = self.store.data_path / layout.TRANSACTIONS_FILE
+        current = seed.fingerprint(path) if path.is_file() else "none"
+        held = state.meta(SEED_KEY)
+        if held == current:
+            log.info("entity states resume", extra=state.counts())
+            return
+        if held is not None:
+            log.warning(
+                "the dataset changed since the states were seeded: rebuilding them from it",
+                extra={"was": held, "now": current},
+            )
+            state.reset()
+        if current == "none":
+            log.warning("no dataset: live rows start without batch history", extra={"path": path})
+        else:
+            history = seed.replay(pd.read_parquet(path))
+            state.save(
+                ((k, s.to_bytes()) for k, s in history.cards.items()),
+                ((k, s.to_bytes()) for k, s in history.merchants.items()),
+                history.transactions,
+                live=False,
+            )
+        state.set_meta(SEED_KEY, current)
+
+    def ready(self) -> bool:
+        """Connected, caught up and the loop thread alive (the runtime follows this)."""
+        thread, loop = self._thread, self._loop
+        return thread is not None and thread.is_alive() and loop is not None and loop.ready()
+
+    async def close(self) -> None:
+        """Stops the loop after its last checkpoint and closes the store and the state file."""
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        if self._writer is not None:
+            self._writer.close()
+        if self._state is not None:
+            self._state.close()

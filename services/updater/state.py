@@ -1,0 +1,206 @@
+"""The updater's durable state: entity states, the transaction → merchant index, held labels.
+
+One SQLite file (write-ahead log, ``synchronous=FULL``): a checkpoint is one transaction,
+and the log position is committed only after it, so after a crash the states and the log
+agree up to the last checkpoint and what follows is consumed again (and applied
+idempotently).
+
+Tables::
+
+    meta(key, value)                            the seed's dataset fingerprint, the format
+    cards(id, state, live)                      CardState.to_bytes; live: changed by an event
+    merchants(id, state, live)                  MerchantState.to_bytes (live: as for cards)
+    transactions(id, merchant_id, t_us)         which merchant a transaction paid, for outcomes
+    pending_labels(id, is_fraud, reported_us)   outcomes whose decision has not come yet
+    journal(seq, record)                        events applied since the snapshots that lack them
+
+A state is its snapshot with the journal applied again (``engine.py``): checkpoints append to
+the journal and write a budget of snapshots, so that none has to rewrite every changed
+merchant (tens of KB each) at once.
+
+The transaction index is pruned to the merchant horizon (label delay + 28 days): an outcome
+for an older transaction cannot change any window.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from services.domain.aggregation import CardState, Label, MerchantState
+
+FORMAT = "2"
+"""Version of the table layout; a file of another version is rebuilt."""
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS cards "
+    "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS merchants "
+    "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS transactions "
+    "(id TEXT PRIMARY KEY, merchant_id TEXT NOT NULL, t_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS transactions_by_time ON transactions (t_us)",
+    "CREATE TABLE IF NOT EXISTS pending_labels "
+    "(id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, reported_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)",
+)
+
+_TABLES = ("meta", "cards", "merchants", "transactions", "pending_labels", "journal")
+
+IndexEntry = tuple[str, str, int]
+"""(transaction_id, merchant_id, t_us)."""
+
+
+class StateStore:
+    """The SQLite file of the updater's state (one writer: the updater's loop thread)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        if self._format() not in (None, FORMAT):
+            with self._db:  # another layout: rebuilt (a new seed follows)
+                for table in _TABLES:
+                    self._db.execute(f"DROP TABLE IF EXISTS {table}")
+        with self._db:
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+        self.set_meta("format", FORMAT)
+
+    def _format(self) -> str | None:
+        try:
+            return self.meta("format")
+        except sqlite3.OperationalError:  # a new file: no tables yet
+            return None
+
+    # --- reads -------------------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value, None when unset."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def card(self, card_id: str) -> CardState | None:
+        """A card's saved state."""
+        row = self._db.execute("SELECT state FROM cards WHERE id = ?", (card_id,)).fetchone()
+        return None if row is None else CardState.from_bytes(row[0])
+
+    def merchant(self, merchant_id: str) -> MerchantState | None:
+        """A merchant's saved state."""
+        row = self._db.execute(
+            "SELECT state FROM merchants WHERE id = ?", (merchant_id,)
+        ).fetchone()
+        return None if row is None else MerchantState.from_bytes(row[0])
+
+    def merchant_of(self, transaction_id: str) -> str | None:
+        """The merchant a transaction paid, if it is in the index."""
+        row = self._db.execute(
+            "SELECT merchant_id FROM transactions WHERE id = ?", (transaction_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def pending_label(self, transaction_id: str) -> Label | None:
+        """A held label of a transaction not consumed yet."""
+        row = self._db.execute(
+            "SELECT is_fraud, reported_us FROM pending_labels WHERE id = ?", (transaction_id,)
+        ).fetchone()
+        return None if row is None else Label(bool(row[0]), int(row[1]))
+
+    def pending_labels(self) -> Iterator[tuple[str, Label]]:
+        """Every held label."""
+        for tid, is_fraud, reported_us in self._db.execute(
+            "SELECT id, is_fraud, reported_us FROM pending_labels"
+        ):
+            yield str(tid), Label(bool(is_fraud), int(reported_us))
+
+    def live_cards(self) -> Iterator[tuple[str, CardState]]:
+        """Cards an event has changed since the seed (their rows differ from the batch's)."""
+        for card_id, data in self._db.execute("SELECT id, state FROM cards WHERE live = 1"):
+            yield str(card_id), CardState.from_bytes(data)
+
+    def live_merchants(self) -> Iterator[tuple[str, MerchantState]]:
+        """Merchants an event has changed since the seed."""
+        for merchant_id, data in self._db.execute("SELECT id, state FROM merchants WHERE live = 1"):
+            yield str(merchant_id), MerchantState.from_bytes(data)
+
+    def journal(self) -> Iterator[tuple[int, bytes]]:
+        """The journal, oldest first: (sequence, serialized EventEnvelope)."""
+        for seq, record in self._db.execute("SELECT seq, record FROM journal ORDER BY seq"):
+            yield int(seq), bytes(record)
+
+    def journal_bounds(self) -> tuple[int, int]:
+        """(first, last) sequence of the journal; (1, 0) when it is empty."""
+        first, last = self._db.execute("SELECT min(seq), max(seq) FROM journal").fetchone()
+        return (1, 0) if last is None else (int(first), int(last))
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (for logs and tests)."""
+        return {
+            table: int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            for table in ("cards", "merchants", "transactions", "pending_labels", "journal")
+        }
+
+    # --- writes ------------------------------------------------------------------------
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Sets one metadata value (its own transaction)."""
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def save(
+        self,
+        cards: Iterable[tuple[str, bytes]] = (),
+        merchants: Iterable[tuple[str, bytes]] = (),
+        transactions: Iterable[IndexEntry] = (),
+        labels_held: Iterable[tuple[str, Label]] = (),
+        labels_released: Iterable[str] = (),
+        prune_before_us: int | None = None,
+        journal: Iterable[tuple[int, bytes]] = (),
+        journal_from: int | None = None,
+        live: bool = True,
+    ) -> None:
+        """Writes one checkpoint in a single durable transaction: state snapshots (``to_bytes``;
+        ``live``: they come from events, not from the seed), index entries, held labels, and
+        the journal (new events appended, those before ``journal_from`` deleted)."""
+        db = self._db
+        flag = int(live)
+        with db:
+            db.executemany(
+                "INSERT OR REPLACE INTO cards (id, state, live) VALUES (?, ?, ?)",
+                ((k, data, flag) for k, data in cards),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO merchants (id, state, live) VALUES (?, ?, ?)",
+                ((k, data, flag) for k, data in merchants),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO transactions (id, merchant_id, t_us) VALUES (?, ?, ?)",
+                transactions,
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO pending_labels (id, is_fraud, reported_us) "
+                "VALUES (?, ?, ?)",
+                ((k, int(v.is_fraud), v.reported_us) for k, v in labels_held),
+            )
+            db.executemany(
+                "DELETE FROM pending_labels WHERE id = ?", ((k,) for k in labels_released)
+            )
+            if prune_before_us is not None:
+                db.execute("DELETE FROM transactions WHERE t_us <= ?", (prune_before_us,))
+            db.executemany("INSERT INTO journal (seq, record) VALUES (?, ?)", journal)
+            if journal_from is not None:
+                db.execute("DELETE FROM journal WHERE seq < ?", (journal_from,))
+
+    def reset(self) -> None:
+        """Empties every table (a new seed follows)."""
+        with self._db:
+            for table in _TABLES:
+                self._db.execute(f"DELETE FROM {table}")
+
+    def close(self) -> None:
+        """Closes the file."""
+        self._db.close()

@@ -1,0 +1,276 @@
+"""Helpers of the live-loop tests: isolated state folders, meshes with the loop, the acceptance
+flow through Envoy, events from raw transactions, and online rows against the batch tables."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+
+from fraud.v1 import events_pb2, features_pb2, features_pb2_grpc, outcomes_pb2
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services import client
+from services.domain import aggregation as agg
+from services.domain import featurespec
+from services.featurestore import admin as store_admin
+from services.featurestore.online import OnlineFeatureReader
+from services.featurestore.settings import FeatureStoreSettings
+from services.mesh import Mesh, MeshConfig, free_port
+
+REL = 1e-9
+STATE_FOLDERS = ("data", "feast", "models")
+"""What a prepared state folder holds besides the loop's own state (log, states, spill)."""
+
+
+def copy_state(source: Path, target: Path) -> Path:
+    """A fresh state folder with ``source``'s dataset, Feast registry, online store and models,
+    and no event log or entity states: a test that mutates the store owns its copy."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in STATE_FOLDERS:
+        if (source / name).exists():
+            shutil.copytree(source / name, target / name)
+    return target
+
+
+def start_live_mesh(var_dir: Path, log_dir: Path, store: str = "sqlite", **config: Any) -> Mesh:
+    """A mesh with the live loop on free ports; with Redis, materialized at start."""
+    cfg = MeshConfig.on_free_ports(
+        var_dir=var_dir,
+        store=store,
+        log_dir=log_dir,
+        metrics_ports={"updater": free_port(), "gateway": free_port()},
+        **config,
+    )
+    mesh = Mesh(cfg)
+
+    def ready(name: str) -> None:
+        if name == "redis":
+            store_admin.materialize(
+                FeatureStoreSettings(
+                    var_dir=var_dir,
+                    store="redis",
+                    redis_connection=f"{cfg.host}:{cfg.redis_port}",
+                )
+            )
+
+    mesh.start(timeout_s=180, on_ready=ready)
+    return mesh
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples (with these labels) at a /metrics endpoint; 0 if absent."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def metrics_url(mesh: Mesh, process: str) -> str:
+    """The /metrics URL of one of the mesh's processes."""
+    return f"http://{mesh.config.host}:{mesh.config.metrics_ports[process]}/metrics"
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> float:
+    """Polls until ``predicate()``; returns the seconds it took; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout_s, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+# --- the acceptance flow ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    """What the acceptance flow saw."""
+
+    card_id: str
+    visible_after_s: float
+    """From the last answered payment to the feature service reporting all 12."""
+    features: dict[str, float]
+    large: pb.ScoreResponse
+    outcome: outcomes_pb2.ReportOutcomeResponse
+    transaction_ids: list[str]
+    """Every distinct transaction scored (the 12 small ones, then the large one)."""
+
+
+def _request(card_id: str, merchant_id: str, tid: str, amount_minor: int) -> pb.ScoreRequest:
+    request = pb.ScoreRequest(
+        transaction_id=tid,
+        card_id=card_id,
+        merchant_id=merchant_id,
+        amount_minor=amount_minor,
+        currency="EUR",
+        channel=pb.CHANNEL_CARD_NOT_PRESENT,
+    )
+    request.timestamp.FromNanoseconds(time.time_ns())
+    return request
+
+
+def card_testing_flow(mesh: Mesh, merchant_id: str) -> FlowResult:
+    """Through Envoy: 12 tiny card-not-present payments on a new card (3 of them sent twice
+    with the same transaction_id, as a client retry would), then the feature service is
+    polled until the card's 1-hour count is 12, then a large payment, then its outcome."""
+    card_id = f"card-live-{uuid.uuid4().hex[:10]}"
+    tids = [f"live-{uuid.uuid4().hex[:12]}" for _ in range(12)]
+    with grpc.insecure_channel(mesh.config.envoy_target) as edge:
+        grpc.channel_ready_future(edge).result(timeout=10)
+        stub = pb_grpc.FraudScoringStub(edge)
+        for i, tid in enumerate(tids):
+            stub.Score(_request(card_id, merchant_id, tid, 99), timeout=1.0)
+            if i < 3:
+                stub.Score(_request(card_id, merchant_id, tid, 99), timeout=1.0)
+        features: dict[str, float] = {}
+        target = f"{mesh.config.host}:{mesh.config.features_port}"
+        with grpc.insecure_channel(target) as channel:
+            features_stub = features_pb2_grpc.FeatureServiceStub(channel)
+
+            def counted() -> bool:
+                reply = features_stub.GetFeatures(
+                    features_pb2.GetFeaturesRequest(card_id=card_id, merchant_id=merchant_id),
+                    timeout=2.0,
+                )
+                features.update({f.name: f.value for f in reply.features})
+                return features.get("card_txn_count_1h", 0) >= 12
+
+            visible = wait_for(counted, "the burst in the online store", 30)
+        large_tid = f"live-{uuid.uuid4().hex[:12]}"
+        large = stub.Score(_request(card_id, merchant_id, large_tid, 180_000), timeout=1.0)
+    outcome = client.report_outcome(
+        mesh.config.envoy_target, large_tid, outcomes_pb2.OUTCOME_FRAUD, timeout_s=10.0
+    )
+    return FlowResult(card_id, visible, features, large, outcome, [*tids, large_tid])
+
+
+def assert_flow(result: FlowResult) -> None:
+    """The acceptance criteria of the flow."""
+    assert result.features["card_txn_count_1h"] == 12  # retries counted once
+    assert result.features["card_small_txn_count_1h"] == 12
+    assert result.large.decision in (pb.DECISION_REVIEW, pb.DECISION_DECLINE), result.large
+    assert any("under 2 EUR" in r for r in result.large.reasons), result.large.reasons
+    assert result.outcome.transaction_id == result.transaction_ids[-1]
+    assert len(result.outcome.event_id) == 32
+
+
+# --- events from raw transactions, and the batch to compare with --------------------------
+
+
+def decision_envelope(
+    row: pd.Series, transaction_id: str | None = None
+) -> events_pb2.EventEnvelope:
+    """The decision event the gateway emits for one raw transaction, decided now."""
+    envelope = events_pb2.EventEnvelope()
+    event = envelope.decision
+    event.event_id = uuid.uuid4().hex
+    event.transaction_id = transaction_id or str(row["transaction_id"])
+    event.card_id = str(row["card_id"])
+    event.merchant_id = str(row["merchant_id"])
+    event.amount_minor = int(row["amount_minor"])
+    event.currency = str(row["currency"])
+    event.card_not_present = row["channel"] == featurespec.CARD_NOT_PRESENT
+    event.timestamp.FromNanoseconds(int(row["timestamp"].value))
+    event.decided_at.FromNanoseconds(time.time_ns())
+    return envelope
+
+
+def outcome_envelope(
+    transaction_id: str, fraud: bool, reported_s: float
+) -> events_pb2.EventEnvelope:
+    """The outcome event ReportOutcome appends."""
+    envelope = events_pb2.EventEnvelope()
+    event = envelope.outcome
+    event.event_id = uuid.uuid4().hex
+    event.transaction_id = transaction_id
+    event.outcome = outcomes_pb2.OUTCOME_FRAUD if fraud else outcomes_pb2.OUTCOME_LEGITIMATE
+    event.source = outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK
+    event.reported_at.FromNanoseconds(round(reported_s * 1e9))
+    event.received_at.FromNanoseconds(time.time_ns())
+    return envelope
+
+
+def as_live(tx: pd.DataFrame) -> pd.DataFrame:
+    """Transactions as the live path knows them: a request's fields, no codes, no labels."""
+    return tx.assign(
+        card_home_country=float("nan"),
+        merchant_country=float("nan"),
+        merchant_category=float("nan"),
+        is_fraud=False,
+    )
+
+
+def newest_rows(
+    tx: pd.DataFrame,
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Each card's and merchant's newest batch row over ``tx``."""
+
+    def newest(table: pd.DataFrame, key: str) -> dict[str, dict[str, float]]:
+        last = table.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
+        last = last.drop(columns=["event_timestamp"])
+        return {str(k): {n: float(v) for n, v in row.items()} for k, row in last.iterrows()}
+
+    return newest(agg.card_feature_table(tx), "card_id"), newest(
+        agg.merchant_feature_table(tx), "merchant_id"
+    )
+
+
+def _differs(got: float | None, want: float, name: str, mean_30d: float | None) -> bool:
+    if math.isnan(want):
+        return got is not None
+    if got is None:
+        return True
+    if name == "card_amount_std_30d":
+        scale = (mean_30d or 0.0) ** 2 + want**2
+        return abs(got**2 - want**2) > REL * scale + 1e-12
+    return abs(got - want) > REL * max(abs(want), 1e-12)
+
+
+def store_mismatches(
+    settings: FeatureStoreSettings,
+    cards: dict[str, dict[str, float]],
+    merchants: dict[str, dict[str, float]],
+    limit: int = 5,
+) -> list[str]:
+    """Entities whose online row differs from the expected one (at most ``limit`` named)."""
+    reader = OnlineFeatureReader(settings)
+    try:
+        bad: list[str] = []
+        n_card = len(featurespec.CARD_FEATURES)
+        checks: Iterable[tuple[str, str, dict[str, float], slice, tuple[str, ...]]] = [
+            *((c, "merchant-none", row, slice(0, n_card), featurespec.CARD_FEATURES) for c, row in cards.items()),
+            *(("card-none", m, row, slice(n_card, None), featurespec.MERCHANT_FEATURES) for m, row in merchants.items()),
+        ]  # fmt: skip
+        for card_id, merchant_id, want, part, names in checks:
+            reads = reader.read(card_id, merchant_id, time.time())[part]
+            mean = (
+                reads[featurespec.CARD_FEATURES.index("card_amount_mean_30d")].value
+                if part.start == 0
+                else None
+            )
+            for name, read in zip(names, reads, strict=True):
+                if _differs(read.value, want[name], name, mean):
+                    bad.append(
+                        f"{card_id if part.start == 0 else merchant_id}.{name}: {read.value} != {want[name]}"
+                    )
+                    break
+            if len(bad) >= limit:
+                break
+        return bad
+    finally:
+        reader.close()

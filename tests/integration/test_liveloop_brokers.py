@@ -1,0 +1,66 @@
+"""The live loop on the production backends: Redis store with Redis Streams, and Redis store
+with a real Kafka 4.x broker (KRaft) as the event log."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest.brokers import KafkaBroker, kafka_available
+
+from .conftest import Known
+from .live import (
+    assert_flow,
+    card_testing_flow,
+    copy_state,
+    metric,
+    metrics_url,
+    start_live_mesh,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A Kafka broker for this module (started once, about 10 s)."""
+    if not kafka_available():
+        pytest.fail("Java or the Kafka broker jars are missing: run `make test-brokers`")
+    broker = KafkaBroker(tmp_path_factory.mktemp("live-kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def _run_flow(var_dir: Path, known: Known, **config: Any) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    mesh = start_live_mesh(var_dir, var_dir / "logs", store="redis", **config)
+    try:
+        assert_flow(card_testing_flow(mesh, known.merchant_id))
+        updater = metrics_url(mesh, "updater")
+        wait_for(
+            lambda: metric(updater, "fraudmesh_updater_records_total", kind="outcome") >= 1,
+            "the outcome at the updater",
+        )
+    finally:
+        mesh.stop()
+
+
+def test_the_loop_on_redis_streams(prepared_env: Any, known: Known, tmp_path: Path) -> None:
+    var_dir = copy_state(prepared_env.var_dir, tmp_path / "var")
+    _run_flow(var_dir, known)  # the Redis store implies the Redis Streams log
+    assert (var_dir / "redis" / "appendonlydir").is_dir()  # the log survives a restart
+
+
+@pytest.mark.kafka
+def test_the_loop_on_kafka(
+    prepared_env: Any, known: Known, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    var_dir = copy_state(prepared_env.var_dir, tmp_path / "var")
+    _run_flow(var_dir, known, eventlog="kafka", kafka_bootstrap=kafka.bootstrap)
