@@ -40,6 +40,7 @@ _STEP_LABELS = {
     "evaluate": "evaluating on the test period",
     "export": "exporting to ONNX",
     "parity": "checking LightGBM ↔ ONNX parity",
+    "gates": "promotion gates against the live version",
     "publish": "publishing",
 }
 
@@ -106,10 +107,31 @@ def train_command(
     card_precision_k: Annotated[
         int, typer.Option(min=1, help="k of card precision at k (cards per day).")
     ] = 100,
+    promote: Annotated[
+        bool,
+        typer.Option(
+            help="Promote the new version to live if its gates pass (parity, average "
+            "precision against live on the same test period, single-row p99). Without it "
+            "the version is a candidate (docs/lifecycle.md); a store's first version is "
+            "always live."
+        ),
+    ] = False,
+    ap_tolerance: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="How far below live's average precision the new version may be."
+        ),
+    ] = 0.01,
+    latency_ratio: Annotated[
+        float,
+        typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
+    ] = 2.0,
 ) -> None:
     """Train on Feast's point-in-time features, pick the model on a validation period carved
     from the end of the training window, judge it on the test period, export to ONNX and
-    publish. Validation never overlaps the test period; decision thresholds come from it."""
+    publish as a candidate (live with --promote when its gates pass). Validation never
+    overlaps the test period; decision thresholds come from it."""
+    from services.models.gates import GatePolicy
     from services.pipelines import train
 
     settings = from_env(var_dir=var_dir)
@@ -143,7 +165,15 @@ def train_command(
                     tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
                 bar.update(tasks[step], completed=done, total=total)
 
-            result = train.train(settings, root, params, progress=report, periods=periods)
+            result = train.train(
+                settings,
+                root,
+                params,
+                progress=report,
+                periods=periods,
+                promote=promote,
+                gate_policy=GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio),
+            )
     except (FailedPrecondition, train.ParityError) as error:
         console.print(f"[red]training failed:[/red] {error}")
         raise typer.Exit(1) from error
@@ -208,3 +238,13 @@ def _print_result(result: TrainResult, report_dir: Path | None) -> None:
     )
     for note in report.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
+    if result.gates is not None:
+        against = f"v{result.gates.against}" if result.gates.against else "no live version"
+        verdict = "[green]passed[/green]" if result.gates.passed else "[red]failed[/red]"
+        console.print(f"[bold]gates[/bold] against {against}: {verdict}")
+        for check in result.gates.checks:
+            mark = "[green]ok[/green]  " if check.passed else "[red]FAIL[/red]"
+            console.print(f"  {mark} {check.name}: {check.detail}", highlight=False)
+    console.print(f"[bold]state[/bold]: v{m.version} is {result.state.value}")
+    for note in result.lifecycle_notes:
+        console.print(f"  {note}", highlight=False)

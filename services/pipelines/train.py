@@ -50,7 +50,9 @@ from services.domain.rules_quality import rules_scores
 from services.featurestore import admin, layout
 from services.featurestore.repo import definitions
 from services.featurestore.settings import FeatureStoreSettings
+from services.models import gates as promotion_gates
 from services.models import repository
+from services.models.lifecycle import GateReport, ModelLifecycle, State
 from services.pipelines import evaluate
 
 INPUT_NAME = "input"
@@ -128,6 +130,12 @@ class TrainResult:
     ``card_id``, ``score``, ``is_fraud``."""
     selection: list[dict[str, float]] = field(default_factory=list)
     """Each candidate's validation average precision and best number of trees."""
+    gates: GateReport | None = None
+    """The promotion gates, judged against the live version on the same test period."""
+    state: State = State.CANDIDATE
+    """The version's lifecycle state after the run: a candidate, or live once promoted."""
+    lifecycle_notes: list[str] = field(default_factory=list)
+    """Why the version was or was not promoted."""
 
 
 SCORE_COLUMNS = ("transaction_id", "timestamp", "card_id", "score", "is_fraud")
@@ -140,9 +148,13 @@ def train(
     params: TrainParams | None = None,
     progress: Progress | None = None,
     periods: Periods | None = None,
+    promote: bool = False,
+    gate_policy: promotion_gates.GatePolicy | None = None,
 ) -> TrainResult:
-    """Trains, selects on validation, evaluates on the test period, exports, checks parity
-    and publishes a new version."""
+    """Trains, selects on validation, evaluates on the test period, exports, checks parity,
+    judges the promotion gates against the live version on the same test period and
+    publishes a new version as a **candidate**. It goes live only with ``promote`` and
+    passed gates, or when no version is live yet (the first model of a store)."""
     params = params or TrainParams()
     report = progress or (lambda step, done, total: None)
     seconds: dict[str, float] = {}
@@ -271,6 +283,20 @@ def train(
         timed("parity", started)
 
         started = time.perf_counter()
+        report("gates", 0, 1)
+        lifecycle = ModelLifecycle(model_root)
+        live = lifecycle.read().routing.live
+        candidate = _metadata(
+            thresholds, defaults, metrics, window, parity, params, created_at=datetime.now(UTC)
+        )
+        holdout = {name: x[test][:, j] for j, name in enumerate(featurespec.MODEL_FEATURES)}
+        gate_report = promotion_gates.evaluate(
+            candidate, onnx_path, holdout, y[test], model_root, gate_policy, live
+        )
+        report("gates", 1, 1)
+        timed("gates", started)
+
+        started = time.perf_counter()
         report("publish", 0, 1)
         (work / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
         (work / "selection.json").write_text(json.dumps(selection, indent=2))
@@ -278,22 +304,6 @@ def train(
         (work / "timings.json").write_text(json.dumps(seconds, indent=2))
         evaluation.write(work, y[test], scores, fallback)
         booster.save_model(str(work / "lightgbm.txt"))
-        metadata = repository.ModelMetadata(
-            version="0",  # publish() assigns the real one
-            feature_order=list(featurespec.MODEL_FEATURES),
-            input_name=INPUT_NAME,
-            output_name=OUTPUT_NAME,
-            thresholds=thresholds,
-            default_features=defaults,
-            metrics=metrics,
-            training_window=window,
-            parity_max_abs_diff=parity,
-            created_at=datetime.now(UTC),
-            lightgbm_version=lgb.__version__,
-            onnxmltools_version=onnxmltools.__version__,
-            onnxruntime_version=ort.__version__,
-            params=params.record(),
-        )
         names = (
             repository.MODEL_FILE,
             "metrics.json",
@@ -304,11 +314,75 @@ def train(
             "evaluation.png",
             "lightgbm.txt",
         )
-        folder = repository.publish(model_root, metadata, {name: work / name for name in names})
-        published, _ = repository.load(model_root, metadata.name, folder.name)
+        published, folder, _ = lifecycle.publish_candidate(
+            candidate, {name: work / name for name in names}, gate_report, by="fraudmesh train"
+        )
+        state, notes = _promote_if_asked(lifecycle, published.version, gate_report, promote, live)
         report("publish", 1, 1)
         timed("publish", started)
-    return TrainResult(published, folder, seconds, evaluation, test_scores, selection)
+    return TrainResult(
+        published,
+        folder,
+        seconds,
+        evaluation,
+        test_scores,
+        selection,
+        gates=gate_report,
+        state=state,
+        lifecycle_notes=notes,
+    )
+
+
+def _metadata(
+    thresholds: repository.Thresholds,
+    defaults: dict[str, float],
+    metrics: dict[str, float],
+    window: repository.TrainingWindow,
+    parity: float,
+    params: TrainParams,
+    created_at: datetime,
+) -> repository.ModelMetadata:
+    return repository.ModelMetadata(
+        version="0",  # publishing assigns the real one
+        feature_order=list(featurespec.MODEL_FEATURES),
+        input_name=INPUT_NAME,
+        output_name=OUTPUT_NAME,
+        thresholds=thresholds,
+        default_features=defaults,
+        metrics=metrics,
+        training_window=window,
+        parity_max_abs_diff=parity,
+        created_at=created_at,
+        lightgbm_version=lgb.__version__,
+        onnxmltools_version=onnxmltools.__version__,
+        onnxruntime_version=ort.__version__,
+        params=params.record(),
+    )
+
+
+def _promote_if_asked(
+    lifecycle: ModelLifecycle,
+    version: str,
+    gates: GateReport,
+    promote: bool,
+    live: str | None,
+) -> tuple[State, list[str]]:
+    """Promotes a published candidate when asked and its gates passed, or when no version
+    is live (a store's first model: nothing else could answer)."""
+    if live is None:
+        lifecycle.promote(version, by="fraudmesh train (first version)")
+        return State.LIVE, [f"v{version} is live: no version was live before it"]
+    if not promote:
+        return State.CANDIDATE, [
+            f"v{version} is a candidate; v{live} stays live. Compare it in shadow or canary "
+            f"(fraudmesh model shadow|canary {version}) or promote it "
+            f"(fraudmesh model promote {version})"
+        ]
+    if not gates.passed:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in gates.failures())
+        return State.CANDIDATE, [f"v{version} not promoted, its gates failed: {failed}"]
+    lifecycle.promote(version, by="fraudmesh train --promote")
+    return State.LIVE, [f"v{version} promoted: its gates passed against v{live}"]
 
 
 def write_scores(scores: pd.DataFrame, path: Path) -> Path:
