@@ -6,16 +6,20 @@ import math
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow.parquet as pq
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from typer.testing import CliRunner
 
 from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.cli.main import app
 from services.eventlog import EventLogSettings, open_consumer
 from services.mesh import Mesh, grpc_serving
 
@@ -164,3 +168,30 @@ def test_sigterm_delivers_every_decision_the_gateway_answered(
     finally:
         gateway.env = original
         live_mesh.restart("gateway")
+
+
+def test_after_the_stop_the_decision_log_holds_the_flow(
+    prepared_env: Any, known: Known, tmp_path: Path
+) -> None:
+    """The acceptance flow, then the mesh stops as Ctrl-C stops ``fraudmesh up``: the export
+    holds each of the 13 decisions once (the retries too are one decision) and the outcome."""
+    var_dir = copy_state(prepared_env.var_dir, tmp_path / "var")
+    mesh = start_live_mesh(var_dir, var_dir / "logs")
+    try:
+        result = card_testing_flow(mesh, known.merchant_id)
+    finally:
+        mesh.stop()
+    assert_flow(result)
+    out = tmp_path / "decisions.parquet"
+    exported = CliRunner().invoke(
+        app,
+        ["decisions", "export", "--var-dir", str(var_dir), "--out", str(out)],
+        catch_exceptions=False,
+    )
+    assert exported.exit_code == 0, exported.output
+    table = pq.read_table(out).to_pandas()
+    flow = table[table["card_id"] == result.card_id].set_index("transaction_id")
+    assert sorted(flow.index) == sorted(result.transaction_ids)
+    large = flow.loc[result.transaction_ids[-1]]
+    assert large["outcome"] == "fraud", large.to_dict()
+    assert flow.drop(index=result.transaction_ids[-1])["outcome"].isna().all()
