@@ -254,7 +254,7 @@ def store_mismatches(
         n_card = len(featurespec.CARD_FEATURES)
         checks: Iterable[tuple[str, str, dict[str, float], slice, tuple[str, ...]]] = [
             *((c, "merchant-none", row, slice(0, n_card), featurespec.CARD_FEATURES) for c, row in cards.items()),
-            *(("card-none", m, row, slice(n_card, None), featurespec.MERCHANT_FEATURES) for m, row in merchants.items()),
+            *(("card-none", m, row, slice(n_card, n_card + len(featurespec.MERCHANT_FEATURES)), featurespec.MERCHANT_FEATURES) for m, row in merchants.items()),
         ]  # fmt: skip
         for card_id, merchant_id, want, part, names in checks:
             reads = reader.read(card_id, merchant_id, time.time())[part]
