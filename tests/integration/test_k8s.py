@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 from unittest import mock
 from urllib.parse import urlsplit
@@ -177,6 +177,8 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
 )
 KNOWN_VARIABLES = {env_name(c, f) for c in SETTINGS_CLASSES for f in c.model_fields}
 """Every environment variable some settings class reads."""
+OPERATOR_SHELL = "kubectl exec"
+"""A container that idles for operators to run ``fraudmesh model|decisions`` in."""
 READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "services.gateway": (GatewaySettings, EventLogSettings),
     "services.features": (FeaturesSettings, FeatureStoreSettings),
@@ -187,6 +189,7 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "fraudmesh train": (FeatureStoreSettings,),
     "fraudmesh decisions": (DecisionLogSettings,),
     "python -c": (FeatureStoreSettings,),
+    OPERATOR_SHELL: (FeatureStoreSettings, DecisionLogSettings),
 }
 """The settings classes each process builds from its environment (its ``__main__``)."""
 STORE_WRITERS = ("services.features", "services.updater", "fraudmesh features materialize")
@@ -221,6 +224,8 @@ class Container:
         argv = [*self.spec.get("command", []), *self.spec.get("args", [])]
         if argv[0] in FOREIGN_BINARIES:
             return None
+        if argv[0] == "sleep":
+            return OPERATOR_SHELL
         if argv[:2] == ["python", "-m"]:
             return argv[2]
         if argv[:2] == ["python", "-c"]:
@@ -242,7 +247,7 @@ class Container:
             return settings_class()
 
     def mount_of(self, path: Path) -> Mount:
-        """The volume ``path`` lies on (the deepest mount above it)."""
+        """Where ``path`` lies: the deepest volume mounted above it."""
         mounts = [
             m
             for m in self.spec.get("volumeMounts", [])
@@ -254,24 +259,33 @@ class Container:
         for template in self.workload["spec"].get("volumeClaimTemplates", []):
             volumes[template["metadata"]["name"]] = {"claimTemplate": template}
         volume = volumes[mount["name"]]
-        claim = volume.get("persistentVolumeClaim", {})
-        writable = not mount.get("readOnly", False) and not claim.get("readOnly", False)
-        return Mount(mount["name"], volume, writable)
+        if "claimTemplate" in volume:
+            claim = f"{mount['name']}-{self.workload['metadata']['name']}-0"
+        else:
+            claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+        read_only = mount.get("readOnly", False) or volume.get("persistentVolumeClaim", {}).get(
+            "readOnly", False
+        )
+        inside = PurePosixPath(mount.get("subPath", "")) / path.relative_to(mount["mountPath"])
+        return Mount(volume, claim, inside, not read_only)
 
 
 @dataclass(frozen=True)
 class Mount:
-    """A volume as one container mounts it."""
+    """Where a path of one container lies."""
 
-    name: str
     volume: dict[str, Any]
     """The pod's volume, or ``{"claimTemplate": …}`` for a StatefulSet's claim template."""
+    claim: str | None
+    """The PersistentVolumeClaim (a claim template's as the StatefulSet names it), if any."""
+    inside: PurePosixPath
+    """The path inside the volume."""
     writable: bool
 
     @property
-    def claim(self) -> str | None:
-        """The PersistentVolumeClaim of a pod volume."""
-        return self.volume.get("persistentVolumeClaim", {}).get("claimName")
+    def place(self) -> tuple[str | None, PurePosixPath]:
+        """The claim and the path inside it: the same place for every pod that mounts it."""
+        return self.claim, self.inside
 
 
 @dataclass(frozen=True)
@@ -487,24 +501,13 @@ def test_state_lives_where_it_survives(built: Built) -> None:
     states = updater.mount_of(updater.settings(UpdaterSettings).state_file)
     assert "claimTemplate" in states.volume and states.writable, "states outlive the pod"
     data = updater.mount_of(updater.settings(FeatureStoreSettings).data_path)
-    assert data.claim == "fraudmesh-state"
+    assert data.place == ("fraudmesh-state", PurePosixPath("data"))
+    # Its init container waits for the dataset where the updater will seed from it.
+    (waiter,) = built.processes("python -c")
+    assert waiter.workload is updater.workload
+    assert waiter.mount_of(waiter.settings(FeatureStoreSettings).data_path).place == data.place
     for writer in (updater, *built.processes("services.features")):
         assert writer.mount_of(writer.settings(FeatureStoreSettings).registry_file).writable
-
-    (sink,) = built.processes("services.decisionlog")
-    root = sink.settings(DecisionLogSettings).root_path
-    log = sink.mount_of(root)
-    assert "claimTemplate" in log.volume and log.writable, "the decision log outlives the pod"
-    # The compaction CronJob opens the same folder on the sink's own claim, on its node.
-    (compact,) = built.processes("fraudmesh decisions")
-    assert compact.settings(DecisionLogSettings).root_path == root
-    claim = compact.mount_of(root)
-    assert claim.claim == f"{log.name}-{sink.workload['metadata']['name']}-0" and claim.writable
-    (term,) = compact.pod["affinity"]["podAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert _selects(term["labelSelector"]["matchLabels"], _pod_labels(sink.workload))
-    assert term["topologyKey"] == "kubernetes.io/hostname"
 
     (gateway,) = built.processes("services.gateway")
     events = gateway.settings(EventLogSettings)
@@ -517,12 +520,43 @@ def test_state_lives_where_it_survives(built: Built) -> None:
         _bytes(v["emptyDir"]["sizeLimit"]) for v in gateway.pod["volumes"] if "emptyDir" in v
     )
     assert _bytes(gateway.spec["resources"]["limits"]["ephemeral-storage"]) > folders
-    # The gateway writes routing.json (automatic rollback); the scorer only reads it.
+
+
+def test_the_model_lifecycle_works_on_one_folder(built: Built) -> None:
+    """Training publishes, operators and gateways (automatic rollback) write routing.json,
+    scorers read it: all on the same folder of the state volume."""
+    (gateway,) = built.processes("services.gateway")
     g = gateway.settings(GatewaySettings)
-    models = gateway.mount_of(g.models_path / g.model_name / "routing.json")
+    assert g.model_version is None, "pinned: the lifecycle is off"
+    models = gateway.mount_of(g.models_path)
     assert models.claim == "fraudmesh-state" and models.writable
     (scorer,) = built.processes("services.scorer")
-    assert scorer.mount_of(scorer.settings(ScorerSettings).models_path).claim == "fraudmesh-state"
+    s = scorer.settings(ScorerSettings)
+    assert s.model_version is None and s.model_name == g.model_name
+    assert scorer.mount_of(s.models_path).place == models.place
+    # `fraudmesh train` and `fraudmesh model …` use <FRAUD_FEATURES_VAR_DIR>/models.
+    writers = [*built.processes("fraudmesh train"), *built.processes(OPERATOR_SHELL)]
+    assert {c.workload["metadata"]["name"] for c in writers} == {"train", "retrain", "admin"}
+    for writer in writers:
+        found = writer.mount_of(writer.settings(FeatureStoreSettings).var_dir / "models")
+        assert found.place == models.place and found.writable, writer.where
+
+
+def test_the_decision_log_has_one_folder_on_the_sinks_volume(built: Built) -> None:
+    (sink,) = built.processes("services.decisionlog")
+    log = sink.mount_of(sink.settings(DecisionLogSettings).root_path)
+    assert "claimTemplate" in log.volume and log.writable, "the decision log outlives the pod"
+    # Compaction and the operators' exports open the same folder on the sink's claim, on
+    # the sink's node (the claim is ReadWriteOnce).
+    readers = [*built.processes("fraudmesh decisions"), *built.processes(OPERATOR_SHELL)]
+    assert {c.workload["metadata"]["name"] for c in readers} == {"decisions-compact", "admin"}
+    for reader in readers:
+        found = reader.mount_of(reader.settings(DecisionLogSettings).root_path)
+        assert found.place == log.place and found.writable, reader.where
+        affinity = reader.pod["affinity"]["podAffinity"]
+        (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert _selects(term["labelSelector"]["matchLabels"], _pod_labels(sink.workload))
+        assert term["topologyKey"] == "kubernetes.io/hostname"
 
 
 def test_shutdown_fits_in_the_grace_period(built: Built) -> None:
