@@ -2,16 +2,17 @@
 # Build the fraudmesh container image without a Docker engine, then smoke-test it.
 #
 #   1. apt-get installs buildah and debootstrap when they are missing;
-#   2. a Debian bookworm minbase root filesystem with python3 and libgomp1 is made by
-#      debootstrap and imported with buildah as localhost/fraudmesh-base:bookworm (kept in
-#      buildah's storage; FRESH_BASE=1 rebuilds it);
+#   2. a Debian bookworm minbase root filesystem with python3, libgomp1 and ca-certificates
+#      is made by debootstrap and imported with buildah as localhost/fraudmesh-base:bookworm
+#      (kept in buildah's storage, labelled with its package list; a base with another list
+#      is rebuilt, and FRESH_BASE=1 rebuilds it anyway);
 #   3. the project's wheel and every dependency, resolved against requirements.lock, are
 #      built or downloaded on the host into the build context, so nothing in the image
 #      compiles and the image build itself is offline;
 #   4. `buildah bud` builds deploy/images/Containerfile (vfs storage, chroot isolation);
 #   5. deploy/images/smoke.py runs inside the image with `buildah run` as the image's user,
-#      with a published model from $VAR_DIR/models mounted read-only: the scorer must
-#      answer SERVING on its gRPC health check;
+#      with a published model from $VAR_DIR/models mounted read-only: the scorer and the
+#      decision sink must answer SERVING on their gRPC health checks;
 #   6. the image is written as an OCI archive to build/images/ and its sizes are printed.
 #
 # Needs root (debootstrap, buildah's vfs storage), the project's .venv (`make install`) and
@@ -23,6 +24,9 @@ cd "$(dirname "$0")/.."
 VAR_DIR=${VAR_DIR:-var}
 IMAGE=${IMAGE:-localhost/fraudmesh}
 BASE_IMAGE=localhost/fraudmesh-base:bookworm
+# libgomp1: LightGBM's OpenMP runtime; ca-certificates: TLS to a managed Kafka or Redis.
+BASE_PACKAGES=python3,libgomp1,ca-certificates
+BASE_LABEL=io.fraudmesh.base.packages
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PIP_VERSION=26.3
 PY=${PY:-.venv/bin/python}
@@ -53,11 +57,13 @@ model=$(find "$VAR_DIR/models" -name model.onnx -print -quit 2>/dev/null || true
 [ -n "$model" ] || die "no model under $VAR_DIR/models: run 'make data' first"
 
 step "base image $BASE_IMAGE"
-if [ "${FRESH_BASE:-0}" = 1 ] || ! "${buildah[@]}" inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+base_packages=$("${buildah[@]}" inspect --type image \
+  --format "{{index .OCIv1.Config.Labels \"$BASE_LABEL\"}}" "$BASE_IMAGE" 2>/dev/null || true)
+if [ "${FRESH_BASE:-0}" = 1 ] || [ "$base_packages" != "$BASE_PACKAGES" ]; then
   rootfs=$OUT/rootfs
   rm -rf "$rootfs"
   mkdir -p "$OUT"
-  debootstrap --variant=minbase --include=python3,libgomp1 bookworm "$rootfs" "$MIRROR" \
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs" "$MIRROR" \
     >"$OUT/debootstrap.log" 2>&1 || { tail -20 "$OUT/debootstrap.log" >&2; die "debootstrap failed"; }
   # What an image never needs: downloaded packages, package lists, docs, man pages, locales.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
@@ -68,7 +74,8 @@ if [ "${FRESH_BASE:-0}" = 1 ] || ! "${buildah[@]}" inspect --type image "$BASE_I
   cp -a "$rootfs"/. "$mnt"/
   "${buildah[@]}" umount "$ctr" >/dev/null
   "${buildah[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --label org.opencontainers.image.description="Debian bookworm minbase with python3 and libgomp1" \
+    --label org.opencontainers.image.description="Debian bookworm minbase with $BASE_PACKAGES" \
+    --label "$BASE_LABEL=$BASE_PACKAGES" \
     --label org.opencontainers.image.created="$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$ctr"
   "${buildah[@]}" commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
   rm -rf "$rootfs"

@@ -4,8 +4,10 @@ Runs as the image's user inside the built image, with a published model mounted 
 under ``/var/lib/fraudmesh/models``. Checks what the Kubernetes manifests rely on: a
 non-root user who cannot write the root filesystem, no compiler, every installed
 distribution pinned by the lock, every entry point importable, the Envoy template shipped
-as package data, and the scorer answering SERVING on its gRPC health check with the
-mounted model. Prints one line per check and exits non-zero on the first failure.
+as package data, the event log's clients (Kafka's native library, Redis) and a CA bundle
+for TLS to managed brokers and stores, ``tar`` for ``kubectl cp`` of exports, the scorer
+answering SERVING on its gRPC health check with the mounted model, and the decision sink
+SERVING on an event log (the file backend, under /tmp), both exiting 0 on SIGTERM. Prints one line per check and exits non-zero on the first failure.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +32,8 @@ ENTRY_MODULES = (
     "services.gateway.__main__",
     "services.features.__main__",
     "services.scorer.__main__",
+    "services.updater.__main__",
+    "services.decisionlog.__main__",
     "services.cli",
 )
 COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "make")
@@ -138,29 +144,37 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def check_scorer_serving() -> None:
-    """Starts the scorer on the mounted model and waits for SERVING, then stops it."""
+def check_eventlog_clients() -> None:
+    """The event log's backends load, and TLS has a CA bundle to verify brokers and stores."""
+    import confluent_kafka
+    import redis
+
+    cas = ssl.create_default_context().cert_store_stats()["x509_ca"]
+    if cas == 0:
+        fail("no CA certificates: TLS to a managed Kafka or Redis cannot verify the server")
+    if shutil.which("tar") is None:
+        fail("no tar: `kubectl cp` of a decision export needs it in the container")
+    ok(
+        f"librdkafka {confluent_kafka.libversion()[0]}, redis-py {redis.__version__}, "
+        f"{cas} CA certificates, tar"
+    )
+
+
+def _serve_until_serving(module: str, port: int, env: dict[str, str]) -> tuple[float, float]:
+    """Starts ``python -m module``, waits for SERVING on ``port``, sends SIGTERM and waits
+    for exit 0; returns the seconds to SERVING and the RSS in MB at that moment."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    if not any((STATE / "models").glob("*/*/model.onnx")):
-        fail(f"no model mounted under {STATE / 'models'}")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "FRAUD_SCORER_HOST": "127.0.0.1",
-        "FRAUD_SCORER_PORT": str(port),
-        "FRAUD_SCORER_VAR_DIR": str(STATE),
-    }
     started = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "services.scorer"], env=env)
+    process = subprocess.Popen([sys.executable, "-m", module], env={**os.environ, **env})
     status = "no answer"
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() - started < SERVING_DEADLINE_S:
                 if process.poll() is not None:
-                    fail(f"the scorer exited with {process.returncode} before SERVING")
+                    fail(f"{module} exited with {process.returncode} before SERVING")
                 try:
                     answer = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
                     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
@@ -170,7 +184,7 @@ def check_scorer_serving() -> None:
                     break
                 time.sleep(0.2)
             else:
-                fail(f"the scorer did not report SERVING within {SERVING_DEADLINE_S:.0f} s")
+                fail(f"{module} did not report SERVING within {SERVING_DEADLINE_S:.0f} s")
         elapsed = time.monotonic() - started
         rss = _rss_mb(process.pid)
         process.send_signal(signal.SIGTERM)
@@ -180,9 +194,47 @@ def check_scorer_serving() -> None:
             process.kill()
             process.wait()
     if code != 0:
-        fail(f"the scorer exited with {code} after SIGTERM")
+        fail(f"{module} exited with {code} after SIGTERM")
+    return elapsed, rss
+
+
+def check_scorer_serving() -> None:
+    """Starts the scorer on the mounted model and waits for SERVING, then stops it."""
+    if not any((STATE / "models").glob("*/*/model.onnx")):
+        fail(f"no model mounted under {STATE / 'models'}")
+    port = _free_port()
+    elapsed, rss = _serve_until_serving(
+        "services.scorer",
+        port,
+        {
+            "FRAUD_SCORER_HOST": "127.0.0.1",
+            "FRAUD_SCORER_PORT": str(port),
+            "FRAUD_SCORER_VAR_DIR": str(STATE),
+        },
+    )
     ok(
         f"scorer SERVING on its gRPC health check after {elapsed:.1f} s "
+        f"(RSS {rss:.0f} MB); exited 0 on SIGTERM"
+    )
+
+
+def check_sink_serving() -> None:
+    """Starts the decision sink on an empty file event log and waits for SERVING."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="smoke-sink-") as folder:
+        elapsed, rss = _serve_until_serving(
+            "services.decisionlog",
+            port,
+            {
+                "FRAUD_DECISIONLOG_HOST": "127.0.0.1",
+                "FRAUD_DECISIONLOG_PORT": str(port),
+                "FRAUD_DECISIONLOG_VAR_DIR": folder,
+                "FRAUD_EVENTLOG_BACKEND": "file",
+                "FRAUD_EVENTLOG_VAR_DIR": folder,
+            },
+        )
+    ok(
+        f"decision sink SERVING on its gRPC health check after {elapsed:.1f} s "
         f"(RSS {rss:.0f} MB); exited 0 on SIGTERM"
     )
 
@@ -194,7 +246,9 @@ def main() -> None:
     check_pinned()
     check_entry_points()
     check_envoy_template()
+    check_eventlog_clients()
     check_scorer_serving()
+    check_sink_serving()
     print("smoke test passed", flush=True)
 
 

@@ -1,7 +1,7 @@
 """``make images`` end to end: the image builds without a Docker engine and passes its smoke test.
 
 Runs ``scripts/images.sh`` (debootstrap base, buildah build, in-image smoke test of the
-scorer on this session's model) as ``make images`` does. It needs root, as debootstrap and
+scorer on this session's model and of the decision sink) as ``make images`` does. It needs root, as debootstrap and
 buildah's storage do, and reaches Debian's package mirror for the base root filesystem;
 the base is kept in buildah's storage, so later runs take about half as long.
 """
@@ -42,5 +42,6 @@ def test_make_images_builds_and_the_scorer_serves_inside(
     assert result.returncode == 0, text[-6000:]
     assert "smoke test passed" in text
     assert "scorer SERVING on its gRPC health check" in text
+    assert "decision sink SERVING on its gRPC health check" in text
     archives = list((REPO / "build" / "images").glob("fraudmesh-*.oci.tar"))
     assert archives and all(a.stat().st_size > 0 for a in archives)
