@@ -1,5 +1,7 @@
 """Runs the live feature updater: ``python -m services.updater``."""
 
+import sys
+
 from services.common.server import serve
 from services.eventlog import EventLogSettings
 from services.featurestore.settings import FeatureStoreSettings
@@ -10,7 +12,9 @@ from services.updater.settings import UpdaterSettings
 def main() -> None:
     """Builds the settings from the environment and serves until SIGTERM."""
     settings = UpdaterSettings()
-    serve(settings, UpdaterApp(settings, FeatureStoreSettings(), EventLogSettings()))
+    app = UpdaterApp(settings, FeatureStoreSettings(), EventLogSettings())
+    serve(settings, app)
+    sys.exit(1 if app.failed else 0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 
 import grpc
@@ -54,6 +56,8 @@ class UpdaterApp:
         self._writer: OnlineFeatureWriter | None = None
         self._loop: UpdateLoop | None = None
         self._thread: threading.Thread | None = None
+        self.failed = False
+        """Set when the loop thread died of an unexpected error (the exit status says so)."""
         self._stop = threading.Event()
 
     def register(self, server: grpc.aio.Server) -> list[str]:
@@ -64,14 +68,28 @@ class UpdaterApp:
         """Prepares the state and the store (off the event loop), then starts the loop thread."""
         await asyncio.to_thread(self._prepare)
         assert self._loop is not None
-        self._thread = threading.Thread(
-            target=self._loop.run, args=(self._stop,), name="updater-loop", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run_loop, name="updater-loop", daemon=True)
         self._thread.start()
         log.info(
             "updater consuming",
             extra={"backend": self.events.backend, "group": self.settings.group},
         )
+
+    def _run_loop(self) -> None:
+        """The loop thread. The loop handles every failure it knows (log, store, state) by
+        retrying; anything else is a defect, and an updater that stays up without its loop
+        would only report not-ready forever: the process stops in order (what was applied
+        is checkpointed, the log gives the rest again) and exits non-zero, so its supervisor
+        (``fraudmesh up``, Kubernetes) starts it again."""
+        assert self._loop is not None
+        try:
+            self._loop.run(self._stop)
+        except BaseException:
+            if self._stop.is_set():
+                raise
+            self.failed = True
+            log.exception("the updater loop died; stopping the process for a restart")
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _prepare(self) -> None:
         s = self.settings
