@@ -282,7 +282,8 @@ def _print_source(data: TrainingData) -> None:
     s = data.summary
     console.print(
         f"[bold]decision log[/bold]: {c['decisions']:,} decisions (one per transaction; "
-        f"{s.retried_transactions:,} retries dropped), {c['outcomes_read']:,} outcome(s) read",
+        f"retried calls dropped: {s.retried_transactions:,}), {c['outcomes_read']:,} "
+        "outcome(s) read",
         highlight=False,
     )
     if c["outcomes_read"] == 0:
