@@ -79,6 +79,18 @@ def _metric(metadata: repository.ModelMetadata | None, name: str) -> str:
     return f"{metadata.metrics[name]:.4f}"
 
 
+def _source_text(metadata: repository.ModelMetadata | None) -> str:
+    """What a version retrained from the decision log was trained on; "" for others."""
+    m = metadata.metrics if metadata is not None else {}
+    if "source_decision_rows" not in m:
+        return ""
+    return (
+        f"trained on the history and {m['source_decision_rows']:,.0f} payments from the "
+        f"decision log ({m.get('source_labelled_by_outcome', 0):,.0f} labelled by outcomes; "
+        f"{m.get('source_frauds', 0):,.0f} frauds in {m.get('source_rows', 0):,.0f} payments)"
+    )
+
+
 def _print_list(state: LifecycleState, root: Path, history: int) -> None:
     table = Table(title=f"{state.name} in {root} (generation {state.generation})")
     for column in ("version", "state", "traffic", "pr_auc", "recall@1%fpr", "gates", "created"):
@@ -87,9 +99,11 @@ def _print_list(state: LifecycleState, root: Path, history: int) -> None:
         state.versions.values(),
         key=lambda r: (int(r.version), r.version) if r.version.isdigit() else (1 << 62, r.version),
     )
+    loaded: dict[str, repository.ModelMetadata] = {}
     for record in records:
         try:
             metadata, _ = repository.load(root, state.name, record.version)
+            loaded[record.version] = metadata
         except FileNotFoundError:
             metadata = None
         gates = record.gates
@@ -114,6 +128,9 @@ def _print_list(state: LifecycleState, root: Path, history: int) -> None:
             f"  v{record.version} {record.state.value} since {record.since:%Y-%m-%d %H:%M:%S}: "
             f"{record.reason}"
         )
+        source = _source_text(loaded.get(record.version))
+        if source:
+            console.print(f"      {source}", highlight=False)
         if record.gates is not None:
             for check in record.gates.checks:
                 mark = "ok" if check.passed else "[red]FAILED[/red]"

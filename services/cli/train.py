@@ -26,15 +26,22 @@ from rich.progress import (
 from rich.table import Table
 
 from services.common.errors import FailedPrecondition
+from services.decisionlog.settings import DecisionLogSettings
 from services.featurestore.settings import from_env
 from services.models import repository
 
 if TYPE_CHECKING:
+    from services.pipelines.retraining import TrainingData
     from services.pipelines.train import TrainResult
 
 console = Console()
 
+_TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S%z"]
+
 _STEP_LABELS = {
+    "decisions": "reading the decision log, joining outcomes, merging with the history",
+    "dataset": "feature tables of the training dataset",
+    "apply": "registering the training dataset (Feast)",
     "features": "point-in-time features (Feast)",
     "train": "training LightGBM (candidates, early stopping on validation)",
     "evaluate": "evaluating on the test period",
@@ -126,14 +133,65 @@ def train_command(
         float,
         typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
     ] = 2.0,
+    from_decisions: Annotated[
+        bool,
+        typer.Option(
+            help="Train on the history plus the decision log joined with reported outcomes "
+            "(fraud → fraud, legitimate → genuine, no outcome after the 7-day label delay → "
+            "genuine; recent or disputed → no label yet), built as a dataset of its own "
+            "under --work-dir; the serving dataset and online store are left alone."
+        ),
+    ] = False,
+    decisions_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --from-decisions: the decision log's folder; default "
+            "FRAUD_DECISIONLOG_ROOT or <var-dir>/decisions."
+        ),
+    ] = None,
+    decisions_since: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=_TIME_FORMATS,
+            help="With --from-decisions: first decided_at read (UTC, inclusive); default all.",
+        ),
+    ] = None,
+    decisions_until: Annotated[
+        datetime | None,
+        typer.Option(
+            formats=_TIME_FORMATS,
+            help="With --from-decisions: end of the decisions read (UTC, exclusive).",
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --from-decisions: where the training dataset and its Feast registry "
+            "are built (replaced on every run); default <var-dir>/training/from-decisions."
+        ),
+    ] = None,
 ) -> None:
     """Train on Feast's point-in-time features, pick the model on a validation period carved
     from the end of the training window, judge it on the test period, export to ONNX and
     publish as a candidate (live with --promote when its gates pass). Validation never
-    overlaps the test period; decision thresholds come from it."""
+    overlaps the test period; decision thresholds come from it. With --from-decisions the
+    data is the history plus the decision log and its outcomes, and the default periods end
+    one label delay ago."""
     from services.models.gates import GatePolicy
-    from services.pipelines import train
+    from services.pipelines import retraining, train
 
+    given = [
+        name
+        for name, value in (
+            ("--decisions-root", decisions_root),
+            ("--decisions-since", decisions_since),
+            ("--decisions-until", decisions_until),
+            ("--work-dir", work_dir),
+        )
+        if value is not None
+    ]
+    if given and not from_decisions:
+        raise typer.BadParameter(f"{', '.join(given)} only apply with --from-decisions")
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
     existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
@@ -165,18 +223,39 @@ def train_command(
                     tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
                 bar.update(tasks[step], completed=done, total=total)
 
-            result = train.train(
-                settings,
-                root,
-                params,
-                progress=report,
-                periods=periods,
-                promote=promote,
-                gate_policy=GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio),
-            )
+            policy = GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio)
+            if from_decisions:
+                # The sink's settings (FRAUD_DECISIONLOG_ROOT) name the log unless told.
+                log_root = decisions_root or DecisionLogSettings(var_dir=settings.var_dir).root_path
+                retrained = retraining.train_from_decisions(
+                    settings,
+                    root,
+                    log_root,
+                    work_dir=work_dir,
+                    since=_utc_time(decisions_since),
+                    until=_utc_time(decisions_until),
+                    params=params,
+                    progress=report,
+                    periods=periods,
+                    promote=promote,
+                    gate_policy=policy,
+                )
+                result = retrained.training
+            else:
+                result = train.train(
+                    settings,
+                    root,
+                    params,
+                    progress=report,
+                    periods=periods,
+                    promote=promote,
+                    gate_policy=policy,
+                )
     except (FailedPrecondition, train.ParityError) as error:
         console.print(f"[red]training failed:[/red] {error}")
         raise typer.Exit(1) from error
+    if from_decisions:
+        _print_source(retrained.data)
     if scores_out is not None:
         train.write_scores(result.test_scores, scores_out)
         console.print(f"[bold]scores[/bold]: {len(result.test_scores):,} rows in {scores_out}")
@@ -189,6 +268,51 @@ def train_command(
 
 def _utc(day: datetime | None) -> datetime | None:
     return None if day is None else day.replace(tzinfo=UTC)
+
+
+def _utc_time(moment: datetime | None) -> datetime | None:
+    """A naive time as UTC; one with a zone as it is."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+def _print_source(data: TrainingData) -> None:
+    c = data.source.counts
+    s = data.summary
+    console.print(
+        f"[bold]decision log[/bold]: {c['decisions']:,} decisions (one per transaction; "
+        f"retried calls dropped: {s.retried_transactions:,}), {c['outcomes_read']:,} "
+        "outcome(s) read",
+        highlight=False,
+    )
+    if c["outcomes_read"] == 0:
+        console.print(
+            "  [yellow]no outcome found[/yellow]: decisions older than the label delay count "
+            "as genuine; report outcomes (ReportOutcome) to label frauds",
+            highlight=False,
+        )
+    console.print(
+        f"  {c['decision_rows']:,} added to the history's {c['history_rows']:,} transactions, "
+        f"{c['decisions_in_history']:,} already in it (taken once; "
+        f"{c['relabelled_history']:,} relabelled by an outcome)",
+        highlight=False,
+    )
+    console.print(
+        f"  labelled by outcomes: {c['labelled_by_outcome']:,} ({c['outcome_frauds']:,} fraud, "
+        f"{c['outcome_legitimate']:,} legitimate); genuine after the label delay: "
+        f"{c['presumed_genuine']:,}; no label yet: {c['unlabelled_recent']:,} recent, "
+        f"{c['disputed']:,} disputed (in the dataset, not in any period); "
+        f"skipped: {c['decisions_skipped']:,}",
+        highlight=False,
+    )
+    horizon = data.source.label_horizon
+    console.print(
+        f"[bold]training dataset[/bold]: {data.settings.data_path} ({c['rows']:,} transactions, "
+        f"{c['frauds']:,} frauds)"
+        + (f"; labels complete up to {horizon:%Y-%m-%d %H:%M} UTC" if horizon else ""),
+        highlight=False,
+    )
 
 
 def _print_result(result: TrainResult, report_dir: Path | None) -> None:

@@ -76,7 +76,8 @@ RAW_COLUMNS: dict[str, str] = {
     "amount_minor": "int64: amount in minor units of currency",
     "currency": "str: ISO 4217 code",
     "channel": "str: card_present or card_not_present",
-    "is_fraud": "bool: the transaction's label (missing counts as legitimate)",
+    "is_fraud": "bool: the transaction's label (missing counts as legitimate in the fraud "
+    "rates; training leaves a transaction without a label out of its periods)",
     "fraud_reported_at": "datetime64 UTC, optional: when the label became known "
     "(missing: timestamp + label delay)",
     "terminal_id": "str, optional: the terminal that took the payment (unique across merchants)",

@@ -171,6 +171,9 @@ class Report:
     """Rows and frauds per period."""
     notes: list[str] = field(default_factory=list)
     """Caveats worth reading next to the figures (e.g. a training window too close to the test)."""
+    source: dict[str, int] = field(default_factory=dict)
+    """Where the data came from, by origin and label, when it was built from more than one
+    (retraining from the decision log); empty for a single dataset."""
 
     def to_dict(self) -> dict[str, object]:
         """The report as plain JSON-ready values."""
@@ -224,6 +227,9 @@ class Report:
             for scenario, recall in m.recall_at_review_by_scenario.items():
                 rules_recall = r.recall_at_review_by_scenario.get(scenario, math.nan)
                 lines.append(f"| {scenario} | {recall:.4f} | {rules_recall:.4f} |")
+        if self.source:
+            lines += ["", "| training data | rows |", "|---|---:|"]
+            lines += [f"| {name} | {count:,} |" for name, count in self.source.items()]
         if self.notes:
             lines += ["", *[f"- {note}" for note in self.notes]]
         return "\n".join(lines) + "\n"

@@ -16,6 +16,12 @@ improving; the best candidate at its best number of trees is the model, and the 
 thresholds come from the validation period's genuine transactions: *review* flags about
 1% of them (the operating point of "recall at 1% FPR"), *decline* about 0.1%.
 
+A transaction without a label (``is_fraud`` missing: a payment from the decision log that
+is younger than the label delay and has no outcome yet, or whose outcome is a dispute)
+stays in the data, so that it counts in the features of the payments after it, but is no
+row of any period. When labels are complete only up to a time (``DataSource.label_horizon``),
+the default periods end on that day.
+
 The test period is then scored and judged with the field's metrics (``evaluate``), the
 rules fallback beside the model. A version is published only if ONNX Runtime reproduces
 LightGBM's fraud probability on the whole test period within ``PARITY_TOLERANCE``.
@@ -138,6 +144,26 @@ class TrainResult:
     """Why the version was or was not promoted."""
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """Where a dataset came from, when it is more than one history's labels (retraining from
+    the decision log): recorded in the version's metrics and its evaluation report."""
+
+    counts: dict[str, int]
+    """Rows by origin and label (``source_<name>`` in the metrics)."""
+    label_horizon: datetime | None = None
+    """Labels are complete up to here; after it only payments with a reported outcome are
+    labelled (mostly frauds), so the default periods end on its day."""
+    published_by: str = "fraudmesh train"
+    """Who publishes the version, for the lifecycle's audit trail."""
+    notes: tuple[str, ...] = ()
+    """Caveats about the data, for the report."""
+
+    def metrics(self) -> dict[str, float]:
+        """The counts as metrics (``source_`` prefix)."""
+        return {f"source_{name}": float(value) for name, value in self.counts.items()}
+
+
 SCORE_COLUMNS = ("transaction_id", "timestamp", "card_id", "score", "is_fraud")
 """Columns of ``TrainResult.test_scores`` and of the ``--scores-out`` file."""
 
@@ -150,11 +176,13 @@ def train(
     periods: Periods | None = None,
     promote: bool = False,
     gate_policy: promotion_gates.GatePolicy | None = None,
+    source: DataSource | None = None,
 ) -> TrainResult:
     """Trains, selects on validation, evaluates on the test period, exports, checks parity,
     judges the promotion gates against the live version on the same test period and
     publishes a new version as a **candidate**. It goes live only with ``promote`` and
-    passed gates, or when no version is live yet (the first model of a store)."""
+    passed gates, or when no version is live yet (the first model of a store). ``source``
+    describes a dataset built from more than one origin (see ``DataSource``)."""
     params = params or TrainParams()
     report = progress or (lambda step, done, total: None)
     seconds: dict[str, float] = {}
@@ -168,19 +196,27 @@ def train(
     report("features", 1, 1)
     timed("features", started)
 
-    window = _window(frame["timestamp"], params, periods or Periods())
+    horizon = source.label_horizon if source is not None else None
+    window = _window(frame["timestamp"], params, periods or Periods(), horizon)
     first_seen = frame["timestamp"].min()
     assert window.train_end is not None and window.validation_start is not None
     stamp = frame["timestamp"]
-    fit = ((stamp >= window.start) & (stamp < window.validation_start)).to_numpy()
-    valid = ((stamp >= window.validation_start) & (stamp < window.train_end)).to_numpy()
-    test = ((stamp >= window.holdout_start) & (stamp < window.end)).to_numpy()
+    # Unlabelled payments stay in the frame (their features were computed with them) but
+    # belong to no period.
+    known = frame["is_fraud"].notna().to_numpy()
+    in_train = ((stamp >= window.start) & (stamp < window.train_end)).to_numpy()
+    in_test = ((stamp >= window.holdout_start) & (stamp < window.end)).to_numpy()
+    unlabelled = {"train": int((in_train & ~known).sum()), "test": int((in_test & ~known).sum())}
+    fit = ((stamp >= window.start) & (stamp < window.validation_start)).to_numpy() & known
+    valid = ((stamp >= window.validation_start) & (stamp < window.train_end)).to_numpy() & known
+    test = in_test & known
+    del in_train, in_test
     # Column by column, without copying the frame: it holds every transaction.
     raw = featurespec.model_frame(frame)
     defaults = featurespec.population_defaults(raw, rows=fit | valid)
     x = featurespec.model_matrix(raw, defaults, np.float32)
     del raw
-    y = frame["is_fraud"].to_numpy(dtype=np.int32)
+    y = frame["is_fraud"].fillna(False).to_numpy(dtype=np.int32)
     kept = ["transaction_id", "timestamp", "card_id"]
     kept += ["fraud_scenario"] if "fraud_scenario" in frame.columns else []
     tested = frame.loc[test, kept].reset_index(drop=True)
@@ -241,14 +277,17 @@ def train(
         rules=rules_judged,
         periods=_period_strings(window),
         rows=counts,
-        notes=_notes(window, first_seen, params),
+        notes=_notes(window, first_seen, params, horizon, unlabelled)
+        + list(source.notes if source is not None else ()),
+        source=dict(source.counts) if source is not None else {},
     )
     metrics = evaluate.flat_metrics(
         evaluation,
         {
             "holdout_rows": float(counts["test_rows"]),
             "holdout_frauds": float(counts["test_frauds"]),
-        },
+        }
+        | (source.metrics() if source is not None else {}),
     )
     test_scores = pd.DataFrame(
         {
@@ -315,7 +354,10 @@ def train(
             "lightgbm.txt",
         )
         published, folder, _ = lifecycle.publish_candidate(
-            candidate, {name: work / name for name in names}, gate_report, by="fraudmesh train"
+            candidate,
+            {name: work / name for name in names},
+            gate_report,
+            by=source.published_by if source is not None else "fraudmesh train",
         )
         state, notes = _promote_if_asked(lifecycle, published.version, gate_report, promote, live)
         report("publish", 1, 1)
@@ -467,11 +509,18 @@ def _utc(value: datetime) -> pd.Timestamp:
 
 
 def _window(
-    timestamps: pd.Series, params: TrainParams, periods: Periods
+    timestamps: pd.Series,
+    params: TrainParams,
+    periods: Periods,
+    label_horizon: datetime | None = None,
 ) -> repository.TrainingWindow:
-    """The training, validation and test periods: the explicit bounds, defaults elsewhere."""
+    """The training, validation and test periods: the explicit bounds, defaults elsewhere.
+    By default the data ends with its last day, or with the label horizon's day when that
+    comes first (after it the labels are incomplete)."""
     first = timestamps.min().floor("D")
     data_end = timestamps.max().floor("D") + pd.Timedelta(days=1)
+    if label_horizon is not None:
+        data_end = min(data_end, _utc(label_horizon).floor("D"))
     train_from = (
         _utc(periods.train_from)
         if periods.train_from
@@ -530,10 +579,27 @@ def _describe(window: repository.TrainingWindow, name: str) -> str:
 
 
 def _notes(
-    window: repository.TrainingWindow, first: pd.Timestamp, params: TrainParams
+    window: repository.TrainingWindow,
+    first: pd.Timestamp,
+    params: TrainParams,
+    label_horizon: datetime | None = None,
+    unlabelled: dict[str, int] | None = None,
 ) -> list[str]:
     """Caveats about the periods, for the report."""
     notes = []
+    if label_horizon is not None and window.end > label_horizon:
+        notes.append(
+            f"The test period ends after the label horizon ({label_horizon:%Y-%m-%d %H:%M} "
+            "UTC): after it only payments with a reported outcome are labelled, mostly frauds, "
+            "so the test figures overstate fraud. Leave --test-until out to end at the horizon."
+        )
+    for period, count in (unlabelled or {}).items():
+        if count:
+            notes.append(
+                f"{count:,} payment(s) in the {period} window have no label yet (younger than "
+                "the label delay without an outcome, or disputed): they count in the features "
+                "of later payments, not as rows."
+            )
     assert window.train_end is not None
     gap = window.holdout_start - window.train_end
     if gap < LABEL_DELAY:
