@@ -7,6 +7,14 @@ out like ``var/``. Tests that start services point them at it with ``prepared_en
 
 from __future__ import annotations
 
+import os
+
+# LightGBM's OpenMP threads spin while they wait by default: on a 2-core machine that also
+# runs the services under test, spinning threads starve everyone, and a training that takes
+# seconds alone can take minutes. Waiting threads sleep in the tests (set before LightGBM
+# loads its OpenMP runtime, here and in every child process).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
