@@ -75,6 +75,8 @@ class Run:
     simulate_s: float
     entities: dict[str, int] = field(default_factory=dict)
     """Distinct cards, merchants and terminals: the online store's rows."""
+    dataset_mb: dict[str, float] = field(default_factory=dict)
+    """Size of each Parquet file of the imported dataset (transactions, feature tables)."""
     data_import: Command | None = None
     train: Command | None = None
     test_rows: int = 0
@@ -167,6 +169,10 @@ def measure(rows: int, work: Path) -> Run:
         names,
     )
     manifest = json.loads((var_dir / "data" / layout.MANIFEST_FILE).read_text())
+    run.dataset_mb = {
+        name: round((var_dir / "data" / name).stat().st_size / 2**20, 1)
+        for name in layout.DATA_FILES
+    }
     run.data_import.steps = dict(manifest["seconds"])
     inside = sum(run.data_import.steps.values())
     # Feast apply and materialize, plus interpreter start-up.
