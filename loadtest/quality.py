@@ -4,15 +4,16 @@ Two checkouts train on the same data: this one ("after") and an earlier commit (
 a checkout with its own ``make install``). Each runs what ``make data`` runs, with its own
 code, in a fresh state folder:
 
-    fraudmesh features simulate --seed 7 --var-dir VAR   # the embedded default world
+    fraudmesh features simulate --seed 7 --end DAY --var-dir VAR   # the default world
     fraudmesh features apply --var-dir VAR
-    fraudmesh train --var-dir VAR [--scores-out S]       # the default periods
+    fraudmesh train --var-dir VAR [--scores-out S]                 # the default periods
 
 The comparison is made fair by construction and checked, not assumed:
 
-- the same simulator seed, passed explicitly (``FRAUD_*`` variables are removed from the
-  children's environment), and the transactions of both datasets compared id by id, with
-  their labels;
+- the same simulator seed and window end, passed explicitly (``FRAUD_*`` variables are
+  removed from the children's environment; the end defaults to today, as in ``make data``;
+  ``--end`` repeats an earlier run), and the transactions of both datasets compared id by
+  id, with their labels;
 - the same test period: both versions hold out the latest 20% of the days after a 7-day
   warm-up; the script reads each published version's window and stops if they differ;
 - the same test rows and one judge: the after scores come from ``--scores-out``; an older
@@ -22,9 +23,10 @@ The comparison is made fair by construction and checked, not assumed:
   recorded. Both score sets are then judged by this checkout's ``pipelines.evaluate``: ROC-AUC,
   average precision, recall at 1% false-positive rate (the threshold flagging 1% of the test
   period's genuine payments) and card precision at 100 per day, plus recall at that 1% point
-  per fraud scenario.
+  per fraud scenario. A paired bootstrap over the test period's cards gives the spread of
+  each difference that sampling alone could produce.
 
-    python -m loadtest.quality --before ../earlier-checkout
+    python -m loadtest.quality --before ../earlier-checkout [--end 2026-11-23]
         # writes loadtest/results/quality-before-after.{json,md}
 """
 
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import numpy as np
@@ -131,11 +134,13 @@ def _commit(checkout: Path) -> str:
     return commit + (" +local changes" if git("status", "--porcelain", "--", "services") else "")
 
 
-def _make_data(fraudmesh: Path, var_dir: Path, work: Path, label: str, cwd: Path) -> float:
+def _make_data(
+    fraudmesh: Path, var_dir: Path, work: Path, label: str, cwd: Path, end: date
+) -> float:
     """``make data``'s simulate and apply steps; their wall time."""
     seconds = 0.0
     for step in (
-        ["features", "simulate", "--seed", str(SEED)],
+        ["features", "simulate", "--seed", str(SEED), "--end", end.isoformat()],
         ["features", "apply"],
     ):
         argv = [str(fraudmesh), *step, "--var-dir", str(var_dir)]
@@ -241,7 +246,7 @@ def _row_metrics(y: np.ndarray, s: np.ndarray) -> dict[str, float]:
     }
 
 
-def run(before_checkout: Path, work: Path) -> dict[str, object]:
+def run(before_checkout: Path, work: Path, end: date) -> dict[str, object]:
     """Builds both datasets and models, checks the comparison is fair, judges both."""
     here = Path(__file__).resolve().parents[1]
     after_fraudmesh = Path(sys.executable).parent / "fraudmesh"
@@ -253,7 +258,7 @@ def run(before_checkout: Path, work: Path) -> dict[str, object]:
 
     after_var, before_var = work / "after", work / "before"
     print("after: simulate, apply, train …")
-    seconds["after_data"] = _make_data(after_fraudmesh, after_var, work, "after", here)
+    seconds["after_data"] = _make_data(after_fraudmesh, after_var, work, "after", here, end)
     after_scores_path = work / "after-scores.parquet"
     seconds["after_train"] = _run(
         [str(after_fraudmesh), "train", "--var-dir", str(after_var),
@@ -262,7 +267,7 @@ def run(before_checkout: Path, work: Path) -> dict[str, object]:
     )  # fmt: skip
     print("before: simulate, apply, train …")
     seconds["before_data"] = _make_data(
-        before_venv / "fraudmesh", before_var, work, "before", before_checkout
+        before_venv / "fraudmesh", before_var, work, "before", before_checkout, end
     )
     seconds["before_train"] = _run(
         [str(before_venv / "fraudmesh"), "train", "--var-dir", str(before_var)],
@@ -318,6 +323,7 @@ def run(before_checkout: Path, work: Path) -> dict[str, object]:
     spread = paired_bootstrap(before_scores, after_scores)
     return {
         "seed": SEED,
+        "end": end.isoformat(),
         "data": data,
         "periods": {
             "test": [window["test_from"], window["test_until"]],
@@ -366,7 +372,8 @@ def markdown(results: dict[str, object]) -> str:
     assert isinstance(periods, dict) and isinstance(data, dict)
     test = periods["test"]
     lines = [
-        f"Default simulated data (seed {results['seed']}): {data['transactions']:,} transactions, "
+        f"Default simulated data (seed {results['seed']}, window ending {results['end']}): "
+        f"{data['transactions']:,} transactions, "
         f"{data['frauds']:,} frauds, identical in both checkouts. Test period "
         f"{test[0][:10]} → {test[1][:10]} (exclusive): {after['test_rows']:,} payments, "
         f"{after['test_frauds']:,} frauds, the same rows for both; every figure below is "
@@ -429,11 +436,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--before", type=Path, required=True, help="a checkout of the earlier commit, installed"
     )
+    parser.add_argument(
+        "--end",
+        type=date.fromisoformat,
+        default=datetime.now(UTC).date(),
+        help="the simulated window's end (YYYY-MM-DD, exclusive; default today, as make data)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality-before-after")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fraudmesh-quality-", dir=args.work) as tmp:
-        results = run(args.before.resolve(), Path(tmp))
+        results = run(args.before.resolve(), Path(tmp), args.end)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     table = markdown(results)
