@@ -100,6 +100,7 @@ print(json.dumps({
         "test_until": metadata.training_window.end.isoformat(),
     },
     "trees": booster.num_trees(),
+    "features": list(metadata.feature_order),
 }))
 """
 
@@ -340,12 +341,14 @@ def run(before_checkout: Path, work: Path, end: date) -> dict[str, object]:
         "before": {
             "commit": _commit(before_checkout),
             "trees": before_check["trees"],
+            "features": before_check["features"],
             "recorded": before_check["recorded"],
             **before,
         },
         "after": {
             "commit": _commit(here),
             "selection": selection,
+            "features": list(after_meta.feature_order),
             "recorded": {k: recorded_after[k] for k in ("roc_auc", "pr_auc")},
             **after,
         },
@@ -420,12 +423,17 @@ def markdown(results: dict[str, object]) -> str:
         f"{c['validation_average_precision']:.4f}"
         for c in after["selection"]
     )
+    added = [name for name in after["features"] if name not in before["features"]]
+    dropped = [name for name in before["features"] if name not in after["features"]]
     lines += [
         "",
-        f"- before: {before['trees']} trees (fixed), fitted on {train_b[0][:10]} → "
-        f"{train_b[1][:10]}; its review threshold was chosen on the test period.",
-        f"- after: fitted on {train_a[0][:10]} → {train_a[1][:10]}, model and thresholds chosen "
-        f"on the validation period {valid_a[0][:10]} → {valid_a[1][:10]} ({chosen}).",
+        f"- before: {len(before['features'])} model features, {before['trees']} trees (fixed), "
+        f"fitted on {train_b[0][:10]} → {train_b[1][:10]}; its review threshold was chosen on "
+        "the test period.",
+        f"- after: {len(after['features'])} model features, fitted on {train_a[0][:10]} → "
+        f"{train_a[1][:10]}, model and thresholds chosen on the validation period "
+        f"{valid_a[0][:10]} → {valid_a[1][:10]} ({chosen}).",
+        f"- features added: {', '.join(added) or 'none'}; dropped: {', '.join(dropped) or 'none'}.",
     ]
     return "\n".join(lines) + "\n"
 
