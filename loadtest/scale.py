@@ -55,6 +55,7 @@ class Command:
     """One child process's cost."""
 
     argv: list[str]
+    """The command as a user types it (scratch paths shown as FILE, VAR, SCORES)."""
     wall_s: float
     cpu_s: float
     peak_rss_mb: float
@@ -72,6 +73,10 @@ class Run:
     days: int
     file_mb: float
     simulate_s: float
+    entities: dict[str, int] = field(default_factory=dict)
+    """Distinct cards, merchants and terminals: the online store's rows."""
+    dataset_mb: dict[str, float] = field(default_factory=dict)
+    """Size of each Parquet file of the imported dataset (transactions, feature tables)."""
     data_import: Command | None = None
     train: Command | None = None
     test_rows: int = 0
@@ -107,7 +112,13 @@ def _fraudmesh() -> str:
     return found
 
 
-def _run(argv: list[str], log: Path) -> Command:
+def _shown(argv: list[str], names: dict[Path, str]) -> list[str]:
+    """``argv`` without this machine's paths: the program's name, placeholders for files."""
+    shown = {str(path): name for path, name in names.items()}
+    return [Path(argv[0]).name, *(shown.get(arg, arg) for arg in argv[1:])]
+
+
+def _run(argv: list[str], log: Path, names: dict[Path, str]) -> Command:
     """Runs ``argv`` to completion; its wall and CPU time and peak RSS from wait4."""
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -119,7 +130,7 @@ def _run(argv: list[str], log: Path) -> Command:
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}); see {log}")
     return Command(
-        argv=argv,
+        argv=_shown(argv, names),
         wall_s=round(wall, 1),
         cpu_s=round(usage.ru_utime + usage.ru_stime, 1),
         peak_rss_mb=round(usage.ru_maxrss / 1024),
@@ -141,16 +152,27 @@ def measure(rows: int, work: Path) -> Run:
         days=params.days,
         file_mb=round(source.stat().st_size / 2**20, 1),
         simulate_s=round(time.perf_counter() - started, 1),
+        entities={
+            name: int(sim.transactions[f"{name}_id"].nunique())
+            for name in ("card", "merchant", "terminal")
+        },
     )
     del sim
     var_dir = work / f"var-{rows}"
     fraudmesh = _fraudmesh()
+    scores = work / f"scores-{rows}.parquet"
+    names = {source: "FILE", var_dir: "VAR", scores: "SCORES"}
     print(f"{run.rows:,} rows ({run.customers:,} customers, {run.days} days): importing …")
     run.data_import = _run(
         [fraudmesh, "data", "import", str(source), "--var-dir", str(var_dir)],
         work / f"import-{rows}.log",
+        names,
     )
     manifest = json.loads((var_dir / "data" / layout.MANIFEST_FILE).read_text())
+    run.dataset_mb = {
+        name: round((var_dir / "data" / name).stat().st_size / 2**20, 1)
+        for name in layout.DATA_FILES
+    }
     run.data_import.steps = dict(manifest["seconds"])
     inside = sum(run.data_import.steps.values())
     # Feast apply and materialize, plus interpreter start-up.
@@ -158,10 +180,10 @@ def measure(rows: int, work: Path) -> Run:
     print(
         f"  import {run.data_import.wall_s:.0f} s, {run.data_import.peak_rss_mb:.0f} MB; training …"
     )
-    scores = work / f"scores-{rows}.parquet"
     run.train = _run(
         [fraudmesh, "train", "--var-dir", str(var_dir), "--scores-out", str(scores)],
         work / f"train-{rows}.log",
+        names,
     )
     metadata, folder = repository.load(var_dir / "models")
     run.train.steps = json.loads((folder / "timings.json").read_text())
@@ -204,8 +226,9 @@ def markdown(runs: Sequence[Run]) -> str:
             f"{c['num_leaves']:.0f} leaves: {c['trees']:.0f} trees" for c in r.selection
         )
         fitted = r.selection[0]["fit_rows"] if r.selection else 0
+        entities = ", ".join(f"{n:,} {name}s" for name, n in r.entities.items())
         lines.append(
-            f"- {r.rows:,} rows: import: {steps}; train: {train_steps} "
+            f"- {r.rows:,} rows ({entities}): import: {steps}; train: {train_steps} "
             f"(fitted on {fitted:,.0f} rows; {grown})"
         )
     return "\n".join(lines) + "\n"
