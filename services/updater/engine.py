@@ -266,7 +266,7 @@ class LiveAggregator:
         if card.evicted_by_cap:
             out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
         merchant = apply_merchant(self._merchants.get(tx.merchant_id), tx)
-        counted = merchant.change in _COUNTED
+        merchant_counted = merchant.change in _COUNTED
         out.changes.append((View.MERCHANT, merchant.change))
         if merchant.evicted_by_cap:
             out.evicted_by_cap.append((View.MERCHANT, merchant.evicted_by_cap))
@@ -280,7 +280,9 @@ class LiveAggregator:
         terminal_counted = terminal is not None and terminal.change in _COUNTED
         merchant_row_ = merchant.row
         terminal_row_ = None if terminal is None else terminal.row
-        if counted or terminal_counted:
+        # A terminal's horizon follows its own newest event: it may count a late transaction
+        # its merchant finds too old, and an outcome of it must still find the terminal.
+        if merchant_counted or terminal_counted:
             t_us = round(tx.timestamp_s * _US)
             self._index[tx.transaction_id] = (tx.merchant_id, terminal_id, t_us)
             self._newest_us = max(self._newest_us, t_us)
@@ -290,7 +292,7 @@ class LiveAggregator:
                 label = apply_label(merchant.state, tx.transaction_id, held.is_fraud, reported_s)
                 out.changes.append((View.MERCHANT, label.change))
                 merchant_row_ = label.row
-                counted = counted or label.change in _CHANGED
+                merchant_counted = merchant_counted or label.change in _CHANGED
                 if terminal is not None:
                     at = apply_terminal_label(
                         terminal.state, tx.transaction_id, held.is_fraud, reported_s
@@ -298,7 +300,9 @@ class LiveAggregator:
                     out.changes.append((View.TERMINAL, at.change))
                     terminal_row_ = at.row
                     terminal_counted = terminal_counted or at.change in _CHANGED
-        self._merchants.put(tx.merchant_id, merchant.state, merchant_row_, seq if counted else None)
+        self._merchants.put(
+            tx.merchant_id, merchant.state, merchant_row_, seq if merchant_counted else None
+        )
         if terminal is not None:
             self._terminals.put(
                 terminal_id, terminal.state, terminal_row_, seq if terminal_counted else None
