@@ -1,4 +1,5 @@
-"""The live writer of the online store: card and merchant rows as the feature updater computes them.
+"""The live writer of the online store: card, merchant and terminal rows as the feature updater
+computes them.
 
 Rows are written in the layout materialization writes and ``OnlineFeatureReader`` reads:
 the same entity keys, value types (Int64 or Float64 per the view's schema; a NaN code
@@ -50,14 +51,21 @@ class Row(NamedTuple):
     """One entity's features as of its newest transaction."""
 
     entity_id: str
-    """The card_id or merchant_id."""
+    """The card_id, merchant_id or terminal_id."""
     event_s: float
     """Epoch seconds of the entity's newest transaction (the row's event timestamp)."""
     values: dict[str, float]
-    """Feature name → value (``aggregation.card_row`` / ``merchant_row``)."""
+    """Feature name → value (``aggregation.card_row`` / ``merchant_row`` / ``terminal_row``)."""
 
 
 _FeastRow = tuple[EntityKey, dict[str, Value], datetime, datetime | None]
+
+_VIEWS = (
+    (featurespec.CARD_VIEW, "card_id", featurespec.CARD_FEATURES),
+    (featurespec.MERCHANT_VIEW, "merchant_id", featurespec.MERCHANT_FEATURES),
+    (featurespec.TERMINAL_VIEW, "terminal_id", featurespec.TERMINAL_FEATURES),
+)
+"""Each view the updater writes: its name, join key and features."""
 
 
 class _ViewWriter:
@@ -101,7 +109,8 @@ class _ViewWriter:
 
 
 class OnlineFeatureWriter:
-    """Writes card and merchant rows to the configured online store (see the module doc).
+    """Writes card, merchant and terminal rows to the configured online store (see the module
+    doc).
 
     Not thread-safe: one thread (the updater's loop) writes.
     """
@@ -111,36 +120,36 @@ class OnlineFeatureWriter:
             _use_wal(settings)
         self._store = feature_store(settings, read_timeout_ms=timeout_ms, skip_dedup=True)
         try:
-            card_view = self._store.get_feature_view(featurespec.CARD_VIEW)
-            merchant_view = self._store.get_feature_view(featurespec.MERCHANT_VIEW)
+            views = tuple(
+                (self._store.get_feature_view(view), key, names) for view, key, names in _VIEWS
+            )
         except Exception as error:
             raise not_applied(settings) from error
-        self._card = _ViewWriter(card_view, "card_id", featurespec.CARD_FEATURES)
-        self._merchant = _ViewWriter(merchant_view, "merchant_id", featurespec.MERCHANT_FEATURES)
+        self._views = tuple(_ViewWriter(view, key, names) for view, key, names in views)
+        """Card, merchant and terminal, the order ``write`` takes their rows in."""
         self._config = self._store.config
         self._online = feast_internals.online_store(self._store)
-        self._redis_fields: tuple[list[str | bytes], list[str | bytes]] | None = None
+        self._redis_fields: tuple[list[str | bytes], ...] | None = None
         if isinstance(self._online, SqliteOnlineStore):
             connection = feast_internals.sqlite_connection(self._online, self._config)
             connection.execute("PRAGMA synchronous=NORMAL")
         elif isinstance(self._online, RedisOnlineStore):
-            self._redis_fields = (
-                feast_internals.redis_hash_fields(
-                    self._online, self._config, card_view, featurespec.CARD_FEATURES
-                ),
-                feast_internals.redis_hash_fields(
-                    self._online, self._config, merchant_view, featurespec.MERCHANT_FEATURES
-                ),
+            self._redis_fields = tuple(
+                feast_internals.redis_hash_fields(self._online, self._config, view, names)
+                for view, _, names in views
             )
 
-    def write(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
+    def write(
+        self, cards: Sequence[Row], merchants: Sequence[Row], terminals: Sequence[Row] = ()
+    ) -> None:
         """Writes the rows (one batch, or one per view); raises ``Unavailable`` when the store
         cannot take them (nothing is assumed written then: write them again)."""
+        per_view = (cards, merchants, terminals)
         try:
             if self._redis_fields is not None:
-                self._write_redis(cards, merchants)
+                self._write_redis(per_view)
                 return
-            for writer, rows in ((self._card, cards), (self._merchant, merchants)):
+            for writer, rows in zip(self._views, per_view, strict=True):
                 if rows:
                     self._online.online_write_batch(
                         self._config, writer.view, writer.data(rows), None
@@ -150,15 +159,12 @@ class OnlineFeatureWriter:
                 f"online store write failed: {type(error).__name__}: {error}"
             ) from error
 
-    def _write_redis(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
+    def _write_redis(self, per_view: tuple[Sequence[Row], ...]) -> None:
         online = self._online
         assert isinstance(online, RedisOnlineStore) and self._redis_fields is not None
         client = feast_internals.redis_client(online, self._config)
         with client.pipeline(transaction=False) as pipe:
-            for writer, fields, rows in (
-                (self._card, self._redis_fields[0], cards),
-                (self._merchant, self._redis_fields[1], merchants),
-            ):
+            for writer, fields, rows in zip(self._views, self._redis_fields, per_view, strict=True):
                 if not rows:
                     continue
                 keys = feast_internals.redis_keys(

@@ -1,4 +1,4 @@
-"""The live feature updater: decision and outcome events in, card and merchant rows out.
+"""The live feature updater: decision and outcome events in, card, merchant and terminal rows out.
 
 It consumes the event log (group ``feature-updater``), applies the incremental aggregation
 of ``domain.aggregation`` to per-entity states seeded from the batch history, writes the

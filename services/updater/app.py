@@ -1,6 +1,7 @@
 """The live feature updater as a Service for the shared runtime.
 
-Start: open the state file, seed it from the dataset's history when it is new or the
+Start: open the state file (a file of the format before terminals is migrated, its terminal
+states seeded from the history), seed it from the dataset's history when it is new or the
 dataset changed (``seed.py``), open the online-store writer, and run the consume loop
 (``loop.py``) on its own thread. The server only answers health checks (and reflection):
 NOT_SERVING until the loop is connected to the log and the store and has caught up with the
@@ -16,6 +17,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 
 import grpc
 
@@ -28,7 +30,7 @@ from services.updater.engine import LiveAggregator
 from services.updater.loop import UpdateLoop
 from services.updater.metrics import UpdaterMetrics
 from services.updater.settings import UpdaterSettings
-from services.updater.state import StateStore
+from services.updater.state import TERMINALS_SEEDED, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,8 @@ SEED_KEY = "seed"
 
 
 class UpdaterApp:
-    """Consumes decision and outcome events into the online store's card and merchant rows."""
+    """Consumes decision and outcome events into the online store's card, merchant and
+    terminal rows."""
 
     name = "updater"
 
@@ -120,6 +123,8 @@ class UpdaterApp:
         current = seed.fingerprint(path) if path.is_file() else "none"
         held = state.meta(SEED_KEY)
         if held == current:
+            if state.meta(TERMINALS_SEEDED) is None:
+                self._seed_terminals(state, path, current)
             log.info("entity states resume", extra=state.counts())
             return
         if held is not None:
@@ -133,12 +138,38 @@ class UpdaterApp:
         else:
             history = seed.replay(pd.read_parquet(path))
             state.save(
-                ((k, s.to_bytes()) for k, s in history.cards.items()),
-                ((k, s.to_bytes()) for k, s in history.merchants.items()),
-                history.transactions,
+                cards=((k, s.to_bytes()) for k, s in history.cards.items()),
+                merchants=((k, s.to_bytes()) for k, s in history.merchants.items()),
+                terminals=((k, s.to_bytes()) for k, s in history.terminals.items()),
+                transactions=history.transactions,
                 live=False,
             )
         state.set_meta(SEED_KEY, current)
+        state.set_meta(TERMINALS_SEEDED, current)
+
+    def _seed_terminals(self, state: StateStore, path: Path, current: str) -> None:
+        """Seeds the terminal states of a file that has none (written before terminals were
+        kept): the live card and merchant states stay, the terminals start from the history.
+
+        Decisions the earlier version applied are not in the terminal states (it kept none),
+        except those its journal still holds, which are applied again at start; the online
+        terminal rows are the materialized batch rows until each terminal's next event."""
+        import pandas as pd
+
+        log.warning(
+            "the state file has no terminal states: seeding them from the history; "
+            "decisions applied before this version count in the terminals' rows only from "
+            "the batch tables",
+            extra={"migrated_from_format": state.migrated_from, "dataset": current},
+        )
+        if current != "none":
+            history = seed.replay(pd.read_parquet(path), terminals_only=True)
+            state.save(
+                terminals=((k, s.to_bytes()) for k, s in history.terminals.items()),
+                transactions=history.transactions,
+                live=False,
+            )
+        state.set_meta(TERMINALS_SEEDED, current)
 
     def ready(self) -> bool:
         """Connected, caught up and the loop thread alive (the runtime follows this)."""

@@ -1,9 +1,11 @@
 """The live aggregation: decision and outcome events in, changed entity states and rows out.
 
-``LiveAggregator`` keeps the card and merchant states in memory (least recently used ones
-beyond ``cache_max`` are left to the state file), applies each event with the incremental
-functions of ``domain.aggregation`` and remembers which entities' rows must be written
-(``rows``, ``rows_written``).
+``LiveAggregator`` keeps the card, merchant and terminal states in memory (least recently
+used ones beyond ``cache_max`` per view are left to the state file), applies each event with
+the incremental functions of ``domain.aggregation`` and remembers which entities' rows must
+be written (``rows``, ``rows_written``). A terminal's state is a ``MerchantState`` with the
+same risk windows and label delay; a decision counts in its terminal only when it names one
+(``terminal_id`` is empty otherwise).
 
 Durability is a journal plus snapshots, both in the state file (``state.py``):
 
@@ -21,10 +23,11 @@ second would cost hundreds of microseconds per event), and after a crash the sta
 of the last checkpoint, from which the log resumes.
 
 Outcomes are keyed on the log by transaction, decisions by card: on a partitioned log an
-outcome can arrive before its decision. The aggregator finds an outcome's merchant through
-the transaction index; an outcome for a transaction it has not seen yet is held (at most
-``max_pending_labels``, oldest report dropped first) and applied when the decision comes.
-A DISPUTED outcome is no label: the merchant fraud rate waits for FRAUD or LEGITIMATE.
+outcome can arrive before its decision. The aggregator finds an outcome's merchant and
+terminal through the transaction index; an outcome for a transaction it has not seen yet is
+held (at most ``max_pending_labels``, oldest report dropped first) and applied to both when
+the decision comes. A DISPUTED outcome is no label: the fraud rates wait for FRAUD or
+LEGITIMATE.
 
 No I/O besides the state store, no clock reads besides the snapshot budget, no transport:
 tested without servers.
@@ -37,13 +40,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from fraud.v1 import events_pb2, outcomes_pb2
 from services.domain import featurespec
 from services.domain.aggregation import (
     CardState,
     Change,
+    Events,
     FeatureRow,
     Label,
     MerchantState,
@@ -51,8 +55,11 @@ from services.domain.aggregation import (
     apply_card,
     apply_label,
     apply_merchant,
+    apply_terminal,
+    apply_terminal_label,
     card_row,
     merchant_row,
+    terminal_row,
 )
 from services.featurestore.writer import Row
 from services.updater.state import StateStore
@@ -62,6 +69,8 @@ _NANOS_PER_US = 1_000
 
 
 class _State(Protocol):
+    events: Events
+
     def to_bytes(self) -> bytes: ...
 
 
@@ -73,6 +82,7 @@ class View(enum.StrEnum):
 
     CARD = "card"
     MERCHANT = "merchant"
+    TERMINAL = "terminal"
 
 
 class _Cache(Generic[S]):
@@ -153,7 +163,7 @@ def transaction_of(event: events_pb2.DecisionEvent) -> TransactionEvent:
     """The incremental path's view of a decision: the request's fields, no label.
 
     Countries and merchant category are not part of a request: the states keep the latest
-    ones the history knew (``LatestCode``)."""
+    ones the history knew (``LatestCode``). An empty ``terminal_id`` names no terminal."""
     return TransactionEvent(
         transaction_id=event.transaction_id,
         timestamp_s=_micros(event.timestamp) / _US,
@@ -164,11 +174,23 @@ def transaction_of(event: events_pb2.DecisionEvent) -> TransactionEvent:
         channel=(
             featurespec.CARD_NOT_PRESENT if event.card_not_present else featurespec.CARD_PRESENT
         ),
+        terminal_id=event.terminal_id or None,
     )
 
 
+class RowBatch(NamedTuple):
+    """The rows to write, per view."""
+
+    cards: list[Row]
+    merchants: list[Row]
+    terminals: list[Row]
+
+
 _COUNTED = (Change.APPLIED, Change.LATE)
+_CHANGED = (Change.APPLIED, Change.PENDING)
+"""What a label does to a state that must be saved."""
 _MERCHANT_HORIZON_US = MerchantState().horizon_us
+"""Also a terminal's: its state is a MerchantState with the same windows and delay."""
 
 
 class LiveAggregator:
@@ -185,11 +207,18 @@ class LiveAggregator:
         self._store = store
         self._cards: _Cache[CardState] = _Cache(store.card, cache_max)
         self._merchants: _Cache[MerchantState] = _Cache(store.merchant, cache_max)
+        self._terminals: _Cache[MerchantState] = _Cache(store.terminal, cache_max)
+        self._caches: dict[View, _Cache[CardState] | _Cache[MerchantState]] = {
+            View.CARD: self._cards,
+            View.MERCHANT: self._merchants,
+            View.TERMINAL: self._terminals,
+        }
         self._max_pending = max_pending_labels
         self._snapshot_budget_s = snapshot_budget_s
         self._journal_max = journal_max_events
-        self._index: dict[str, tuple[str, int]] = {}
-        """Transactions counted since the last checkpoint: id → (merchant, t_us)."""
+        self._index: dict[str, tuple[str, str, int]] = {}
+        """Transactions counted since the last checkpoint: id → (merchant, terminal or '',
+        t_us)."""
         self._pending: dict[str, Label] = dict(store.pending_labels())
         self._released: set[str] = set()
         self._held: set[str] = set()
@@ -220,11 +249,12 @@ class LiveAggregator:
         return self._outcome(envelope.outcome, seq)
 
     def apply_decision(self, event: events_pb2.DecisionEvent) -> Applied:
-        """Counts one decided transaction in its card's and merchant's states."""
+        """Counts one decided transaction in its card's, merchant's and terminal's states."""
         return self.apply(events_pb2.EventEnvelope(decision=event))
 
     def apply_outcome(self, event: events_pb2.OutcomeEvent) -> Applied:
-        """Applies a FRAUD or LEGITIMATE outcome to its merchant's fraud-rate state."""
+        """Applies a FRAUD or LEGITIMATE outcome to its merchant's and terminal's fraud-rate
+        states."""
         return self.apply(events_pb2.EventEnvelope(outcome=event))
 
     def _decision(self, event: events_pb2.DecisionEvent, seq: int) -> Applied:
@@ -233,28 +263,50 @@ class LiveAggregator:
         card = apply_card(self._cards.get(tx.card_id), tx)
         self._cards.put(tx.card_id, card.state, card.row, seq if card.change in _COUNTED else None)
         out.changes.append((View.CARD, card.change))
+        if card.evicted_by_cap:
+            out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
         merchant = apply_merchant(self._merchants.get(tx.merchant_id), tx)
-        counted = merchant.change in _COUNTED
-        row = merchant.row
-        for view, evicted in (
-            (View.CARD, card.evicted_by_cap),
-            (View.MERCHANT, merchant.evicted_by_cap),
-        ):
-            if evicted:
-                out.evicted_by_cap.append((view, evicted))
+        merchant_counted = merchant.change in _COUNTED
         out.changes.append((View.MERCHANT, merchant.change))
-        if counted:
+        if merchant.evicted_by_cap:
+            out.evicted_by_cap.append((View.MERCHANT, merchant.evicted_by_cap))
+        terminal_id = tx.terminal_id or ""
+        terminal = None
+        if terminal_id:
+            terminal = apply_terminal(self._terminals.get(terminal_id), tx)
+            out.changes.append((View.TERMINAL, terminal.change))
+            if terminal.evicted_by_cap:
+                out.evicted_by_cap.append((View.TERMINAL, terminal.evicted_by_cap))
+        terminal_counted = terminal is not None and terminal.change in _COUNTED
+        merchant_row_ = merchant.row
+        terminal_row_ = None if terminal is None else terminal.row
+        # A terminal's horizon follows its own newest event: it may count a late transaction
+        # its merchant finds too old, and an outcome of it must still find the terminal.
+        if merchant_counted or terminal_counted:
             t_us = round(tx.timestamp_s * _US)
-            self._index[tx.transaction_id] = (tx.merchant_id, t_us)
+            self._index[tx.transaction_id] = (tx.merchant_id, terminal_id, t_us)
             self._newest_us = max(self._newest_us, t_us)
             held = self._take_pending(tx.transaction_id)
             if held is not None:
-                label = apply_label(
-                    merchant.state, tx.transaction_id, held.is_fraud, held.reported_us / _US
-                )
+                reported_s = held.reported_us / _US
+                label = apply_label(merchant.state, tx.transaction_id, held.is_fraud, reported_s)
                 out.changes.append((View.MERCHANT, label.change))
-                row = label.row
-        self._merchants.put(tx.merchant_id, merchant.state, row, seq if counted else None)
+                merchant_row_ = label.row
+                merchant_counted = merchant_counted or label.change in _CHANGED
+                if terminal is not None:
+                    at = apply_terminal_label(
+                        terminal.state, tx.transaction_id, held.is_fraud, reported_s
+                    )
+                    out.changes.append((View.TERMINAL, at.change))
+                    terminal_row_ = at.row
+                    terminal_counted = terminal_counted or at.change in _CHANGED
+        self._merchants.put(
+            tx.merchant_id, merchant.state, merchant_row_, seq if merchant_counted else None
+        )
+        if terminal is not None:
+            self._terminals.put(
+                terminal_id, terminal.state, terminal_row_, seq if terminal_counted else None
+            )
         return out
 
     def _outcome(self, event: events_pb2.OutcomeEvent, seq: int) -> Applied:
@@ -267,22 +319,29 @@ class LiveAggregator:
             return out  # disputed (or unknown): not a label
         tid = event.transaction_id
         label = Label(is_fraud, _micros(event.reported_at))
-        merchant_id = self._merchant_of(tid)
-        if merchant_id is None:
+        entities = self._entities_of(tid)
+        if entities is None:
             out.changes.append((View.MERCHANT, self._hold(tid, label)))
             return out
-        state = self._merchants.get(merchant_id)
-        update = apply_label(state, tid, label.is_fraud, label.reported_us / _US)
-        changed = update.change is Change.APPLIED or update.change is Change.PENDING
+        merchant_id, terminal_id = entities
+        reported_s = label.reported_us / _US
+        update = apply_label(self._merchants.get(merchant_id), tid, is_fraud, reported_s)
+        changed = update.change in _CHANGED
         self._merchants.put(merchant_id, update.state, update.row, seq if changed else None)
         out.changes.append((View.MERCHANT, update.change))
+        if terminal_id:
+            at = apply_terminal_label(self._terminals.get(terminal_id), tid, is_fraud, reported_s)
+            changed = at.change in _CHANGED
+            self._terminals.put(terminal_id, at.state, at.row, seq if changed else None)
+            out.changes.append((View.TERMINAL, at.change))
         return out
 
-    def _merchant_of(self, tid: str) -> str | None:
+    def _entities_of(self, tid: str) -> tuple[str, str] | None:
+        """The merchant and terminal ('' for none) of a counted transaction."""
         recent = self._index.get(tid)
         if recent is not None:
-            return recent[0]
-        return self._store.merchant_of(tid)
+            return recent[0], recent[1]
+        return self._store.entities_of(tid)
 
     def _hold(self, tid: str, label: Label) -> Change:
         held = self._pending.get(tid)
@@ -336,10 +395,12 @@ class LiveAggregator:
         their next event. Entities only the seed knows have the batch rows already.
         """
         counts = {}
-        for view, cache, states in (
-            (View.CARD, self._cards, self._store.live_cards()),
-            (View.MERCHANT, self._merchants, self._store.live_merchants()),
+        for view, states in (
+            (View.CARD, self._store.live_cards()),
+            (View.MERCHANT, self._store.live_merchants()),
+            (View.TERMINAL, self._store.live_terminals()),
         ):
+            cache = self._caches[view]
             n = 0
             for key, state in states:
                 if key not in cache.unsaved:  # the journal brought a newer state
@@ -350,31 +411,23 @@ class LiveAggregator:
 
     # --- rows and checkpoints ----------------------------------------------------------
 
-    def rows(self) -> tuple[list[Row], list[Row]]:
+    def rows(self) -> RowBatch:
         """The current rows of every entity an event reached since ``rows_written``."""
-        cards = []
-        for key, known in self._cards.touched.items():
-            card = self._cards.peek(key)
-            row = known if known is not None else card_row(card)
-            if row is not None:
-                cards.append(Row(key, card.events.times_us[-1] / _US, row))
-        merchants = []
-        for key, known in self._merchants.touched.items():
-            merchant = self._merchants.peek(key)
-            row = known if known is not None else merchant_row(merchant)
-            if row is not None:
-                merchants.append(Row(key, merchant.events.times_us[-1] / _US, row))
-        return cards, merchants
+        return RowBatch(
+            _rows(self._cards, card_row),
+            _rows(self._merchants, merchant_row),
+            _rows(self._terminals, terminal_row),
+        )
 
     def rows_written(self) -> None:
         """Marks the rows ``rows`` gave as stored."""
-        self._cards.touched.clear()
-        self._merchants.touched.clear()
+        for cache in self._caches.values():
+            cache.touched.clear()
 
     @property
     def rows_pending(self) -> bool:
         """True when entities were reached whose rows were not taken yet."""
-        return bool(self._cards.touched or self._merchants.touched)
+        return any(cache.touched for cache in self._caches.values())
 
     def checkpoint(self) -> None:
         """Journals the events applied since the last checkpoint, with the new index entries,
@@ -384,17 +437,18 @@ class LiveAggregator:
         if self._newest_us:
             prune = self._newest_us - _MERCHANT_HORIZON_US
             # A label reported at r is for a transaction at or before r: once r is beyond
-            # every merchant window, that transaction can only come too old.
+            # every merchant (and terminal) window, that transaction can only come too old.
             for tid in [k for k, v in self._pending.items() if v.reported_us <= prune]:
                 self._drop_pending(tid)
                 self.labels_dropped += 1
-        cards, merchants = self._snapshots()
-        oldest = [s for s in (self._cards.oldest_unsaved(), self._merchants.oldest_unsaved()) if s]
+        snapshots = self._snapshots()
+        oldest = [s for c in self._caches.values() if (s := c.oldest_unsaved()) is not None]
         keep_from = min(oldest) if oldest else self._seq + 1
         self._store.save(
-            cards=cards,
-            merchants=merchants,
-            transactions=[(tid, m, t) for tid, (m, t) in self._index.items()],
+            cards=snapshots[View.CARD],
+            merchants=snapshots[View.MERCHANT],
+            terminals=snapshots[View.TERMINAL],
+            transactions=[(tid, m, t, t_us) for tid, (m, t, t_us) in self._index.items()],
             labels_held=[(k, self._pending[k]) for k in self._held if k in self._pending],
             labels_released=self._released - self._held,
             prune_before_us=prune,
@@ -407,28 +461,28 @@ class LiveAggregator:
         self._held.clear()
         self._released.clear()
         self.applied_since_checkpoint = 0
-        self._cards.trim()
-        self._merchants.trim()
+        for cache in self._caches.values():
+            cache.trim()
 
-    def _snapshots(self) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    def _snapshots(self) -> dict[View, list[tuple[str, bytes]]]:
         """Serializes the entities with the oldest unsaved changes, within the budget (or until
         the journal is short enough)."""
-        cards: list[tuple[str, bytes]] = []
-        merchants: list[tuple[str, bytes]] = []
+        out: dict[View, list[tuple[str, bytes]]] = {view: [] for view in self._caches}
         deadline = time.perf_counter() + self._snapshot_budget_s
         while True:
-            card_seq, merchant_seq = self._cards.oldest_unsaved(), self._merchants.oldest_unsaved()
-            if card_seq is None and merchant_seq is None:
+            oldest: tuple[int, View] | None = None
+            for view, cache in self._caches.items():
+                seq = cache.oldest_unsaved()
+                # Ties go to the view listed first (cards, then merchants, then terminals).
+                if seq is not None and (oldest is None or seq < oldest[0]):
+                    oldest = (seq, view)
+            if oldest is None:
                 break
-            oldest = min(s for s in (card_seq, merchant_seq) if s is not None)
-            backlog = self._seq - oldest
+            backlog = self._seq - oldest[0]
             if time.perf_counter() >= deadline and backlog <= self._journal_max:
                 break
-            if merchant_seq is not None and (card_seq is None or merchant_seq <= card_seq):
-                merchants.append(self._merchants.snapshot_oldest())
-            else:
-                cards.append(self._cards.snapshot_oldest())
-        return cards, merchants
+            out[oldest[1]].append(self._caches[oldest[1]].snapshot_oldest())
+        return out
 
     def snapshot_all(self) -> None:
         """Snapshots every changed entity and empties the journal (on an orderly stop)."""
@@ -440,7 +494,7 @@ class LiveAggregator:
 
     def sizes(self) -> dict[View, int]:
         """States held in memory per view."""
-        return {View.CARD: len(self._cards), View.MERCHANT: len(self._merchants)}
+        return {view: len(cache) for view, cache in self._caches.items()}
 
     @property
     def journal_events(self) -> int:
@@ -451,3 +505,14 @@ class LiveAggregator:
     def pending_labels(self) -> int:
         """Outcomes held for transactions not seen yet."""
         return len(self._pending)
+
+
+def _rows(cache: _Cache[S], compute: Callable[[S], FeatureRow | None]) -> list[Row]:
+    """The rows of the entities of one view an event reached (computed when not known)."""
+    out = []
+    for key, known in cache.touched.items():
+        state = cache.peek(key)
+        row = known if known is not None else compute(state)
+        if row is not None:
+            out.append(Row(key, state.events.times_us[-1] / _US, row))
+    return out

@@ -46,7 +46,9 @@ _NANOS = 1e9
 class RowWriter(Protocol):
     """Where rows go: the online store (``featurestore.writer.OnlineFeatureWriter``)."""
 
-    def write(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
+    def write(
+        self, cards: Sequence[Row], merchants: Sequence[Row], terminals: Sequence[Row]
+    ) -> None:
         """Stores the rows or raises ``Unavailable``."""
         ...
 
@@ -175,8 +177,8 @@ class UpdateLoop:
             m.evicted_by_cap.labels(view.value).inc(evicted)
 
     def _write_rows(self) -> None:
-        cards, merchants = self._agg.rows()
-        self._writer.write(cards, merchants)
+        rows = self._agg.rows()
+        self._writer.write(rows.cards, rows.merchants, rows.terminals)
         self._agg.rows_written()
         self._store_ok = True
         self._recovered("online_store")

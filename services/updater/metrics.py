@@ -8,6 +8,8 @@ import time
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from services.updater.engine import View
+
 # Fine steps up to the 50 ms freshness target, coarse beyond it.
 _FRESHNESS_BUCKETS = (
     0.005,
@@ -29,7 +31,8 @@ _FRESHNESS_BUCKETS = (
     2.5,
     10.0,
 )
-_VIEWS = ("card", "merchant")
+_VIEWS = tuple(view.value for view in View)
+"""card, merchant, terminal: each has its freshness from the start (NaN until an event)."""
 
 
 class UpdaterMetrics:

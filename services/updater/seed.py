@@ -5,13 +5,15 @@ updater must start from the states that produced them. Those cannot be recovered
 feature tables (a window's count says nothing about when its events leave the window), so
 they are rebuilt from the dataset's raw transactions: every transaction is applied in time
 order with the same incremental functions the live path runs (``aggregation.apply_card``,
-``apply_merchant``, ``apply_label``), which ``tests/unit/test_aggregation.py`` holds equal
-to the batch tables. The result is exactly the state a stream of the whole history would
+``apply_merchant``, ``apply_terminal`` for those that name a terminal, ``apply_label``,
+``apply_terminal_label``), which ``tests/unit/test_aggregation.py`` holds equal to the batch
+tables. The result is exactly the state a stream of the whole history would
 have left, evictions and caps included. Labels count as the batch counts them: reported at
 ``fraud_reported_at`` when the dataset has it, else one label delay after the transaction.
 
-The transaction index (transaction → merchant, for outcomes of historical transactions)
-is filled from the same replay, within the merchant horizon.
+The transaction index (transaction → merchant and terminal, for outcomes of historical
+transactions) is filled from the same replay: the transactions the merchant and terminal
+states still hold.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from services.domain.aggregation import (
     apply_card,
     apply_label,
     apply_merchant,
+    apply_terminal,
+    apply_terminal_label,
 )
 from services.updater.state import IndexEntry
 
@@ -45,8 +49,9 @@ class Seed:
 
     cards: dict[str, CardState] = field(default_factory=dict)
     merchants: dict[str, MerchantState] = field(default_factory=dict)
+    terminals: dict[str, MerchantState] = field(default_factory=dict)
     transactions: list[IndexEntry] = field(default_factory=list)
-    """Index entries of the transactions the merchant states still hold."""
+    """Index entries of the transactions the merchant or terminal states still hold."""
     events: int = 0
     """Transactions replayed."""
 
@@ -57,39 +62,71 @@ def fingerprint(path: Path) -> str:
     return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def replay(tx: pd.DataFrame) -> Seed:
-    """Applies every transaction of a raw frame (``aggregation.RAW_COLUMNS``) in time order."""
+def replay(tx: pd.DataFrame, *, terminals_only: bool = False) -> Seed:
+    """Applies every transaction of a raw frame (``aggregation.RAW_COLUMNS``) in time order.
+
+    ``terminals_only``: only the terminal states and their index entries (a state file of
+    the format before terminals keeps its live card and merchant states)."""
     start = time.perf_counter()
     ordered = tx.sort_values(["timestamp", "transaction_id"], kind="stable")
     reported = _explicit_reports(ordered)
     seed = Seed()
-    cards, merchants = seed.cards, seed.merchants
+    cards, merchants, terminals = seed.cards, seed.merchants, seed.terminals
+    merchant_of: dict[str, str] = {}
+    """Terminal → its merchant (terminal ids are unique across merchants)."""
     for event, reported_s in zip(aggregation.events_from_frame(ordered), reported, strict=True):
         if reported_s is not None:
             # The label's own report time rules (as in the batch tables), not the default delay.
             event = dataclasses.replace(event, is_fraud=None)
-        card = apply_card(cards.get(event.card_id), event)
-        cards[event.card_id] = card.state
-        merchant = apply_merchant(merchants.get(event.merchant_id), event)
-        merchants[event.merchant_id] = merchant.state
-        if reported_s is not None:
-            apply_label(merchant.state, event.transaction_id, True, reported_s)
+        if not terminals_only:
+            card = apply_card(cards.get(event.card_id), event)
+            cards[event.card_id] = card.state
+            merchant = apply_merchant(merchants.get(event.merchant_id), event)
+            merchants[event.merchant_id] = merchant.state
+            if reported_s is not None:
+                apply_label(merchant.state, event.transaction_id, True, reported_s)
+        terminal_id = event.terminal_id
+        if terminal_id:
+            terminal = apply_terminal(terminals.get(terminal_id), event)
+            terminals[terminal_id] = terminal.state
+            merchant_of[terminal_id] = event.merchant_id
+            if reported_s is not None:
+                apply_terminal_label(terminal.state, event.transaction_id, True, reported_s)
         seed.events += 1
-    for merchant_id, state in merchants.items():
-        events = state.events
-        seed.transactions.extend(
-            (tid, merchant_id, t_us) for tid, t_us in zip(events.ids, events.times_us, strict=True)
-        )
+    seed.transactions = _index(merchants, terminals, merchant_of)
     log.info(
         "seeded entity states from the history",
         extra={
             "transactions": seed.events,
             "cards": len(cards),
             "merchants": len(merchants),
+            "terminals": len(terminals),
             "seconds": round(time.perf_counter() - start, 2),
         },
     )
     return seed
+
+
+def _index(
+    merchants: dict[str, MerchantState],
+    terminals: dict[str, MerchantState],
+    merchant_of: dict[str, str],
+) -> list[IndexEntry]:
+    """Index entries of every transaction a merchant or terminal state holds.
+
+    A terminal's state can hold a transaction its merchant's no longer does (its newest
+    event, which bounds its horizon, is older), so both are walked."""
+    entries: dict[str, IndexEntry] = {}
+    for merchant_id, state in merchants.items():
+        events = state.events
+        for tid, t_us in zip(events.ids, events.times_us, strict=True):
+            entries[tid] = (tid, merchant_id, "", t_us)
+    for terminal_id, state in terminals.items():
+        events = state.events
+        merchant_id = merchant_of[terminal_id]
+        for tid, t_us in zip(events.ids, events.times_us, strict=True):
+            entries[tid] = (tid, merchant_id, terminal_id, t_us)
+    return list(entries.values())
 
 
 def _explicit_reports(tx: pd.DataFrame) -> list[float | None]:

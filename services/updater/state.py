@@ -1,4 +1,4 @@
-"""The updater's durable state: entity states, the transaction → merchant index, held labels.
+"""The updater's durable state: entity states, the transaction index, held labels.
 
 One SQLite file (write-ahead log, ``synchronous=FULL``): a checkpoint is one transaction,
 and the log position is committed only after it, so after a crash the states and the log
@@ -10,7 +10,9 @@ Tables::
     meta(key, value)                            the seed's dataset fingerprint, the format
     cards(id, state, live)                      CardState.to_bytes; live: changed by an event
     merchants(id, state, live)                  MerchantState.to_bytes (live: as for cards)
-    transactions(id, merchant_id, t_us)         which merchant a transaction paid, for outcomes
+    terminals(id, state, live)                  a terminal's MerchantState.to_bytes (the same)
+    transactions(id, merchant_id, t_us,         which merchant (and terminal, '' for none) a
+                 terminal_id)                   transaction paid, for outcomes
     pending_labels(id, is_fraud, reported_us)   outcomes whose decision has not come yet
     journal(seq, record)                        events applied since the snapshots that lack them
 
@@ -18,8 +20,14 @@ A state is its snapshot with the journal applied again (``engine.py``): checkpoi
 the journal and write a budget of snapshots, so that none has to rewrite every changed
 merchant (tens of KB each) at once.
 
-The transaction index is pruned to the merchant horizon (label delay + 28 days): an outcome
-for an older transaction cannot change any window.
+The transaction index is pruned to the merchant horizon (label delay + 28 days, a terminal's
+too): an outcome for an older transaction cannot change any window.
+
+Format 2 (cards and merchants only) is migrated in place to format 3 when opened: the
+``terminals`` table and the index's ``terminal_id`` column ('' in the entries it held) are
+added, and the ``terminals_seeded`` meta key stays unset, so that the terminal states are
+seeded from the history (``UpdaterApp``) while the live card and merchant states are kept.
+Any other format is rebuilt from a new seed.
 """
 
 from __future__ import annotations
@@ -30,8 +38,17 @@ from pathlib import Path
 
 from services.domain.aggregation import CardState, Label, MerchantState
 
-FORMAT = "2"
-"""Version of the table layout; a file of another version is rebuilt."""
+FORMAT = "3"
+"""Version of the table layout; format 2 is migrated (see the module doc), others rebuilt."""
+_MIGRATES = "2"
+"""The previous layout, which lacks only the terminals."""
+TERMINALS_SEEDED = "terminals_seeded"
+"""Meta key set once the terminal states hold the history (unset after a migration)."""
+
+_TERMINALS = (
+    "CREATE TABLE IF NOT EXISTS terminals "
+    "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID"
+)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
@@ -39,18 +56,25 @@ _SCHEMA = (
     "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS merchants "
     "(id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) WITHOUT ROWID",
+    _TERMINALS,
     "CREATE TABLE IF NOT EXISTS transactions "
-    "(id TEXT PRIMARY KEY, merchant_id TEXT NOT NULL, t_us INTEGER NOT NULL) WITHOUT ROWID",
+    "(id TEXT PRIMARY KEY, merchant_id TEXT NOT NULL, t_us INTEGER NOT NULL, "
+    "terminal_id TEXT NOT NULL DEFAULT '') WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS transactions_by_time ON transactions (t_us)",
     "CREATE TABLE IF NOT EXISTS pending_labels "
     "(id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, reported_us INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)",
 )
 
-_TABLES = ("meta", "cards", "merchants", "transactions", "pending_labels", "journal")
+_TABLES = ("meta", "cards", "merchants", "terminals", "transactions", "pending_labels", "journal")
 
-IndexEntry = tuple[str, str, int]
-"""(transaction_id, merchant_id, t_us)."""
+_MIGRATION = (
+    _TERMINALS,
+    "ALTER TABLE transactions ADD COLUMN terminal_id TEXT NOT NULL DEFAULT ''",
+)
+
+IndexEntry = tuple[str, str, str, int]
+"""(transaction_id, merchant_id, terminal_id ('' for none), t_us)."""
 
 
 class StateStore:
@@ -62,7 +86,19 @@ class StateStore:
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        if self._format() not in (None, FORMAT):
+        self.migrated_from: str | None = None
+        """The format this file had when it was migrated on opening, else None."""
+        found = self._format()
+        if found == _MIGRATES:
+            with self._db:
+                # sqlite3 opens no transaction before DDL by itself: one explicit transaction,
+                # so that a crash leaves format 2 intact and the migration runs again.
+                self._db.execute("BEGIN")
+                for statement in _MIGRATION:
+                    self._db.execute(statement)
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'format'", (FORMAT,))
+            self.migrated_from = found
+        elif found not in (None, FORMAT):
             with self._db:  # another layout: rebuilt (a new seed follows)
                 for table in _TABLES:
                     self._db.execute(f"DROP TABLE IF EXISTS {table}")
@@ -96,12 +132,19 @@ class StateStore:
         ).fetchone()
         return None if row is None else MerchantState.from_bytes(row[0])
 
-    def merchant_of(self, transaction_id: str) -> str | None:
-        """The merchant a transaction paid, if it is in the index."""
+    def terminal(self, terminal_id: str) -> MerchantState | None:
+        """A terminal's saved state."""
         row = self._db.execute(
-            "SELECT merchant_id FROM transactions WHERE id = ?", (transaction_id,)
+            "SELECT state FROM terminals WHERE id = ?", (terminal_id,)
         ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else MerchantState.from_bytes(row[0])
+
+    def entities_of(self, transaction_id: str) -> tuple[str, str] | None:
+        """The merchant and terminal ('' for none) a transaction paid, if it is in the index."""
+        row = self._db.execute(
+            "SELECT merchant_id, terminal_id FROM transactions WHERE id = ?", (transaction_id,)
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
 
     def pending_label(self, transaction_id: str) -> Label | None:
         """A held label of a transaction not consumed yet."""
@@ -127,6 +170,11 @@ class StateStore:
         for merchant_id, data in self._db.execute("SELECT id, state FROM merchants WHERE live = 1"):
             yield str(merchant_id), MerchantState.from_bytes(data)
 
+    def live_terminals(self) -> Iterator[tuple[str, MerchantState]]:
+        """Terminals an event has changed since the seed."""
+        for terminal_id, data in self._db.execute("SELECT id, state FROM terminals WHERE live = 1"):
+            yield str(terminal_id), MerchantState.from_bytes(data)
+
     def journal(self) -> Iterator[tuple[int, bytes]]:
         """The journal, oldest first: (sequence, serialized EventEnvelope)."""
         for seq, record in self._db.execute("SELECT seq, record FROM journal ORDER BY seq"):
@@ -141,7 +189,7 @@ class StateStore:
         """Rows per table (for logs and tests)."""
         return {
             table: int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-            for table in ("cards", "merchants", "transactions", "pending_labels", "journal")
+            for table in _TABLES[1:]
         }
 
     # --- writes ------------------------------------------------------------------------
@@ -155,6 +203,7 @@ class StateStore:
         self,
         cards: Iterable[tuple[str, bytes]] = (),
         merchants: Iterable[tuple[str, bytes]] = (),
+        terminals: Iterable[tuple[str, bytes]] = (),
         transactions: Iterable[IndexEntry] = (),
         labels_held: Iterable[tuple[str, Label]] = (),
         labels_released: Iterable[str] = (),
@@ -178,7 +227,12 @@ class StateStore:
                 ((k, data, flag) for k, data in merchants),
             )
             db.executemany(
-                "INSERT OR REPLACE INTO transactions (id, merchant_id, t_us) VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO terminals (id, state, live) VALUES (?, ?, ?)",
+                ((k, data, flag) for k, data in terminals),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO transactions (id, merchant_id, terminal_id, t_us) "
+                "VALUES (?, ?, ?, ?)",
                 transactions,
             )
             db.executemany(

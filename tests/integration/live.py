@@ -8,7 +8,7 @@ import shutil
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,6 +169,53 @@ def assert_flow(result: FlowResult) -> None:
     assert len(result.outcome.event_id) == 32
 
 
+TERMINAL_PAYMENTS = 5
+"""Payments ``terminal_flow`` makes at a new terminal."""
+
+
+def terminal_flow(mesh: Mesh, merchant_id: str) -> dict[str, float]:
+    """Through Envoy: ``TERMINAL_PAYMENTS`` payments at a new terminal of the merchant (one sent
+    twice, as a client retry would), then the feature service is polled until the terminal's
+    1-day count is all of them; returns the features it reported last."""
+    card_id = f"card-live-{uuid.uuid4().hex[:10]}"
+    terminal_id = f"{merchant_id}-tlive-{uuid.uuid4().hex[:8]}"
+    with grpc.insecure_channel(mesh.config.envoy_target) as edge:
+        grpc.channel_ready_future(edge).result(timeout=10)
+        stub = pb_grpc.FraudScoringStub(edge)
+        for i in range(TERMINAL_PAYMENTS):
+            request = _request(card_id, merchant_id, f"live-{uuid.uuid4().hex[:12]}", 2_500)
+            request.channel = pb.CHANNEL_CARD_PRESENT
+            request.terminal_id = terminal_id
+            stub.Score(request, timeout=1.0)
+            if i == 0:
+                stub.Score(request, timeout=1.0)
+    features: dict[str, float] = {}
+    target = f"{mesh.config.host}:{mesh.config.features_port}"
+    with grpc.insecure_channel(target) as channel:
+        features_stub = features_pb2_grpc.FeatureServiceStub(channel)
+
+        def counted() -> bool:
+            reply = features_stub.GetFeatures(
+                features_pb2.GetFeaturesRequest(
+                    card_id=card_id, merchant_id=merchant_id, terminal_id=terminal_id
+                ),
+                timeout=2.0,
+            )
+            features.update({f.name: f.value for f in reply.features})
+            return features.get("terminal_txn_count_1d", 0) >= TERMINAL_PAYMENTS
+
+        wait_for(counted, "the terminal's payments in the online store", 30)
+    return features
+
+
+def assert_terminal_flow(features: dict[str, float]) -> None:
+    """The terminal's row counts each payment once and has no labelled history yet."""
+    assert features["terminal_txn_count_1d"] == TERMINAL_PAYMENTS
+    assert features["terminal_txn_count_7d"] == TERMINAL_PAYMENTS
+    assert features["terminal_labelled_txn_count_28d"] == 0
+    assert features["terminal_fraud_rate_28d"] == 0
+
+
 # --- events from raw transactions, and the batch to compare with --------------------------
 
 
@@ -185,6 +232,8 @@ def decision_envelope(
     event.amount_minor = int(row["amount_minor"])
     event.currency = str(row["currency"])
     event.card_not_present = row["channel"] == featurespec.CARD_NOT_PRESENT
+    terminal = row.get("terminal_id")
+    event.terminal_id = terminal if isinstance(terminal, str) else ""
     event.timestamp.FromNanoseconds(int(row["timestamp"].value))
     event.decided_at.FromNanoseconds(time.time_ns())
     return envelope
@@ -215,18 +264,25 @@ def as_live(tx: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def newest_rows(
-    tx: pd.DataFrame,
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Each card's and merchant's newest batch row over ``tx``."""
+Expected = dict[str, dict[str, float]]
+"""Entity id → feature name → value, for one view."""
 
-    def newest(table: pd.DataFrame, key: str) -> dict[str, dict[str, float]]:
+
+def newest_rows(tx: pd.DataFrame) -> tuple[Expected, Expected, Expected]:
+    """Each card's, merchant's and terminal's newest batch row over ``tx``."""
+
+    def newest(table: pd.DataFrame, key: str) -> Expected:
         last = table.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
         last = last.drop(columns=["event_timestamp"])
-        return {str(k): {n: float(v) for n, v in row.items()} for k, row in last.iterrows()}
+        return {
+            str(k): {n: math.nan if pd.isna(v) else float(v) for n, v in row.items()}
+            for k, row in last.iterrows()
+        }
 
-    return newest(agg.card_feature_table(tx), "card_id"), newest(
-        agg.merchant_feature_table(tx), "merchant_id"
+    return (
+        newest(agg.card_feature_table(tx), "card_id"),
+        newest(agg.merchant_feature_table(tx), "merchant_id"),
+        newest(agg.terminal_feature_table(tx), "terminal_id"),
     )
 
 
@@ -243,34 +299,41 @@ def _differs(got: float | None, want: float, name: str, mean_30d: float | None) 
 
 def store_mismatches(
     settings: FeatureStoreSettings,
-    cards: dict[str, dict[str, float]],
-    merchants: dict[str, dict[str, float]],
+    cards: Expected,
+    merchants: Expected,
+    terminals: Expected | None = None,
     limit: int = 5,
 ) -> list[str]:
-    """Entities whose online row differs from the expected one (at most ``limit`` named)."""
+    """Entities whose online row differs from the expected one (at most ``limit`` named).
+
+    Each entity is read alone (the other keys unknown): ``OnlineFeatureReader.read`` gives
+    ``STORE_FEATURES``, the card's, the merchant's, then the terminal's when one is named."""
     reader = OnlineFeatureReader(settings)
+    n_card, n_merchant = len(featurespec.CARD_FEATURES), len(featurespec.MERCHANT_FEATURES)
+    views: list[tuple[Expected, Callable[[str], tuple[str, str, str]], int, tuple[str, ...]]] = [
+        (cards, lambda k: (k, "merchant-none", ""), 0, featurespec.CARD_FEATURES),
+        (merchants, lambda k: ("card-none", k, ""), n_card, featurespec.MERCHANT_FEATURES),
+        (
+            terminals or {},
+            lambda k: ("card-none", "merchant-none", k),
+            n_card + n_merchant,
+            featurespec.TERMINAL_FEATURES,
+        ),
+    ]
+    mean_at = featurespec.CARD_FEATURES.index("card_amount_mean_30d")
     try:
         bad: list[str] = []
-        n_card = len(featurespec.CARD_FEATURES)
-        checks: Iterable[tuple[str, str, dict[str, float], slice, tuple[str, ...]]] = [
-            *((c, "merchant-none", row, slice(0, n_card), featurespec.CARD_FEATURES) for c, row in cards.items()),
-            *(("card-none", m, row, slice(n_card, n_card + len(featurespec.MERCHANT_FEATURES)), featurespec.MERCHANT_FEATURES) for m, row in merchants.items()),
-        ]  # fmt: skip
-        for card_id, merchant_id, want, part, names in checks:
-            reads = reader.read(card_id, merchant_id, time.time())[part]
-            mean = (
-                reads[featurespec.CARD_FEATURES.index("card_amount_mean_30d")].value
-                if part.start == 0
-                else None
-            )
-            for name, read in zip(names, reads, strict=True):
-                if _differs(read.value, want[name], name, mean):
-                    bad.append(
-                        f"{card_id if part.start == 0 else merchant_id}.{name}: {read.value} != {want[name]}"
-                    )
-                    break
-            if len(bad) >= limit:
-                break
+        for expected, keys, first, names in views:
+            for entity_id, want in expected.items():
+                card_id, merchant_id, terminal_id = keys(entity_id)
+                reads = reader.read(card_id, merchant_id, time.time(), terminal_id)
+                mean = reads[mean_at].value if first == 0 else None
+                for name, read in zip(names, reads[first : first + len(names)], strict=True):
+                    if _differs(read.value, want[name], name, mean):
+                        bad.append(f"{entity_id}.{name}: {read.value} != {want[name]}")
+                        break
+                if len(bad) >= limit:
+                    return bad
         return bad
     finally:
         reader.close()

@@ -1,5 +1,5 @@
-"""The live writer of the online store: what it writes, Feast's own read path reads back the same,
-on SQLite and on a real redis-server."""
+"""The live writer of the online store: what it writes (card, merchant and terminal rows), Feast's
+own read path reads back the same, on SQLite and on a real redis-server."""
 
 from __future__ import annotations
 
@@ -47,6 +47,16 @@ MERCHANT = Row(
         "merchant_country": 276.0,
     },
 )
+TERMINAL = Row(
+    "merch-written-1-t1",
+    NOW - 2.5,
+    {
+        **{name: float(i + 1) for i, name in enumerate(featurespec.TERMINAL_FEATURES)},
+        "terminal_txn_count_1d": 7.0,
+        "terminal_fraud_rate_28d": 0.0625,
+        "terminal_labelled_txn_count_28d": 16.0,
+    },
+)
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
@@ -73,7 +83,7 @@ def test_written_rows_read_back_through_both_read_paths(
     store: FeatureStoreSettings, tmp_path: Path
 ) -> None:
     writer = OnlineFeatureWriter(store)
-    writer.write([CARD], [MERCHANT])
+    writer.write([CARD], [MERCHANT], [TERMINAL])
     # Written again at the same event time with other values: the write is unconditional.
     again = Row(CARD.entity_id, CARD.event_s, {**CARD.values, "card_txn_count_1h": 13.0})
     writer.write([again], [])
@@ -81,11 +91,11 @@ def test_written_rows_read_back_through_both_read_paths(
     reader = OnlineFeatureReader(store)
     try:
         for reads in (
-            reader.read(CARD.entity_id, MERCHANT.entity_id, NOW),
-            reader.read_generic(CARD.entity_id, MERCHANT.entity_id, NOW),
+            reader.read(CARD.entity_id, MERCHANT.entity_id, NOW, TERMINAL.entity_id),
+            reader.read_generic(CARD.entity_id, MERCHANT.entity_id, NOW, TERMINAL.entity_id),
         ):
             got = dict(zip(featurespec.STORE_FEATURES, reads, strict=True))
-            for row in (again, MERCHANT):
+            for row in (again, MERCHANT, TERMINAL):
                 for name, want in row.values.items():
                     value, status, event_s = got[name]
                     if math.isnan(want):

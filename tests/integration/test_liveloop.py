@@ -25,12 +25,15 @@ from services.mesh import Mesh, grpc_serving
 
 from .conftest import Known
 from .live import (
+    TERMINAL_PAYMENTS,
     assert_flow,
+    assert_terminal_flow,
     card_testing_flow,
     copy_state,
     metric,
     metrics_url,
     start_live_mesh,
+    terminal_flow,
     wait_for,
 )
 
@@ -66,6 +69,19 @@ def test_the_updater_is_ready_and_reports_freshness(live_mesh: Mesh, known: Know
         age = metric(updater, "fraudmesh_feature_freshness_seconds", view=view)
         assert math.isfinite(age) and age >= 0
     assert metric(updater, "fraudmesh_updater_ready") == 1
+
+
+def test_a_terminal_s_payments_are_seen_by_its_next_payment(live_mesh: Mesh, known: Known) -> None:
+    updater = metrics_url(live_mesh, "updater")
+    applied = metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="applied")
+    assert_terminal_flow(terminal_flow(live_mesh, known.merchant_id))
+    after = metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="applied")
+    assert after - applied >= TERMINAL_PAYMENTS
+    assert (
+        metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="duplicate") >= 1
+    )
+    age = metric(updater, "fraudmesh_feature_freshness_seconds", view="terminal")
+    assert math.isfinite(age) and age >= 0
 
 
 def _outcome_request(**overrides: Any) -> outcomes_pb2.ReportOutcomeRequest:

@@ -1,5 +1,5 @@
 """The live loop on the production backends: Redis store with Redis Streams, and Redis store
-with a real Kafka 4.x broker (KRaft) as the event log."""
+with a real Kafka 4.x broker (KRaft) as the event log; card and terminal rows written live."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from loadtest.brokers import KafkaBroker, kafka_available
 from .conftest import Known
 from .live import (
     assert_flow,
+    assert_terminal_flow,
     card_testing_flow,
     copy_state,
     metric,
     metrics_url,
     start_live_mesh,
+    terminal_flow,
     wait_for,
 )
 
@@ -43,6 +45,7 @@ def _run_flow(var_dir: Path, known: Known, **config: Any) -> None:
     mesh = start_live_mesh(var_dir, var_dir / "logs", store="redis", **config)
     try:
         assert_flow(card_testing_flow(mesh, known.merchant_id))
+        assert_terminal_flow(terminal_flow(mesh, known.merchant_id))
         updater = metrics_url(mesh, "updater")
         wait_for(
             lambda: metric(updater, "fraudmesh_updater_records_total", kind="outcome") >= 1,

@@ -1,6 +1,6 @@
 """The updater against the batch: a simulated day replayed through the event log gives the
-online rows the batch tables give, for every card and merchant, also when the updater is
-killed (-9) mid-stream and restarted: nothing lost, nothing counted twice."""
+online rows the batch tables give, for every card, merchant and terminal, also when the
+updater is killed (-9) mid-stream and restarted: nothing lost, nothing counted twice."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from services.pipelines import dataset
 from services.updater.settings import UpdaterSettings
 
 from .live import (
+    Expected,
     as_live,
     copy_state,
     decision_envelope,
@@ -45,9 +46,11 @@ class Replay:
 
     var_dir: Path
     events: list[events_pb2.EventEnvelope]
-    """The day's decisions (a tenth retried, some out of order), then outcomes."""
-    expected: tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]
-    """Newest batch rows per card and merchant over the history and the day."""
+    """Outcomes of some of the day's transactions (before their decisions: held), the day's
+    decisions (a tenth retried, some out of order, a fifth naming no terminal), then outcomes
+    of history transactions."""
+    expected: tuple[Expected, Expected, Expected]
+    """Newest batch rows per card, merchant and terminal over the history and the day."""
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,7 @@ def replay(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Repla
     tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
     cut = tx["timestamp"].max() - pd.Timedelta(days=1)
     history, day = tx[tx["timestamp"] <= cut], tx[tx["timestamp"] > cut]
+    day = day.assign(terminal_id=day["terminal_id"].where(np.arange(len(day)) % 5 != 0, None))
     var_dir = tmp_path_factory.mktemp("replay-var")
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     dataset.write(dataset.Dataset.from_transactions(history), settings.data_path)
@@ -62,10 +66,14 @@ def replay(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Repla
     admin.materialize(settings)
 
     rng = np.random.default_rng(3)
+    # Outcomes that overtake their decisions (keyed by transaction on the log): held until
+    # the decision comes, then labels of the merchant and the terminal.
+    early = day[day["terminal_id"].notna()].sample(10, random_state=5)
+    early_s = day["timestamp"].max().timestamp()
+    events = [outcome_envelope(str(t), True, early_s) for t in early["transaction_id"]]
     # Out of order by up to ten minutes; a tenth of the decisions sent twice (retries).
     micros = day["timestamp"].astype("int64").to_numpy() // 1000
     order = np.argsort(micros + rng.integers(0, 600_000_000, len(day)))
-    events = []
     for i in order:
         row = day.iloc[int(i)]
         events.append(decision_envelope(row))
@@ -88,6 +96,9 @@ def replay(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Repla
     fraud_now = full["transaction_id"].isin(flipped["transaction_id"])
     full.loc[fraud_now, "is_fraud"] = True
     full.loc[fraud_now, "fraud_reported_at"] = pd.Timestamp(reported_s, unit="s", tz="UTC")
+    fraud_early = full["transaction_id"].isin(early["transaction_id"])
+    full.loc[fraud_early, "is_fraud"] = True
+    full.loc[fraud_early, "fraud_reported_at"] = pd.Timestamp(early_s, unit="s", tz="UTC")
     full.loc[full["transaction_id"].isin(cleared["transaction_id"]), "is_fraud"] = False
     return Replay(var_dir, events, newest_rows(full))
 
@@ -139,12 +150,13 @@ def state(replay: Replay, tmp_path: Path) -> Iterator[tuple[Path, Updater]]:
 
 def _wait_equal(var_dir: Path, replay: Replay) -> None:
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
-    cards, merchants = replay.expected
+    cards, merchants, terminals = replay.expected
+    assert terminals  # the simulated data names terminals: they are compared too
     last: list[str] = []
 
     def equal() -> bool:
         nonlocal last
-        last = store_mismatches(settings, cards, merchants)
+        last = store_mismatches(settings, cards, merchants, terminals)
         return not last
 
     try:

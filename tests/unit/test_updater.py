@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -20,10 +21,13 @@ from services.common.errors import Unavailable
 from services.domain import aggregation as agg
 from services.domain import featurespec
 from services.domain.aggregation import Change
-from services.eventlog import BackendUnavailable, Record
+from services.eventlog import BackendUnavailable, EventLogSettings, Record
+from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
 from services.featurestore.writer import Row
 from services.pipelines import simulate
-from services.updater import seed
+from services.updater import app, seed
+from services.updater import state as state_format
 from services.updater.engine import LiveAggregator, View
 from services.updater.loop import UpdateLoop
 from services.updater.metrics import UpdaterMetrics
@@ -50,7 +54,10 @@ def frame() -> pd.DataFrame:
 def _newest_rows(table: pd.DataFrame, key: str) -> dict[str, dict[str, float]]:
     newest = table.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
     newest = newest.drop(columns=["event_timestamp"])
-    return {str(k): {n: float(v) for n, v in row.items()} for k, row in newest.iterrows()}
+    return {
+        str(k): {n: math.nan if pd.isna(v) else float(v) for n, v in row.items()}
+        for k, row in newest.iterrows()
+    }
 
 
 def _assert_rows_equal(got: dict[str, float], want: dict[str, float], what: str) -> None:
@@ -66,12 +73,18 @@ def _assert_rows_equal(got: dict[str, float], want: dict[str, float], what: str)
 
 
 def _assert_states_match_batch(
-    cards: dict[str, agg.CardState], merchants: dict[str, agg.MerchantState], tx: pd.DataFrame
+    cards: dict[str, agg.CardState],
+    merchants: dict[str, agg.MerchantState],
+    terminals: dict[str, agg.MerchantState],
+    tx: pd.DataFrame,
 ) -> None:
     card_table = _newest_rows(agg.card_feature_table(tx), "card_id")
     merchant_table = _newest_rows(agg.merchant_feature_table(tx), "merchant_id")
+    terminal_table = _newest_rows(agg.terminal_feature_table(tx), "terminal_id")
     assert set(cards) == set(card_table)
     assert set(merchants) == set(merchant_table)
+    assert set(terminals) == set(terminal_table)
+    assert terminal_table  # the data names terminals: the comparison is not empty
     for card_id, state in cards.items():
         row = agg.card_row(state)
         assert row is not None
@@ -80,6 +93,10 @@ def _assert_states_match_batch(
         row = agg.merchant_row(merchant)
         assert row is not None
         _assert_rows_equal(row, merchant_table[merchant_id], merchant_id)
+    for terminal_id, terminal in terminals.items():
+        row = agg.terminal_row(terminal)
+        assert row is not None
+        _assert_rows_equal(row, terminal_table[terminal_id], terminal_id)
 
 
 def decision(row: pd.Series, transaction_id: str | None = None) -> events_pb2.DecisionEvent:
@@ -92,11 +109,18 @@ def decision(row: pd.Series, transaction_id: str | None = None) -> events_pb2.De
         amount_minor=int(row["amount_minor"]),
         currency=str(row["currency"]),
         card_not_present=row["channel"] == featurespec.CARD_NOT_PRESENT,
+        terminal_id=_terminal(row),
     )
     micros = int(row["timestamp"].value // 1_000)
     event.timestamp.seconds, nanos = divmod(micros, 1_000_000)
     event.timestamp.nanos = nanos * 1_000
     return event
+
+
+def _terminal(row: pd.Series) -> str:
+    """The row's terminal as a decision event carries it: '' for none."""
+    terminal = row.get("terminal_id")
+    return terminal if isinstance(terminal, str) else ""
 
 
 def outcome(transaction_id: str, fraud: bool, reported_s: float) -> events_pb2.OutcomeEvent:
@@ -115,9 +139,10 @@ def _seeded_store(path: Path, history: pd.DataFrame) -> StateStore:
     store = StateStore(path)
     s = seed.replay(history)
     store.save(
-        ((k, c.to_bytes()) for k, c in s.cards.items()),
-        ((k, m.to_bytes()) for k, m in s.merchants.items()),
-        s.transactions,
+        cards=((k, c.to_bytes()) for k, c in s.cards.items()),
+        merchants=((k, m.to_bytes()) for k, m in s.merchants.items()),
+        terminals=((k, t.to_bytes()) for k, t in s.terminals.items()),
+        transactions=s.transactions,
         live=False,
     )
     return store
@@ -139,18 +164,36 @@ def _live_part(tx: pd.DataFrame) -> pd.DataFrame:
 
 def test_seed_states_give_the_batch_rows(frame: pd.DataFrame) -> None:
     history = seed.replay(frame)
-    _assert_states_match_batch(history.cards, history.merchants, frame)
+    _assert_states_match_batch(history.cards, history.merchants, history.terminals, frame)
     held = {tid for state in history.merchants.values() for tid in state.events.ids}
-    assert {tid for tid, _, _ in history.transactions} == held
+    at_terminals = {
+        tid: terminal_id
+        for terminal_id, state in history.terminals.items()
+        for tid in state.events.ids
+    }
+    entries = {tid: (m, t) for tid, m, t, _ in history.transactions}
+    assert set(entries) == held | set(at_terminals)
+    paid = frame.set_index("transaction_id")
+    for tid, (merchant_id, terminal_id) in entries.items():
+        assert merchant_id == paid.at[tid, "merchant_id"]
+        assert terminal_id == at_terminals.get(tid, "")
     assert history.events == len(frame)
+
+
+def test_transactions_without_a_terminal_leave_the_terminals_alone(frame: pd.DataFrame) -> None:
+    some = frame.assign(terminal_id=frame["terminal_id"].where(frame.index % 4 != 0, None))
+    history = seed.replay(some)
+    _assert_states_match_batch(history.cards, history.merchants, history.terminals, some)
+    named = {tid for state in history.terminals.values() for tid in state.events.ids}
+    assert named.isdisjoint(some.loc[some["terminal_id"].isna(), "transaction_id"])
 
 
 # --- the live path ------------------------------------------------------------------------
 
 
 def _all_states(
-    agg_: LiveAggregator, cards: Iterable[str], merchants: Iterable[str]
-) -> tuple[dict[str, agg.CardState], dict[str, agg.MerchantState]]:
+    agg_: LiveAggregator, cards: Iterable[str], merchants: Iterable[str], terminals: Iterable[str]
+) -> tuple[dict[str, agg.CardState], dict[str, agg.MerchantState], dict[str, agg.MerchantState]]:
     card_states = {}
     for card_id in cards:
         state = agg_._cards.get(card_id)
@@ -158,15 +201,26 @@ def _all_states(
         card_states[card_id] = state
     merchant_states = {}
     for merchant_id in merchants:
-        state = agg_._merchants.get(merchant_id)
-        assert state is not None, merchant_id
-        merchant_states[merchant_id] = state
-    return card_states, merchant_states
+        merchant = agg_._merchants.get(merchant_id)
+        assert merchant is not None, merchant_id
+        merchant_states[merchant_id] = merchant
+    terminal_states = {}
+    for terminal_id in terminals:
+        terminal = agg_._terminals.get(terminal_id)
+        assert terminal is not None, terminal_id
+        terminal_states[terminal_id] = terminal
+    return card_states, merchant_states, terminal_states
+
+
+def _terminals_of(tx: pd.DataFrame) -> list[str]:
+    return [str(t) for t in tx["terminal_id"].dropna().unique()]
 
 
 def test_live_events_continue_the_batch_history(frame: pd.DataFrame, tmp_path: Path) -> None:
     cut = frame["timestamp"].max() - pd.Timedelta(days=2)
     history, live = frame[frame["timestamp"] <= cut], frame[frame["timestamp"] > cut]
+    # A payment need not name its terminal: a fifth of the live ones do not.
+    live = live.assign(terminal_id=live["terminal_id"].where(live.index % 5 != 0, None))
     store = _seeded_store(tmp_path / "state.db", history)
     live_agg = LiveAggregator(store, cache_max=10_000, max_pending_labels=1_000)
     rng = np.random.default_rng(1)
@@ -193,6 +247,7 @@ def test_live_events_continue_the_batch_history(frame: pd.DataFrame, tmp_path: P
     for tid in cleared["transaction_id"]:
         live_agg.apply_outcome(outcome(str(tid), False, now_s - 30))
     assert Change.DUPLICATE in changes and Change.LATE in changes
+    assert set(flipped["terminal_id"]) & set(live["terminal_id"].dropna())
 
     want = pd.concat([history, _live_part(live)], ignore_index=True)
     want.loc[want["transaction_id"].isin(flipped["transaction_id"]), "is_fraud"] = True
@@ -200,8 +255,14 @@ def test_live_events_continue_the_batch_history(frame: pd.DataFrame, tmp_path: P
         pd.Timestamp(now_s - 60, unit="s", tz="UTC")
     )
     want.loc[want["transaction_id"].isin(cleared["transaction_id"]), "is_fraud"] = False
-    cards, merchants = _all_states(live_agg, want["card_id"].unique(), want["merchant_id"].unique())
-    _assert_states_match_batch(cards, merchants, want)
+    cards, merchants, terminals = _all_states(
+        live_agg, want["card_id"].unique(), want["merchant_id"].unique(), _terminals_of(want)
+    )
+    _assert_states_match_batch(cards, merchants, terminals, want)
+    batch = live_agg.rows()
+    assert {r.entity_id for r in batch.terminals} == set(live["terminal_id"].dropna()) | set(
+        pd.concat([flipped, cleared])["terminal_id"]
+    )
 
 
 def test_a_restart_from_the_checkpoint_replays_to_the_same_rows(
@@ -209,20 +270,32 @@ def test_a_restart_from_the_checkpoint_replays_to_the_same_rows(
 ) -> None:
     cut = frame["timestamp"].max() - pd.Timedelta(days=1)
     history, live = frame[frame["timestamp"] <= cut], frame[frame["timestamp"] > cut]
-    events = [decision(row) for _, row in live.iterrows()]
+    events = [events_pb2.EventEnvelope(decision=decision(row)) for _, row in live.iterrows()]
+    # Outcomes of history transactions in the fraud-rate windows, spread over the stream:
+    # labels on both sides of the checkpoint and in what the crash loses.
+    now_s = live["timestamp"].max().timestamp()
+    window = history[
+        (history["timestamp"] > cut - pd.Timedelta(days=30))
+        & (history["timestamp"] < cut - pd.Timedelta(days=8))
+    ]
+    for i, tid in enumerate(
+        window[~window["is_fraud"]].sample(20, random_state=3)["transaction_id"]
+    ):
+        labelled = events_pb2.EventEnvelope(outcome=outcome(str(tid), True, now_s))
+        events.insert(min(len(events), 7 * i + 3), labelled)
     half = len(events) // 2
 
     reference = LiveAggregator(_seeded_store(tmp_path / "a.db", history), 10_000, 100)
     for event in events:
-        reference.apply_decision(event)
+        reference.apply(event)
 
     store = _seeded_store(tmp_path / "b.db", history)
     first = LiveAggregator(store, 10_000, 100)
     for event in events[:half]:
-        first.apply_decision(event)
+        first.apply(event)
     first.checkpoint()
     for event in events[half : half + 50]:
-        first.apply_decision(event)  # applied, never checkpointed: the crash loses it
+        first.apply(event)  # applied, never checkpointed: the crash loses it
     store.close()
 
     store = StateStore(tmp_path / "b.db")
@@ -230,17 +303,20 @@ def test_a_restart_from_the_checkpoint_replays_to_the_same_rows(
     changes = []
     # The log gives everything after the last commit again: from half on.
     for event in events[half:]:
-        changes += [c for _, c in second.apply_decision(event).changes]
+        changes += [c for _, c in second.apply(event).changes]
     assert Change.DUPLICATE not in changes  # the checkpoint held exactly the first half
     for event in events[:half]:
-        assert {c for _, c in second.apply_decision(event).changes} == {Change.DUPLICATE}
-    ids_c, ids_m = live["card_id"].unique(), live["merchant_id"].unique()
-    got_c, got_m = _all_states(second, ids_c, ids_m)
-    want_c, want_m = _all_states(reference, ids_c, ids_m)
+        assert {c for _, c in second.apply(event).changes} == {Change.DUPLICATE}
+    ids = live["card_id"].unique(), live["merchant_id"].unique(), _terminals_of(live)
+    got_c, got_m, got_t = _all_states(second, *ids)
+    want_c, want_m, want_t = _all_states(reference, *ids)
     for key, state in got_c.items():
         assert agg.card_row(state) == agg.card_row(want_c[key])
     for key, merchant in got_m.items():
         assert agg.merchant_row(merchant) == agg.merchant_row(want_m[key])
+    assert got_t
+    for key, terminal in got_t.items():
+        assert agg.terminal_row(terminal) == agg.terminal_row(want_t[key])
 
 
 def test_the_journal_brings_back_what_no_snapshot_holds(
@@ -264,16 +340,25 @@ def test_the_journal_brings_back_what_no_snapshot_holds(
         for key in live["card_id"].unique()
         if (state := first._cards.get(str(key))) is not None
     }
+    expected_terminals = {
+        key: agg.terminal_row(state)
+        for key in _terminals_of(live)
+        if (state := first._terminals.get(key)) is not None
+    }
+    assert expected_terminals
     store.close()
 
     store = StateStore(tmp_path / "s.db")
     second = LiveAggregator(store, 10_000, 100)
     assert second.replayed == first.journal_events
-    cards, _ = second.rows()
-    assert cards  # the replayed entities' rows are written again
+    batch = second.rows()
+    assert batch.cards and batch.terminals  # the replayed entities' rows are written again
     for key, row in expected.items():
         state = second._cards.get(str(key))
         assert state is not None and agg.card_row(state) == row
+    for key, terminal_row in expected_terminals.items():
+        terminal = second._terminals.get(key)
+        assert terminal is not None and agg.terminal_row(terminal) == terminal_row
     second.snapshot_all()
     assert store.counts()["journal"] == 0 and second.journal_events == 0
 
@@ -287,10 +372,54 @@ def test_an_outcome_before_its_decision_waits_for_it(frame: pd.DataFrame, tmp_pa
     live.checkpoint()
     restarted = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
     assert restarted.pending_labels == 1
-    restarted.apply_decision(decision(row, "tx-later"))
+    applied = restarted.apply_decision(decision(row, "tx-later"))
+    assert (View.TERMINAL, Change.APPLIED) in applied.changes
     assert restarted.pending_labels == 0
     state = restarted._merchants.get(str(row["merchant_id"]))
     assert state is not None and state.labels["tx-later"].is_fraud
+    terminal = restarted._terminals.get(str(row["terminal_id"]))
+    assert terminal is not None and terminal.labels["tx-later"].is_fraud
+
+
+def test_held_outcomes_reach_the_rows_as_the_batch_counts_them(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    # The busiest terminal's transactions of three weeks, on fresh states: outcomes of the
+    # first week's transactions come before any decision (held), at a report time that lies
+    # in the fraud-rate windows of the last rows (more than a label delay before the end).
+    busiest = frame["terminal_id"].value_counts().index[0]
+    end = frame["timestamp"].max()
+    mine = frame[
+        (frame["terminal_id"] == busiest) & (frame["timestamp"] > end - pd.Timedelta(days=21))
+    ]
+    first_week = mine[mine["timestamp"] <= end - pd.Timedelta(days=14)]
+    fraud = first_week.sample(4, random_state=1)["transaction_id"].tolist()
+    reported = end - pd.Timedelta(days=12)
+    live = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
+    for tid in fraud:
+        held = live.apply_outcome(outcome(str(tid), True, reported.timestamp()))
+        assert held.changes == [(View.MERCHANT, Change.PENDING)]
+    assert live.pending_labels == len(fraud)
+    for _, row in mine.iterrows():
+        live.apply_decision(decision(row))
+    assert live.pending_labels == 0
+
+    want = _live_part(mine)
+    want.loc[want["transaction_id"].isin(fraud), "is_fraud"] = True
+    want.loc[want["transaction_id"].isin(fraud), "fraud_reported_at"] = reported
+    terminal_want = _newest_rows(agg.terminal_feature_table(want), "terminal_id")[busiest]
+    assert terminal_want["terminal_fraud_rate_28d"] > 0
+    _, _, terminals = _all_states(live, [], [], [busiest])
+    got = agg.terminal_row(terminals[busiest])
+    assert got is not None
+    _assert_rows_equal(got, terminal_want, busiest)
+    merchant_id = str(mine["merchant_id"].iloc[0])
+    merchant_want = _newest_rows(agg.merchant_feature_table(want), "merchant_id")[merchant_id]
+    merchant = live._merchants.get(merchant_id)
+    assert merchant is not None
+    got_m = agg.merchant_row(merchant)
+    assert got_m is not None
+    _assert_rows_equal(got_m, merchant_want, merchant_id)
 
 
 def test_disputed_outcomes_are_no_label(tmp_path: Path) -> None:
@@ -358,13 +487,17 @@ class FakeWriter:
     fail: int = 0
     cards: dict[str, Row] = field(default_factory=dict)
     merchants: dict[str, Row] = field(default_factory=dict)
+    terminals: dict[str, Row] = field(default_factory=dict)
 
-    def write(self, cards: Sequence[Row], merchants: Sequence[Row]) -> None:
+    def write(
+        self, cards: Sequence[Row], merchants: Sequence[Row], terminals: Sequence[Row]
+    ) -> None:
         if self.fail:
             self.fail -= 1
             raise Unavailable("store down")
         self.cards.update((r.entity_id, r) for r in cards)
         self.merchants.update((r.entity_id, r) for r in merchants)
+        self.terminals.update((r.entity_id, r) for r in terminals)
 
 
 def _records(frame: pd.DataFrame) -> list[Record]:
@@ -377,10 +510,14 @@ def _records(frame: pd.DataFrame) -> list[Record]:
 
 
 def _loop(
-    tmp_path: Path, consumer: FakeConsumer, writer: FakeWriter, **settings: object
+    tmp_path: Path,
+    consumer: FakeConsumer,
+    writer: FakeWriter,
+    registry: CollectorRegistry | None = None,
+    **settings: object,
 ) -> tuple[UpdateLoop, UpdaterMetrics]:
     s = UpdaterSettings(var_dir=tmp_path, poll_max_records=10, **settings)  # type: ignore[arg-type]
-    metrics = UpdaterMetrics(CollectorRegistry())
+    metrics = UpdaterMetrics(registry or CollectorRegistry())
     store = StateStore(s.state_file)
     return UpdateLoop(s, lambda: consumer, writer, LiveAggregator(store, 100, 10), metrics), metrics
 
@@ -398,6 +535,7 @@ def test_the_loop_commits_only_after_rows_and_states_are_stored(
     loop.step()  # rows written first, then the due checkpoint commits, then the next poll
     assert consumer.committed == 10 and consumer.polled == 20
     assert set(writer.cards) == set(frame.head(20)["card_id"])
+    assert set(writer.terminals) == set(frame.head(20)["terminal_id"])
     while consumer.polled < 25:
         loop.step()
     loop.step()  # an empty poll: caught up
@@ -405,6 +543,9 @@ def test_the_loop_commits_only_after_rows_and_states_are_stored(
     loop.checkpoint()
     assert consumer.committed == 25
     assert set(writer.cards) == set(frame.head(25)["card_id"])
+    assert set(writer.terminals) == set(frame.head(25)["terminal_id"])
+    for terminal_id, row in writer.terminals.items():
+        assert list(row.values) == list(featurespec.TERMINAL_FEATURES), terminal_id
 
 
 def test_the_loop_retries_a_log_that_is_down(frame: pd.DataFrame, tmp_path: Path) -> None:
@@ -441,3 +582,139 @@ def test_an_undecodable_record_is_skipped_and_counted(frame: pd.DataFrame, tmp_p
     assert invalid._value.get() - before[0] == 1
     assert decisions._value.get() - before[1] == 2
     assert len(writer.cards) == frame.head(2)["card_id"].nunique()
+
+
+def test_terminal_rows_are_counted_and_fresh_per_view(frame: pd.DataFrame, tmp_path: Path) -> None:
+    head = frame.head(6)
+    consumer = FakeConsumer(_records(head))
+    writer = FakeWriter()
+    registry = CollectorRegistry()
+    loop, metrics = _loop(tmp_path, consumer, writer, registry=registry)
+
+    def freshness(view: str) -> float | None:
+        return registry.get_sample_value("fraudmesh_feature_freshness_seconds", {"view": view})
+
+    applied = metrics.changes.labels("terminal", "applied")
+    before = applied._value.get()
+    unknown = freshness("terminal")
+    assert unknown is not None and math.isnan(unknown)  # no event yet
+    loop.step()
+    assert applied._value.get() - before == len(head)
+    assert set(writer.terminals) == set(head["terminal_id"])
+    for view in ("card", "merchant", "terminal"):
+        age = freshness(view)
+        assert age is not None and math.isfinite(age) and age >= 0, view
+
+
+def test_a_decision_without_a_terminal_counts_in_no_terminal(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    row = frame.iloc[-1]
+    live = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
+    event = decision(row)
+    event.terminal_id = ""
+    applied = live.apply_decision(event)
+    assert {view for view, _ in applied.changes} == {View.CARD, View.MERCHANT}
+    assert live.sizes()[View.TERMINAL] == 0 and live.rows().terminals == []
+    live.checkpoint()
+    # An outcome of it finds the merchant through the index, and no terminal.
+    labelled = live.apply_outcome(outcome(str(row["transaction_id"]), True, 1.0e10))
+    assert labelled.changes == [(View.MERCHANT, Change.APPLIED)]
+
+
+# --- the state file -------------------------------------------------------------------------
+
+_FORMAT_2 = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE cards (id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) "
+    "WITHOUT ROWID",
+    "CREATE TABLE merchants (id TEXT PRIMARY KEY, state BLOB NOT NULL, live INTEGER NOT NULL) "
+    "WITHOUT ROWID",
+    "CREATE TABLE transactions (id TEXT PRIMARY KEY, merchant_id TEXT NOT NULL, "
+    "t_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX transactions_by_time ON transactions (t_us)",
+    "CREATE TABLE pending_labels (id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, "
+    "reported_us INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE journal (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)",
+)
+"""The state file's layout before terminals (format 2)."""
+
+
+def _format_2_file(path: Path, history: pd.DataFrame, seed_key: str) -> seed.Seed:
+    """A state file as the version before terminals left it: seeded, then a live card."""
+    s = seed.replay(history)
+    db = sqlite3.connect(path)
+    with db:
+        for statement in _FORMAT_2:
+            db.execute(statement)
+        db.executemany(
+            "INSERT INTO meta VALUES (?, ?)", [("format", "2"), (app.SEED_KEY, seed_key)]
+        )
+        db.executemany(
+            "INSERT INTO cards VALUES (?, ?, ?)",
+            ((k, c.to_bytes(), 0) for k, c in s.cards.items()),
+        )
+        db.executemany(
+            "INSERT INTO merchants VALUES (?, ?, ?)",
+            ((k, m.to_bytes(), 0) for k, m in s.merchants.items()),
+        )
+        db.executemany(
+            "INSERT INTO transactions VALUES (?, ?, ?)",
+            ((tid, m, t_us) for tid, m, _, t_us in s.transactions if m),
+        )
+        db.execute("INSERT INTO pending_labels VALUES ('tx-held', 1, 5)")
+    db.close()
+    return s
+
+
+def test_a_state_file_without_terminals_is_migrated_and_its_terminals_seeded(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    store_settings = FeatureStoreSettings(var_dir=tmp_path)
+    path = store_settings.data_path / layout.TRANSACTIONS_FILE
+    path.parent.mkdir(parents=True)
+    frame.to_parquet(path)
+    state_file = tmp_path / "state.db"
+    old = _format_2_file(state_file, frame, seed.fingerprint(path))
+    card_id = next(iter(old.cards))
+    state = StateStore(state_file)  # the migration happens on opening
+    assert state.migrated_from == "2"
+    assert state.meta("format") == state_format.FORMAT
+    assert state.meta(state_format.TERMINALS_SEEDED) is None
+    counts = state.counts()
+    assert counts["terminals"] == 0 and counts["pending_labels"] == 1
+    assert counts["cards"] == len(old.cards) and counts["merchants"] == len(old.merchants)
+    some_tid, merchant_id, _, _ = old.transactions[0]
+    assert state.entities_of(some_tid) == (merchant_id, "")
+
+    updater = app.UpdaterApp(
+        UpdaterSettings(var_dir=tmp_path, state_path=state_file),
+        store_settings,
+        EventLogSettings(var_dir=tmp_path),
+        UpdaterMetrics(CollectorRegistry()),
+    )
+    updater._seed(state)  # the dataset is the one seeded from: only the terminals are new
+    assert state.meta(state_format.TERMINALS_SEEDED) == seed.fingerprint(path)
+    assert state.counts()["cards"] == len(old.cards)
+    stored_card = state.card(card_id)
+    assert stored_card is not None and stored_card.to_bytes() == old.cards[card_id].to_bytes()
+    terminals = {key: state.terminal(key) for key in _terminals_of(frame)}
+    _assert_states_match_batch(old.cards, old.merchants, terminals, frame)  # type: ignore[arg-type]
+    entries = {tid: (m, t) for tid, m, t, _ in old.transactions}
+    for tid, (merchant, terminal) in list(entries.items())[:200]:
+        assert state.entities_of(tid) == (merchant, terminal)
+    state.close()
+
+    again = StateStore(state_file)  # migrated once: opens as format 3
+    assert again.migrated_from is None and again.counts()["terminals"] == len(terminals)
+    again.close()
+
+
+def test_a_state_file_of_an_unknown_format_is_rebuilt(tmp_path: Path) -> None:
+    state = StateStore(tmp_path / "s.db")
+    state.save(cards=[("card-1", agg.CardState().to_bytes())])
+    state.set_meta("format", "1")
+    state.close()
+    state = StateStore(tmp_path / "s.db")
+    assert state.migrated_from is None and state.counts()["cards"] == 0
+    assert state.meta("format") == state_format.FORMAT
