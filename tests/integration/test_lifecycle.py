@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,11 +27,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fraud.v1 import events_pb2
 from fraud.v1 import scoring_pb2 as pb
 from loadtest import data
 from loadtest.drive import Calls, Driver
+from services.common.settings import to_env
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
+from services.eventlog import EventLogSettings, open_consumer
 from services.gateway.routing import card_bucket
 from services.mesh import Mesh, MeshConfig, free_port
 from services.models import repository
@@ -89,6 +93,8 @@ def stage(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "FRAUD_SCORER_FAULT_DELAY_MS": "40",
             "FRAUD_SCORER_FAULT_DELAY_VERSIONS": SLOW_VERSION,
             "FRAUD_GATEWAY_CANARY_MIN_CALLS": "30",
+            # The decision events of this mesh alone, on a topic of its own.
+            **to_env(EventLogSettings, topic=EVENT_TOPIC),
         },
     )
     mesh = Mesh(config)
@@ -103,6 +109,9 @@ def _canary_share(population: list[data.Txn], percent: float) -> float:
     cut = round(percent * CANARY_BUCKETS / 100)
     return sum(card_bucket(t.card_id) < cut for t in population) / len(population)
 
+
+EVENT_TOPIC = f"lifecycle-{uuid.uuid4().hex[:8]}"
+"""The event log topic of this module's mesh."""
 
 LATE_SHARE = 0.05
 """Share of calls a CPU-starved machine may end with DEADLINE_EXCEEDED, or answer by the
@@ -142,6 +151,19 @@ def _shadow_comparisons(mesh: Mesh, version: str) -> float:
                 ):
                     total += sample.value
     return total
+
+
+def _decision_events(mesh: Mesh) -> list[events_pb2.DecisionEvent]:
+    """Every decision event on the mesh's topic so far, read by a group of the test's own."""
+    settings = EventLogSettings(var_dir=mesh.config.var_dir, topic=EVENT_TOPIC, groups=())
+    found: list[events_pb2.DecisionEvent] = []
+    with open_consumer(settings, f"audit-{uuid.uuid4().hex[:8]}") as consumer:
+        while records := consumer.poll(5000, 0.5):
+            for record in records:
+                envelope = record.envelope()
+                if envelope.WhichOneof("event") == "decision":
+                    found.append(envelope.decision)
+    return found
 
 
 def _rules_version() -> str:
@@ -229,6 +251,24 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
     assert set(promoted.model_versions()) == {new}
     rolled_back = calls.between(marks["rollback"] + SETTLE_S, marks["end"])
     assert set(rolled_back.model_versions()) == {live}
+
+    # Decision events name the arm that answered and carry the shadow's score.
+    def events_landed() -> bool:
+        found = _decision_events(stage.mesh)
+        shadowed = [e for e in found if e.shadow_model_version == new]
+        canaried = [
+            e for e in found if e.route == events_pb2.ROUTE_CANARY and e.model_version == new
+        ]
+        landed.update(shadowed=shadowed, canaried=canaried, found=found)
+        return len(shadowed) >= 0.5 * compared and len(canaried) >= 0.5 * answered_by_canary
+
+    answered_by_canary = canary.model_versions()[new]
+    landed: dict[str, list[events_pb2.DecisionEvent]] = {}
+    assert _wait(events_landed, 60), {k: len(v) for k, v in landed.items()}
+    for event in landed["shadowed"]:
+        assert event.HasField("shadow_score") and 0.0 <= event.shadow_score <= 1.0
+        assert event.model_version == live and event.route == events_pb2.ROUTE_LIVE
+    assert all(e.HasField("shadow_score") is False for e in landed["canaried"])
 
     state = lifecycle.read()
     assert state.routing.live == live and state.routing.previous is None
