@@ -48,6 +48,7 @@ from fraud.v1 import features_pb2, features_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, ghz
+from loadtest.liveloop import requests_file
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
 from loadtest.runner import RESULTS_DIR, machine_line, mesh_answers
@@ -150,10 +151,11 @@ class Probe:
                     time.sleep(0.001)
 
 
-def _start_mesh(var_dir: Path, store: str, logs: Path) -> Mesh:
+def _start_mesh(var_dir: Path, store: str, logs: Path, in_process: bool = False) -> Mesh:
     config = MeshConfig.on_free_ports(
         var_dir=var_dir,
         store=store,
+        gateway_in_process=in_process,
         log_dir=logs,
         metrics_ports={"gateway": free_port(), "updater": free_port()},
     )
@@ -253,7 +255,8 @@ def _step(
 
 
 def run(var_dir: Path, stores: Sequence[str], rates: Sequence[int], seconds: float,
-        probe_interval_s: float, repeats: int) -> list[dict[str, Any]]:  # fmt: skip
+        probe_interval_s: float, repeats: int,
+        in_process: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """Runs every store and rate ``repeats`` times (rates alternating); returns every run."""
     runs: list[dict[str, Any]] = []
     population = data.sample_population(var_dir / "data", 2000)
@@ -261,15 +264,14 @@ def run(var_dir: Path, stores: Sequence[str], rates: Sequence[int], seconds: flo
     for store in stores:
         with tempfile.TemporaryDirectory(prefix=f"freshness-{store}-") as tmp:
             work = _fresh_state(var_dir, Path(tmp))
-            mesh = _start_mesh(work, store, work / "logs")
+            mesh = _start_mesh(work, store, work / "logs", in_process)
             try:
-                file = data.write_data_file(
-                    work / "score.json", data.score_requests(population, "template")
-                )
+                file = requests_file(work / "warmup.json", population, "w")
                 ghz.run_ghz(ghz.SCORE, mesh.config.envoy_target, file, rps=rates[0],
                             duration_s=3.0, timeout_ms=42)  # fmt: skip
                 for repeat in range(1, repeats + 1):
                     for rps in rates:
+                        file = requests_file(work / "score.json", population, f"r{repeat}-{rps}")
                         cell = _step(mesh, store, rps, repeat, seconds, file, merchant,
                                      probe_interval_s)  # fmt: skip
                         gone = [p.name for p in mesh.dead()]
@@ -340,14 +342,20 @@ def summary(runs: Sequence[dict[str, Any]], target_ms: float) -> list[dict[str, 
 
 
 def markdown(runs: Sequence[dict[str, Any]], command: str, seconds: float,
-             target_ms: float) -> str:  # fmt: skip
+             target_ms: float, in_process: bool = False) -> str:  # fmt: skip
     """The report: every run, then medians and verdicts per store and rate."""
     lines = [
         "# Feature freshness under load: an answered Score to its rows in the online store",
         "",
         f"`{command}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine_line()}.",
         "",
-        "A mesh with the live loop per store (its own copy of the dataset, registry, online "
+        "A mesh with the live loop per store ("
+        + (
+            "the gateway reading the store and running the model in process; "
+            if in_process
+            else "Envoy → gateway → feature service + scorer, as designed; "
+        )
+        + "its own copy of the dataset, registry, online "
         "store and model; the feature updater seeded from the dataset's history), ghz open loop "
         f"through Envoy, {seconds:g} s per run, unique transaction ids and timestamps at call "
         "time, 42 ms deadline. *event→store*: the updater's "
@@ -390,6 +398,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--probe-interval-ms", type=float, default=100.0)
     parser.add_argument("--target-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--gateway-in-process",
+        action="store_true",
+        help="The gateway reads the store and runs the model itself (fewer hops, less CPU).",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="freshness", help="Base name of the report files.")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -404,8 +417,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.seconds,
         args.probe_interval_ms / 1000,
         args.repeats,
+        args.gateway_in_process,
     )
-    report = markdown(runs, command.strip(), args.seconds, args.target_ms)
+    report = markdown(runs, command.strip(), args.seconds, args.target_ms, args.gateway_in_process)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.md").write_text(report)
     (args.out / f"{args.name}.json").write_text(
@@ -416,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "machine": machine_line(),
                 "seconds": args.seconds,
                 "target_ms": args.target_ms,
+                "gateway_in_process": args.gateway_in_process,
                 "runs": runs,
                 "summary": summary(runs, args.target_ms),
             },
