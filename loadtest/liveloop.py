@@ -2,18 +2,21 @@
 
 ``python -m loadtest.liveloop [--store sqlite] [--rates 200,400] [--rounds 4] [--run-s 20]``
 starts two meshes at once on free ports, each on its own copy of the dataset, registry,
-online store and model:
+online store and model, and measures three sides:
 
 - **on**: the gateway appends a decision event after every answer (a done callback), the
   feature updater applies the events to the online store, the decision sink writes them;
+- **emit-only**: the same mesh with its updater and decision sink paused (SIGSTOP) during
+  the run: what emitting alone does, without the consumers' CPU on the same two cores
+  (resumed, they catch up before the next run);
 - **off**: ``live_loop=False``: no producer, no done callback, no updater, no sink.
 
-ghz drives ``Score`` through each mesh's Envoy, open loop, 42 ms deadline per call, the same
-2,000-request mix on both (unique transaction ids per run, timestamps at call time). Each
-round visits every rate and runs both sides back to back, the order flipping from one pair
-to the next, so that the shared machine's drifts fall on both sides alike; every figure is
-then a median over the rounds, and differences are taken per round (paired) before their
-median.
+ghz drives ``Score`` through the mesh's Envoy, open loop, 42 ms deadline per call, the same
+2,000-request mix on every side (unique transaction ids per run, timestamps at call time).
+Each round visits every rate and runs the sides back to back, their order rotating from one
+rate to the next, so that the shared machine's drifts fall on every side alike; every figure
+is then a median over the rounds, and differences against off are taken per round (paired)
+before their median.
 
 Per run: p50 / p99 / p99.9 (errors included), errors, answers with default features and by
 the rules (the gateway's decision counters), CPU milliseconds per call of every process of
@@ -22,12 +25,12 @@ grpc's callbacks, the pipeline and, with the loop on, the done callback that bui
 appends the event) apart from its other threads (grpc's pollers and, with the loop on, the
 event log's sender thread), the CPU the idle mesh used meanwhile, and the load average.
 
-The emit cost is the gateway's CPU per call on minus off (over the pairs answered alike:
-a degraded answer skips downstream calls and costs the gateway less); the target is at most
+The emit cost is the gateway's CPU per call against off (over the pairs answered alike: a
+degraded answer skips downstream calls and costs the gateway less); the target is at most
 0.15 ms. p99 counts as changed only when every run of one side is slower than every run of
-the other (with 4 rounds, a chance of 1 in 35 when the two sides are alike). At the end, the event log
-counters of the "on" gateway and the updater's records say whether every answer became an
-event and reached the updater.
+the other (with 4 rounds, a chance of 1 in 35 when the two sides are alike). At the end,
+the event log counters of the "on" gateway and the updater's records say whether every
+answer became an event and reached the updater.
 
 Results go to ``loadtest/results/liveloop-<store>.md`` and ``.json``.
 """
@@ -35,15 +38,17 @@ Results go to ``loadtest/results/liveloop-<store>.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,7 +60,10 @@ from loadtest import data, ghz
 from loadtest.runner import RESULTS_DIR, check_state, machine_line, mesh_answers, start_mesh
 from services.mesh import Mesh
 
-SIDES = ("on", "off")
+SIDES = ("on", "emit-only", "off")
+"""The loop on; the loop on with its consumers paused during the run; the loop off."""
+MESH_OF = {"on": "on", "emit-only": "on", "off": "off"}
+"""Which mesh each side runs on."""
 EMIT_BUDGET_MS = 0.15
 """Most CPU emitting may cost per Score."""
 SERVING = ("envoy", "gateway", "features", "scorer", "redis")
@@ -228,36 +236,69 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _versus_off(
+    runs: Sequence[dict[str, Any]], rps: int, side: str, rounds: Sequence[int]
+) -> dict[str, Any]:
+    """``side`` against "off" at ``rps``: differences per round, their medians, verdicts."""
+    paired: dict[str, list[float]] = {}
+    like: list[float] = []
+    for rnd in rounds:
+        pair = {
+            r["side"]: r
+            for r in runs
+            if r["rps"] == rps and r["round"] == rnd and r["side"] in (side, "off")
+        }
+        if len(pair) != 2:
+            continue
+        on, off = pair[side], pair["off"]
+        # Degraded answers skip downstream calls and cost the gateway less: only pairs
+        # answered alike compare the gateway's CPU like for like.
+        if (
+            abs(on["default_share"] - off["default_share"]) < LIKE_FOR_LIKE
+            and abs(on["rules_share"] - off["rules_share"]) < LIKE_FOR_LIKE
+        ):
+            like.append(_value(on, "gateway_ms") - _value(off, "gateway_ms"))
+        for key in (
+            "gateway_ms",
+            "gateway_main_ms_per_call",
+            "gateway_other_ms_per_call",
+            "serving_ms_per_call",
+            "mesh_ms_per_call",
+            "p99_ms",
+            "p50_ms",
+        ):
+            paired.setdefault(key, []).append(_value(on, key) - _value(off, key))
+    on_p99 = [r["result"]["p99_ms"] for r in runs if r["rps"] == rps and r["side"] == side]
+    off_p99 = [r["result"]["p99_ms"] for r in runs if r["rps"] == rps and r["side"] == "off"]
+    if min(len(on_p99), len(off_p99)) < MIN_ROUNDS:
+        p99_verdict = "too few rounds to tell"
+    elif min(on_p99) > max(off_p99) or max(on_p99) < min(off_p99):
+        p99_verdict = "the runs do not overlap: measurable"
+    else:
+        p99_verdict = "the runs overlap: nothing measurable"
+    later = sum(1 for d in paired.get("p99_ms", []) if d > 0)
+    # The like-for-like pairs when at least half the rounds are, else every pair.
+    alike = 2 * len(like) >= len(paired.get("gateway_ms", []))
+    emit_ms = _median(like if alike else paired.get("gateway_ms", []))
+    return {
+        "paired_minus_off": paired,
+        "median_paired": {k: _median(v) for k, v in paired.items()},
+        "p99_higher_in_pairs": later,
+        "like_for_like_gateway_ms": like,
+        "emit_cpu_ms_per_call": emit_ms,
+        "emit_from_like_for_like": alike,
+        "emit_within_budget": emit_ms <= EMIT_BUDGET_MS,
+        "p99_verdict": p99_verdict,
+    }
+
+
 def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int]) -> list[dict[str, Any]]:
-    """Per rate: medians of each side, paired differences (on − off per round), verdicts."""
+    """Per rate: medians of each side; each side with events against "off", paired by round."""
     out = []
+    sides = [s for s in SIDES if any(r["side"] == s for r in runs)]
     for rps in rates:
-        by_side = {s: [r for r in runs if r["rps"] == rps and r["side"] == s] for s in SIDES}
+        by_side = {s: [r for r in runs if r["rps"] == rps and r["side"] == s] for s in sides}
         rounds = sorted({r["round"] for r in runs if r["rps"] == rps})
-        paired: dict[str, list[float]] = {}
-        like: list[float] = []
-        for rnd in rounds:
-            pair = {r["side"]: r for r in runs if r["rps"] == rps and r["round"] == rnd}
-            if set(pair) != set(SIDES):
-                continue
-            on, off = pair["on"], pair["off"]
-            # Degraded answers skip downstream calls and cost the gateway less: only pairs
-            # answered alike compare the gateway's CPU like for like.
-            if (
-                abs(on["default_share"] - off["default_share"]) < LIKE_FOR_LIKE
-                and abs(on["rules_share"] - off["rules_share"]) < LIKE_FOR_LIKE
-            ):
-                like.append(_value(on, "gateway_ms") - _value(off, "gateway_ms"))
-            for key in (
-                "gateway_ms",
-                "gateway_main_ms_per_call",
-                "gateway_other_ms_per_call",
-                "serving_ms_per_call",
-                "mesh_ms_per_call",
-                "p99_ms",
-                "p50_ms",
-            ):
-                paired.setdefault(key, []).append(_value(on, key) - _value(off, key))
         medians = {
             side: {
                 key: _median([_value(r, key) for r in cells])
@@ -286,29 +327,14 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int]) -> list[dict
             }
             for side, cells in by_side.items()
         }
-        on_p99 = [r["result"]["p99_ms"] for r in by_side["on"]]
-        off_p99 = [r["result"]["p99_ms"] for r in by_side["off"]]
-        if min(len(on_p99), len(off_p99)) < MIN_ROUNDS:
-            p99_verdict = "too few rounds to tell"
-        elif min(on_p99) > max(off_p99) or max(on_p99) < min(off_p99):
-            p99_verdict = "on and off runs do not overlap: measurable"
-        else:
-            p99_verdict = "runs overlap: nothing measurable"
-        # The like-for-like pairs when at least half the rounds are, else every pair.
-        alike = 2 * len(like) >= len(rounds)
-        emit_ms = _median(like if alike else paired.get("gateway_ms", []))
         out.append(
             {
                 "rps": rps,
                 "rounds": len(rounds),
                 "medians": medians,
-                "paired_on_minus_off": paired,
-                "median_paired": {k: _median(v) for k, v in paired.items()},
-                "like_for_like_gateway_ms": like,
-                "emit_cpu_ms_per_call": emit_ms,
-                "emit_from_like_for_like": alike,
-                "emit_within_budget": emit_ms <= EMIT_BUDGET_MS,
-                "p99_verdict": p99_verdict,
+                "versus_off": {
+                    side: _versus_off(runs, rps, side, rounds) for side in sides if side != "off"
+                },
             }
         )
     return out
@@ -339,9 +365,12 @@ def markdown(
         "",
         "Two meshes at once (Envoy → gateway → feature service + scorer), each on its own copy "
         "of the state: **on** (decision event after every answer, feature updater, decision "
-        "sink) and **off** (`live_loop=False`). ghz open loop through Envoy, 42 ms deadline, "
-        f"{run_s:g} s per run, unique transaction ids, timestamps at call time; on and off back "
-        "to back at each rate, the order flipping every pair. CPU: user + system of each "
+        "sink) and **off** (`live_loop=False`); **emit-only** is the *on* mesh with its updater "
+        "and decision sink paused (SIGSTOP) during the run, so that it shows what emitting alone "
+        "does, without the consumers' CPU on the same two cores (they catch up before the next "
+        "run). ghz open loop through Envoy, 42 ms deadline, "
+        f"{run_s:g} s per run, unique transaction ids, timestamps at call time; the sides back "
+        "to back at each rate, their order rotating from one rate to the next. CPU: user + system of each "
         "process over the run, per call made; *gateway main*: its event-loop thread (grpc "
         "callbacks, pipeline, the done callback that builds and appends the event); *other*: "
         "its other threads (grpc pollers, the event log's sender thread). *Serving*: Envoy, "
@@ -376,7 +405,7 @@ def markdown(
         "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
-        for side in SIDES:
+        for side in s["medians"]:
             m = s["medians"][side]
             runs_p99 = ", ".join(f"{v:.1f}" for v in m["p99_ms_runs"])
             lines.append(
@@ -395,7 +424,7 @@ def markdown(
         "|---:|---|" + "---:|" * len(_processes(summary)),
     ]
     for s in summary:
-        for side in SIDES:
+        for side in s["medians"]:
             per = s["medians"][side]["process_ms_per_call"]
             lines.append(
                 f"| {s['rps']} | {side} | "
@@ -404,32 +433,39 @@ def markdown(
             )
     lines += [
         "",
-        "## On − off, paired by round (median of the differences)",
+        "## Against off, paired by round (median of the differences)",
         "",
         "*Like for like*: pairs whose two runs had default features and rules within "
         f"{LIKE_FOR_LIKE:.0%} of each other (a degraded answer skips downstream calls and costs "
         "the gateway less); the emit cost is their median when at least half the pairs are, "
-        "else the median of every pair.",
+        "else the median of every pair. *p99 higher*: in how many pairs the side's p99 was "
+        "above off's. p99 counts as changed only when every run of one side is slower than "
+        "every run of the other.",
         "",
-        "| rps | rounds | gateway CPU ms/call | like for like (pairs) | main | other | "
-        "serving ms/call | mesh ms/call | p50 ms | p99 ms | emit ≤ 0.15 ms | p99 |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| rps | side − off | pairs | gateway CPU ms/call | like for like (pairs) | main | "
+        "other | serving ms/call | mesh ms/call | p50 ms | p99 ms | p99 higher | "
+        "emit ≤ 0.15 ms | p99 |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    nan = float("nan")
     for s in summary:
-        d = s["median_paired"]
-        like = s["like_for_like_gateway_ms"]
-        lines.append(
-            f"| {s['rps']} | {s['rounds']} | {d.get('gateway_ms', float('nan')):+.3f} | "
-            + (f"{_median(like):+.3f} ({len(like)})" if like else "– (0)")
-            + " | "
-            f"{d.get('gateway_main_ms_per_call', float('nan')):+.3f} | "
-            f"{d.get('gateway_other_ms_per_call', float('nan')):+.3f} | "
-            f"{d.get('serving_ms_per_call', float('nan')):+.2f} | "
-            f"{d.get('mesh_ms_per_call', float('nan')):+.2f} | "
-            f"{d.get('p50_ms', float('nan')):+.2f} | {d.get('p99_ms', float('nan')):+.2f} | "
-            f"{'met' if s['emit_within_budget'] else 'missed'} "
-            f"({s['emit_cpu_ms_per_call']:+.3f}) | {s['p99_verdict']} |"
-        )
+        for side, v in s["versus_off"].items():
+            d = v["median_paired"]
+            like = v["like_for_like_gateway_ms"]
+            pairs = len(v["paired_minus_off"].get("p99_ms", []))
+            lines.append(
+                f"| {s['rps']} | {side} | {pairs} | {d.get('gateway_ms', nan):+.3f} | "
+                + (f"{_median(like):+.3f} ({len(like)})" if like else "– (0)")
+                + " | "
+                f"{d.get('gateway_main_ms_per_call', nan):+.3f} | "
+                f"{d.get('gateway_other_ms_per_call', nan):+.3f} | "
+                f"{d.get('serving_ms_per_call', nan):+.2f} | "
+                f"{d.get('mesh_ms_per_call', nan):+.2f} | "
+                f"{d.get('p50_ms', nan):+.2f} | {d.get('p99_ms', nan):+.2f} | "
+                f"{v['p99_higher_in_pairs']} of {pairs} | "
+                f"{'met' if v['emit_within_budget'] else 'missed'} "
+                f"({v['emit_cpu_ms_per_call']:+.3f}) | {v['p99_verdict']} |"
+            )
     if counts:
         decided = counts.get("fraudmesh_decisions_total", 0.0)
         lines += [
@@ -450,9 +486,48 @@ def markdown(
 def _processes(summary: Sequence[dict[str, Any]]) -> list[str]:
     names: dict[str, None] = {}
     for s in summary:
-        for side in SIDES:
+        for side in s["medians"]:
             names.update(dict.fromkeys(s["medians"][side]["process_ms_per_call"]))
     return list(names)
+
+
+def _updater_behind(mesh: Side) -> bool:
+    """True while the updater has consumed fewer decisions than the gateway delivered."""
+    gateway, updater = mesh.metrics_url("gateway"), mesh.metrics_url("updater")
+    if gateway is None or updater is None:
+        return False
+    delivered = _metrics(gateway, ["fraudmesh_eventlog_delivered_total"])
+    consumed = _decisions_consumed(updater)
+    return consumed < delivered["fraudmesh_eventlog_delivered_total"]
+
+
+def _decisions_consumed(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "fraudmesh_updater_records_total" and s.labels.get("kind") == "decision"
+    )
+
+
+@contextlib.contextmanager
+def consumers_paused(mesh: Side, catch_up_s: float = 120.0) -> Iterator[None]:
+    """Stops the mesh's updater and decision sink (SIGSTOP) for the block, then lets them
+    catch up with what the gateway appended meanwhile before returning."""
+    pids = [mesh.procs[n].pid for n in CONSUMERS if n in mesh.procs]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + catch_up_s
+    while _updater_behind(mesh) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2.0)  # the decision sink's flush, too
 
 
 def run(
@@ -462,6 +537,7 @@ def run(
     rounds: int,
     run_s: float,
     warmup_s: float,
+    sides: Sequence[str] = SIDES,
     log: Log = print,
 ) -> tuple[list[dict[str, Any]], dict[str, float], str]:
     """Starts both meshes, runs the rounds, stops the meshes; returns every run, the "on"
@@ -470,35 +546,44 @@ def run(
     population = data.sample_population(var_dir / "data", 2000)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="liveloop-bench-") as tmp:
-        sides: dict[str, Side] = {}
+        meshes: dict[str, Side] = {}
         try:
-            for name in SIDES:
+            for name in ("on", "off"):
                 work = _copy_state(var_dir, Path(tmp) / name)
                 log(f"starting the mesh with the live loop {name} ({store} store) …")
                 mesh = start_mesh(
                     work, store, work / "logs", live_loop=name == "on", log=lambda _: None
                 )
-                sides[name] = Side(name, mesh, work)
-            for name, side in sides.items():
-                file = requests_file(side.work / "warmup.json", population, f"w{name}")
-                ghz.run_ghz(ghz.SCORE, side.target, file, rps=rates[0], duration_s=warmup_s,
-                            timeout_ms=42)  # fmt: skip
-            pair = 0
+                meshes[name] = Side(name, mesh, work)
+            for name, mesh_side in meshes.items():
+                file = requests_file(mesh_side.work / "warmup.json", population, f"w{name}")
+                ghz.run_ghz(ghz.SCORE, mesh_side.target, file, rps=rates[0],
+                            duration_s=warmup_s, timeout_ms=42)  # fmt: skip
+            turn = 0
             for rnd in range(1, rounds + 1):
                 for rps in rates:
-                    order = SIDES if pair % 2 == 0 else SIDES[::-1]
-                    pair += 1
+                    # The order rotates, so that no side always runs first (or after another).
+                    order = [sides[(turn + i) % len(sides)] for i in range(len(sides))]
+                    turn += 1
                     for name in order:
-                        side, idle = sides[name], sides["off" if name == "on" else "on"]
+                        home = MESH_OF[name]
+                        side, idle = meshes[home], meshes["off" if home == "on" else "on"]
                         file = requests_file(
-                            side.work / "score.json", population, f"r{rnd}-{rps}-{name}"
+                            side.work / "score.json", population, f"r{rnd}-{rps}-{turn}-{home}"
                         )
-                        cell = measure(side, idle, rps, run_s, file)
+                        paused = (
+                            consumers_paused(side)
+                            if name == "emit-only"
+                            else contextlib.nullcontext()
+                        )
+                        with paused:
+                            cell = measure(side, idle, rps, run_s, file)
+                        cell["side"] = name
                         cell["round"] = rnd
                         runs.append(cell)
                         res = cell["result"]
                         log(
-                            f"round {rnd} {rps} rps {name:>3}: p50 {res['p50_ms']:.2f} "
+                            f"round {rnd} {rps} rps {name:>9}: p50 {res['p50_ms']:.2f} "
                             f"p99 {res['p99_ms']:.2f} p99.9 {res['p999_ms']:.2f} ms, "
                             f"errors {res['error_share']:.2%}, "
                             f"default {cell['default_share']:.1%}, "
@@ -506,11 +591,11 @@ def run(
                             f"mesh {cell['mesh_ms_per_call']:.2f} ms/call, "
                             f"load {cell['load_average'][1]:.1f}"
                         )
-            counts = accounting(sides["on"])
-            eventlog = sides["on"].mesh.config.eventlog_backend
+            counts = accounting(meshes["on"])
+            eventlog = meshes["on"].mesh.config.eventlog_backend
         finally:
-            for side in sides.values():
-                side.mesh.stop()
+            for mesh_side in meshes.values():
+                mesh_side.mesh.stop()
     return runs, counts, eventlog
 
 
@@ -524,13 +609,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--run-s", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument(
+        "--sides", default=",".join(SIDES), help=f"Which of {', '.join(SIDES)} to run."
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default=None, help="Base name; default liveloop-<store>.")
     args = parser.parse_args(args_list)
     rates = [int(r) for r in args.rates.split(",") if r]
     command = " ".join(["python -m loadtest.liveloop", *args_list])
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = set(sides) - set(SIDES)
+    if unknown or "off" not in sides or len(sides) < 2:
+        parser.error(f"--sides: off and at least one of on, emit-only; not {sorted(unknown)}")
     runs, counts, eventlog = run(
-        args.var_dir, args.store, rates, args.rounds, args.run_s, args.warmup_s
+        args.var_dir, args.store, rates, args.rounds, args.run_s, args.warmup_s, sides
     )
     summary = summarize(runs, rates)
     name = args.name or f"liveloop-{args.store}"
