@@ -85,6 +85,10 @@ bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work f
 	GOBIN=$(GOBIN) go install fortio.org/fortio@v1.66.5
 	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) $(BENCH_ARGS)
 
+.PHONY: bench-loop
+bench-loop: data tools ## Live loop on vs off side by side (CPU per Score, p99); report in loadtest/results/
+	$(PY) -m loadtest.liveloop --var-dir $(VAR) $(BENCH_ARGS)
+
 .PHONY: k8s-envoy
 k8s-envoy: install ## Render deploy/k8s/base/envoy-bootstrap.yaml from the Envoy template
 	bash scripts/k8s-check.sh render

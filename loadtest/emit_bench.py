@@ -18,6 +18,8 @@ not only in the CPU: with 2000 µs extra, a strategy that runs before the answer
 ~2 ms to every call.
 
     python -m loadtest.emit_bench [--rates 200,400] [--seconds 10] [--repeats 3] [--extra-us 0]
+
+Results go to ``loadtest/results/emit-strategies[-extra<N>us].md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -40,6 +44,7 @@ from fraud.v1 import scoring_pb2, scoring_pb2_grpc
 from loadtest import ghz
 from loadtest.data import write_data_file
 from loadtest.priority import normal_priority
+from loadtest.runner import RESULTS_DIR, machine_line
 from services.common.server import serve
 from services.common.settings import ServerSettings
 from services.domain import featurespec
@@ -192,8 +197,51 @@ def measure(
         process.stop()
 
 
+def markdown(
+    cells: dict[tuple[str, int], list[tuple[ghz.Result, float]]],
+    rates: Sequence[int],
+    strategies: Sequence[str],
+    command: str,
+    seconds: float,
+    repeats: int,
+    extra_us: float,
+    loads: Sequence[float],
+) -> str:
+    """The report: medians of the alternating runs per strategy and rate."""
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    lines = [
+        "# When the gateway emits its decision event: strategies side by side",
+        "",
+        f"`{command}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine_line()}.",
+        "",
+        "A Score server on the project's runtime answers a canned response and emits the real "
+        "decision event onto a file log with each strategy; ghz drives it directly, open loop, "
+        f"{seconds:g} s per run; strategies alternate and every cell is the median of {repeats} "
+        f"runs. Extra busy work per emit: {extra_us:g} µs. Server CPU: user + system of the "
+        "server process over the run, per call. 1-minute load average during the runs: "
+        f"{min(loads):.1f}–{max(loads):.1f}.",
+        "",
+        "| strategy | rps | p50 ms | p99 ms | p99.9 ms | server CPU µs/call | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for rps in rates:
+        for strategy in strategies:
+            runs = cells[(strategy, rps)]
+            lines.append(
+                f"| {strategy} | {rps} | {med([r.p50_ms for r, _ in runs]):.3f} | "
+                f"{med([r.p99_ms for r, _ in runs]):.3f} | {med([r.p999_ms for r, _ in runs]):.3f} "
+                f"| {med([c for _, c in runs]) * 1000:.0f} | "
+                f"{sum(r.error_count for r, _ in runs)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Runs the strategies side by side and prints a Markdown table of medians."""
+    """Runs the strategies side by side; prints and writes a Markdown table of medians (and
+    the runs as JSON) to ``--out``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
         _serve(argv[1:])
@@ -204,43 +252,62 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--extra-us", type=float, default=0.0)
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--name", default=None, help="Base name; default emit-strategies[-extra].")
     args = parser.parse_args(argv)
+    command = " ".join(["python -m loadtest.emit_bench", *argv])
     rates = [int(r) for r in args.rates.split(",")]
     strategies = [s for s in args.strategies.split(",") if s]
     cells: dict[tuple[str, int], list[tuple[ghz.Result, float]]] = {}
+    loads: list[float] = []
+    runs: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="emit-bench-") as tmp:
         work = Path(tmp)
         for repeat in range(args.repeats):
             for rps in rates:
                 for strategy in strategies:
                     result, cpu_ms = measure(strategy, rps, args.seconds, args.extra_us, work)
+                    loads.append(os.getloadavg()[0])
                     cells.setdefault((strategy, rps), []).append((result, cpu_ms))
+                    runs.append(
+                        {
+                            "repeat": repeat + 1,
+                            "strategy": strategy,
+                            "rps": rps,
+                            "result": result.to_dict(),
+                            "server_cpu_ms_per_call": cpu_ms,
+                            "load_average": loads[-1],
+                        }
+                    )
                     print(
                         f"run {repeat + 1} {strategy:>13} {rps} rps: p50 {result.p50_ms:.3f} "
                         f"p99 {result.p99_ms:.3f} ms, cpu {cpu_ms * 1000:.0f} µs/call, "
                         f"errors {result.error_count}",
                         flush=True,
                     )
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(
-        f"\nmedians of {args.repeats} alternating runs, {args.seconds:g} s each, "
-        f"extra emit work {args.extra_us:g} µs, load average {load}\n"
+    report = markdown(
+        cells, rates, strategies, command, args.seconds, args.repeats, args.extra_us, loads
     )
-    print("| strategy | rps | p50 ms | p99 ms | p99.9 ms | server CPU µs/call | errors |")
-    print("|---|---|---|---|---|---|---|")
-    for rps in rates:
-        for strategy in strategies:
-            runs = cells[(strategy, rps)]
-
-            def med(values: list[float]) -> float:
-                return statistics.median(values)
-
-            print(
-                f"| {strategy} | {rps} | {med([r.p50_ms for r, _ in runs]):.3f} | "
-                f"{med([r.p99_ms for r, _ in runs]):.3f} | {med([r.p999_ms for r, _ in runs]):.3f} "
-                f"| {med([c for _, c in runs]) * 1000:.0f} | "
-                f"{sum(r.error_count for r, _ in runs)} |"
-            )
+    name = args.name or (
+        "emit-strategies" + (f"-extra{args.extra_us:g}us" if args.extra_us else "")
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.md").write_text(report)
+    (args.out / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "command": command,
+                "finished": datetime.now(UTC).isoformat(),
+                "machine": machine_line(),
+                "seconds": args.seconds,
+                "repeats": args.repeats,
+                "extra_us": args.extra_us,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
+    print(f"\n{report}\nwrote {args.out / (name + '.md')}")
 
 
 if __name__ == "__main__":
