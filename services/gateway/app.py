@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -35,6 +36,7 @@ from services.gateway.rollout import ModelProvider, Rollout
 from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.shadow import ShadowQueue
+from services.gateway.streams import StreamFeatureClient, StreamPool, stream_pools
 from services.gateway.validate import Transaction
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
@@ -76,6 +78,7 @@ class GatewayApp:
         self._closers: list[Callable[[], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._shadow: ShadowQueue | None = None
+        self._pools: list[StreamPool[Any, Any]] = []
 
     def register(self, server: grpc.aio.Server) -> list[str]:
         """Adds the public scoring and outcome servicers."""
@@ -109,8 +112,19 @@ class GatewayApp:
             scorer_channel = insecure_channel(s.scorer_target)
             self.channels = [features_channel, scorer_channel]
             await self._wait_ready([features_channel, scorer_channel])
-            features = GrpcFeatureClient(features_channel)
-            provider = GrpcModelProvider(scorer_channel, s.model_load_timeout_s)
+            if s.transport == "stream":
+                features_pool, scorer_pool = stream_pools(
+                    features_channel, scorer_channel, self.metrics, s.stream_settings
+                )
+                self._pools = [features_pool, scorer_pool]
+                await self._wait_open(self._pools)
+                features = StreamFeatureClient(features_pool)
+                provider = GrpcModelProvider(
+                    scorer_channel, s.model_load_timeout_s, stream=scorer_pool
+                )
+            else:
+                features = GrpcFeatureClient(features_channel)
+                provider = GrpcModelProvider(scorer_channel, s.model_load_timeout_s)
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
         live_model = await provider.prepare(metadata, load=s.in_process)
@@ -201,6 +215,17 @@ class GatewayApp:
         except TimeoutError:
             log.warning("dependencies not reachable yet; serving with fallbacks until they are")
 
+    async def _wait_open(self, pools: list[StreamPool[Any, Any]]) -> None:
+        """Waits for a stream to each dependency; one still down later is covered by the
+        fallbacks while its streams keep reopening."""
+        opened = await asyncio.gather(
+            *(p.wait_open(self.settings.dependency_wait_s) for p in pools)
+        )
+        if not all(opened):
+            log.warning(
+                "streams to dependencies not open yet; serving with fallbacks until they are"
+            )
+
     async def _warm_up(self, pipeline: Pipeline) -> None:
         """Runs whole scoring calls so the first real request finds everything hot."""
         policy = self.settings.budget_policy
@@ -228,6 +253,8 @@ class GatewayApp:
             for _ in range(3):
                 await asyncio.sleep(0)
         await self.emitter.close()
+        for pool in self._pools:
+            await pool.close()
         for channel in self.channels:
             await channel.close()
         for close in self._closers:

@@ -1,5 +1,5 @@
 """gRPC clients of the gateway's dependencies (feature service, scorer); they turn RPC
-failures into DependencyError. ``GrpcModelProvider`` makes a model version ready in the
+failures into DependencyError (``streams.py`` has the persistent-stream clients). ``GrpcModelProvider`` makes a model version ready in the
 scorer (the v2 repository extension's ``RepositoryModelLoad``) for the lifecycle follower."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.gateway.pipeline import DependencyError
+from services.gateway.streams import ModelRow, StreamModelClient, StreamPool
 from services.models.repository import ModelMetadata
 from services.models.v2 import BadResponse, RowRequests, fraud_probabilities, fraud_probability
 
@@ -86,12 +87,20 @@ class GrpcModelClient:
 class GrpcModelProvider:
     """Makes versions ready in the scorer and builds clients that score with them."""
 
-    def __init__(self, channel: grpc.aio.Channel, load_timeout_s: float) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        load_timeout_s: float,
+        stream: StreamPool[ModelRow, float] | None = None,
+    ) -> None:
         self._channel = channel
         self._stub = v2_grpc.GRPCInferenceServiceStub(channel)
         self._load_timeout_s = load_timeout_s
+        self._stream = stream
 
-    async def prepare(self, metadata: ModelMetadata, load: bool = True) -> GrpcModelClient:
+    async def prepare(
+        self, metadata: ModelMetadata, load: bool = True
+    ) -> GrpcModelClient | StreamModelClient:
         """A client for ``metadata``'s version; with ``load``, once the scorer has it
         loaded and warmed (it also loads it by itself from the lifecycle file)."""
         if load:
@@ -103,4 +112,6 @@ class GrpcModelProvider:
                 raise DependencyError(
                     "scorer", _reason(error), f"loading v{metadata.version}: {error.details()}"
                 ) from error
+        if self._stream is not None:
+            return StreamModelClient(self._stream, metadata)
         return GrpcModelClient(self._channel, metadata)

@@ -47,6 +47,7 @@ class GatewayMetrics:
     """The gateway's metric families, created once per process."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
         self.latency = Histogram(
             "fraudmesh_score_latency_seconds",
             "Time from request to answer inside the gateway.",
@@ -169,6 +170,38 @@ class GatewayMetrics:
         self.shadow_dropped = Counter(
             "fraudmesh_shadow_dropped_total",
             "Shadow scorings dropped because the shadow queue was full.",
+            registry=registry,
+        )
+
+        self.stream_open = Gauge(
+            "fraudmesh_stream_open",
+            "Persistent streams open to a dependency now.",
+            ["dependency"],
+            registry=registry,
+        )
+        self.stream_reconnects = Counter(
+            "fraudmesh_stream_reconnects_total",
+            "Persistent streams that ended and were reopened, by why they ended.",
+            ["dependency", "reason"],
+            registry=registry,
+        )
+        self.stream_resets = Counter(
+            "fraudmesh_stream_resets_total",
+            "Persistent streams the gateway reset itself (e.g. stalled: no replies).",
+            ["dependency", "reason"],
+            registry=registry,
+        )
+        self.stream_late_replies = Counter(
+            "fraudmesh_stream_late_replies_total",
+            "Stream replies that came after their request's deadline, dropped.",
+            ["dependency"],
+            registry=registry,
+        )
+        self.stream_batch_rows = Histogram(
+            "fraudmesh_stream_batch_rows",
+            "Requests carried by one stream message (1 unless batching coalesced several).",
+            ["dependency"],
+            buckets=(1, 2, 4, 8, 16, 32),
             registry=registry,
         )
 

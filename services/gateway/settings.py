@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -10,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
 from services.gateway.canary import CanaryLimits
+from services.gateway.streams import StreamSettings
 from services.gateway.validate import Limits
 from services.models.settings import ModelServerSettings
 
@@ -31,6 +33,22 @@ class GatewaySettings(ModelServerSettings):
         description="Read the online store and run the model inside the gateway instead of "
         "calling the feature service and the scorer over gRPC (services/gateway/inprocess.py); "
         "the store settings then come from FRAUD_FEATURES_*.",
+    )
+    transport: Literal["stream", "unary"] = Field(
+        "stream",
+        description="How the gateway calls its dependencies: 'stream' multiplexes requests "
+        "over a few persistent bidirectional streams per dependency (StreamFeatures, "
+        "ModelStreamInfer), 'unary' makes one call per request (GetFeatures, ModelInfer).",
+    )
+    streams: int = Field(
+        2, ge=1, le=64, description="Persistent streams per dependency (transport 'stream')."
+    )
+    stream_max_batch: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Most requests one stream message may carry: above 1, requests waiting "
+        "for the same stream are coalesced (never waiting for more to arrive).",
     )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
@@ -154,6 +172,11 @@ class GatewaySettings(ModelServerSettings):
         "model calls; nobody waits for a shadow result).",
     )
     shadow_timeout_ms: float = Field(50.0, gt=0, description="Deadline of a shadow model call.")
+
+    @property
+    def stream_settings(self) -> StreamSettings:
+        """The persistent streams' settings."""
+        return StreamSettings(streams=self.streams, max_batch=self.stream_max_batch)
 
     @property
     def canary_limits(self) -> CanaryLimits:

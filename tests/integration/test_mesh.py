@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -302,3 +303,57 @@ def test_scorer_speaks_open_inference_protocol_v2(mesh: Mesh) -> None:
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelMetadata(v2.ModelMetadataRequest(name="other"), timeout=2)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+
+
+def test_feature_stream_answers_each_request_by_id_and_fails_only_the_bad_one(
+    mesh: Mesh, known: Known
+) -> None:
+    target = f"{mesh.config.host}:{mesh.config.features_port}"
+    good = features_pb2.GetFeaturesRequest(
+        card_id=known.card_id, merchant_id=known.merchant_id, terminal_id=known.terminal_id
+    )
+    requests = [
+        features_pb2.StreamFeaturesRequest(id=7, timeout_us=2_000_000, lookups=[good]),
+        features_pb2.StreamFeaturesRequest(
+            id=8, lookups=[good, features_pb2.GetFeaturesRequest(merchant_id="m")]
+        ),
+        features_pb2.StreamFeaturesRequest(id=9, lookups=[good, good]),
+    ]
+    with grpc.insecure_channel(target) as channel:
+        stub = features_pb2_grpc.FeatureServiceStub(channel)
+        replies = {r.id: r for r in stub.StreamFeatures(iter(requests), timeout=10)}
+    assert set(replies) == {7, 8, 9}
+    assert replies[7].error_code == 0
+    assert [f.name for f in replies[7].results[0].features] == list(featurespec.STORE_FEATURES)
+    assert all(
+        f.status == features_pb2.FEATURE_STATUS_PRESENT for f in replies[7].results[0].features
+    )
+    # The bad lookup fails its request (naming the field), not the stream.
+    assert replies[8].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert replies[8].error_message.startswith("lookups[1].card_id")
+    assert not replies[8].results
+    assert len(replies[9].results) == 2
+
+
+def test_triton_client_streams_inference_from_the_scorer(mesh: Mesh) -> None:
+    target = f"{mesh.config.host}:{mesh.config.scorer_port}"
+    script = Path(__file__).with_name("triton_stream.py")
+    n = len(featurespec.MODEL_FEATURES)
+    run = subprocess.run(
+        [sys.executable, str(script), target, "fraud-lgbm", str(n)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    results = json.loads(run.stdout.strip().splitlines()[-1])["results"]
+    assert len(results) == 3
+    answered = {r["id"]: r for r in results if "id" in r}
+    errors = [r["error"] for r in results if "error" in r]
+    assert set(answered) == {"a", "b"}
+    assert answered["a"]["shape"] == [1, 2]
+    assert answered["b"]["shape"] == [4, 2]
+    assert all(abs(total - 1.0) < 1e-5 for r in answered.values() for total in r["row_sums"])
+    # The bad request fails alone, with the field named; the stream carried on.
+    assert len(errors) == 1
+    assert "inputs[0].shape" in errors[0]

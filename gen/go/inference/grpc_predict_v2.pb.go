@@ -723,6 +723,61 @@ func (x *ModelInferResponse) GetRawOutputContents() [][]byte {
 	return nil
 }
 
+// ModelStreamInferResponse is one reply on ModelStreamInfer: a response or an error.
+type ModelStreamInferResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why the request failed; empty on success.
+	ErrorMessage string `protobuf:"bytes,1,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// The response; its id is the request's id.
+	InferResponse *ModelInferResponse `protobuf:"bytes,2,opt,name=infer_response,json=inferResponse,proto3" json:"infer_response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStreamInferResponse) Reset() {
+	*x = ModelStreamInferResponse{}
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStreamInferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStreamInferResponse) ProtoMessage() {}
+
+func (x *ModelStreamInferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStreamInferResponse.ProtoReflect.Descriptor instead.
+func (*ModelStreamInferResponse) Descriptor() ([]byte, []int) {
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ModelStreamInferResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ModelStreamInferResponse) GetInferResponse() *ModelInferResponse {
+	if x != nil {
+		return x.InferResponse
+	}
+	return nil
+}
+
 // InferParameter is one named parameter value.
 type InferParameter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -740,7 +795,7 @@ type InferParameter struct {
 
 func (x *InferParameter) Reset() {
 	*x = InferParameter{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[12]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +807,7 @@ func (x *InferParameter) String() string {
 func (*InferParameter) ProtoMessage() {}
 
 func (x *InferParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[12]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +820,7 @@ func (x *InferParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferParameter.ProtoReflect.Descriptor instead.
 func (*InferParameter) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{12}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InferParameter) GetParameterChoice() isInferParameter_ParameterChoice {
@@ -852,7 +907,7 @@ type InferTensorContents struct {
 
 func (x *InferTensorContents) Reset() {
 	*x = InferTensorContents{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[13]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +919,7 @@ func (x *InferTensorContents) String() string {
 func (*InferTensorContents) ProtoMessage() {}
 
 func (x *InferTensorContents) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[13]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +932,7 @@ func (x *InferTensorContents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferTensorContents.ProtoReflect.Descriptor instead.
 func (*InferTensorContents) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{13}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InferTensorContents) GetBoolContents() []bool {
@@ -954,7 +1009,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[14]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1021,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[14]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1034,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{14}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1070,7 +1125,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[15]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1137,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[15]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1150,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{15}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1123,7 +1178,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[16]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1190,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[16]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1203,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{16}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1173,7 +1228,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[17]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1240,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[17]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1253,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{17}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1231,7 +1286,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[18]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1298,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[18]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1311,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{18}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{19}
 }
 
 // RepositoryModelUnloadRequest names the model to unload.
@@ -1274,7 +1329,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[19]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1341,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[19]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1354,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{19}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1332,7 +1387,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[20]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1399,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[20]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1412,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{20}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{21}
 }
 
 // TensorMetadata describes one tensor.
@@ -1375,7 +1430,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[21]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1442,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[21]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1498,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[22]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1510,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[22]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1574,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[23]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1531,7 +1586,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[23]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1635,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[27]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1647,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[27]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1715,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[30]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1727,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_inference_grpc_predict_v2_proto_msgTypes[30]
+	mi := &file_inference_grpc_predict_v2_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1740,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{16, 0}
+	return file_inference_grpc_predict_v2_proto_rawDescGZIP(), []int{17, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -1808,7 +1863,10 @@ const file_inference_grpc_predict_v2_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\x1aX\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
-	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x8d\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x18ModelStreamInferResponse\x12#\n" +
+	"\rerror_message\x18\x01 \x01(\tR\ferrorMessage\x12D\n" +
+	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"\x8d\x01\n" +
 	"\x0eInferParameter\x12\x1f\n" +
 	"\n" +
 	"bool_param\x18\x01 \x01(\bH\x00R\tboolParam\x12!\n" +
@@ -1866,7 +1924,7 @@ const file_inference_grpc_predict_v2_proto_rawDesc = "" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05value\x18\x02 \x01(\v2#.inference.ModelRepositoryParameterR\x05value:\x028\x01\"\x1f\n" +
-	"\x1dRepositoryModelUnloadResponse2\xae\x06\n" +
+	"\x1dRepositoryModelUnloadResponse2\x8b\a\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -1876,7 +1934,8 @@ const file_inference_grpc_predict_v2_proto_rawDesc = "" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
 	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
 	"\n" +
-	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12Z\n" +
+	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12[\n" +
+	"\x10ModelStreamInfer\x12\x1c.inference.ModelInferRequest\x1a#.inference.ModelStreamInferResponse\"\x00(\x010\x01\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
 	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00B\x98\x01\n" +
@@ -1894,7 +1953,7 @@ func file_inference_grpc_predict_v2_proto_rawDescGZIP() []byte {
 	return file_inference_grpc_predict_v2_proto_rawDescData
 }
 
-var file_inference_grpc_predict_v2_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_inference_grpc_predict_v2_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_inference_grpc_predict_v2_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -1908,74 +1967,78 @@ var file_inference_grpc_predict_v2_proto_goTypes = []any{
 	(*ModelMetadataResponse)(nil),                        // 9: inference.ModelMetadataResponse
 	(*ModelInferRequest)(nil),                            // 10: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 11: inference.ModelInferResponse
-	(*InferParameter)(nil),                               // 12: inference.InferParameter
-	(*InferTensorContents)(nil),                          // 13: inference.InferTensorContents
-	(*ModelRepositoryParameter)(nil),                     // 14: inference.ModelRepositoryParameter
-	(*RepositoryIndexRequest)(nil),                       // 15: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 16: inference.RepositoryIndexResponse
-	(*RepositoryModelLoadRequest)(nil),                   // 17: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 18: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 19: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 20: inference.RepositoryModelUnloadResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 21: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 22: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 23: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 24: inference.ModelInferRequest.ParametersEntry
-	nil, // 25: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 26: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 27: inference.ModelInferResponse.InferOutputTensor
-	nil, // 28: inference.ModelInferResponse.ParametersEntry
-	nil, // 29: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 30: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 31: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 32: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelStreamInferResponse)(nil),                     // 12: inference.ModelStreamInferResponse
+	(*InferParameter)(nil),                               // 13: inference.InferParameter
+	(*InferTensorContents)(nil),                          // 14: inference.InferTensorContents
+	(*ModelRepositoryParameter)(nil),                     // 15: inference.ModelRepositoryParameter
+	(*RepositoryIndexRequest)(nil),                       // 16: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 17: inference.RepositoryIndexResponse
+	(*RepositoryModelLoadRequest)(nil),                   // 18: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 19: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 20: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 21: inference.RepositoryModelUnloadResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 22: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 23: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 24: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 25: inference.ModelInferRequest.ParametersEntry
+	nil, // 26: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 28: inference.ModelInferResponse.InferOutputTensor
+	nil, // 29: inference.ModelInferResponse.ParametersEntry
+	nil, // 30: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 31: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 32: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 33: inference.RepositoryModelUnloadRequest.ParametersEntry
 }
 var file_inference_grpc_predict_v2_proto_depIdxs = []int32{
-	21, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	21, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	24, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	22, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	23, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	28, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	27, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
-	30, // 7: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	31, // 8: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	32, // 9: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	25, // 10: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	13, // 11: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	26, // 12: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	12, // 13: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	12, // 14: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	12, // 15: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	29, // 16: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	13, // 17: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	12, // 18: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	12, // 19: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	14, // 20: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	14, // 21: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	0,  // 22: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 23: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 24: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 25: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 26: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	10, // 27: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	15, // 28: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	17, // 29: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	19, // 30: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	1,  // 31: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 32: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 33: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 34: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 35: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	11, // 36: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	16, // 37: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	18, // 38: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	20, // 39: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	31, // [31:40] is the sub-list for method output_type
-	22, // [22:31] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	22, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	22, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	25, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	23, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	24, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	29, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	28, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	11, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
+	31, // 8: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	32, // 9: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	33, // 10: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	26, // 11: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	14, // 12: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	27, // 13: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	13, // 14: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	13, // 15: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	13, // 16: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	30, // 17: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	14, // 18: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	13, // 19: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	13, // 20: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	15, // 21: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	15, // 22: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	0,  // 23: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 24: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 25: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 26: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 27: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	10, // 28: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	10, // 29: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	16, // 30: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	18, // 31: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	20, // 32: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	1,  // 33: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 34: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 35: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 36: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 37: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	11, // 38: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	12, // 39: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	17, // 40: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	19, // 41: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	21, // 42: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	33, // [33:43] is the sub-list for method output_type
+	23, // [23:33] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_inference_grpc_predict_v2_proto_init() }
@@ -1983,12 +2046,12 @@ func file_inference_grpc_predict_v2_proto_init() {
 	if File_inference_grpc_predict_v2_proto != nil {
 		return
 	}
-	file_inference_grpc_predict_v2_proto_msgTypes[12].OneofWrappers = []any{
+	file_inference_grpc_predict_v2_proto_msgTypes[13].OneofWrappers = []any{
 		(*InferParameter_BoolParam)(nil),
 		(*InferParameter_Int64Param)(nil),
 		(*InferParameter_StringParam)(nil),
 	}
-	file_inference_grpc_predict_v2_proto_msgTypes[14].OneofWrappers = []any{
+	file_inference_grpc_predict_v2_proto_msgTypes[15].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
@@ -2000,7 +2063,7 @@ func file_inference_grpc_predict_v2_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inference_grpc_predict_v2_proto_rawDesc), len(file_inference_grpc_predict_v2_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	GRPCInferenceService_ServerMetadata_FullMethodName        = "/inference.GRPCInferenceService/ServerMetadata"
 	GRPCInferenceService_ModelMetadata_FullMethodName         = "/inference.GRPCInferenceService/ModelMetadata"
 	GRPCInferenceService_ModelInfer_FullMethodName            = "/inference.GRPCInferenceService/ModelInfer"
+	GRPCInferenceService_ModelStreamInfer_FullMethodName      = "/inference.GRPCInferenceService/ModelStreamInfer"
 	GRPCInferenceService_RepositoryIndex_FullMethodName       = "/inference.GRPCInferenceService/RepositoryIndex"
 	GRPCInferenceService_RepositoryModelLoad_FullMethodName   = "/inference.GRPCInferenceService/RepositoryModelLoad"
 	GRPCInferenceService_RepositoryModelUnload_FullMethodName = "/inference.GRPCInferenceService/RepositoryModelUnload"
@@ -54,6 +55,12 @@ type GRPCInferenceServiceClient interface {
 	ModelMetadata(ctx context.Context, in *ModelMetadataRequest, opts ...grpc.CallOption) (*ModelMetadataResponse, error)
 	// ModelInfer runs the model on the given input tensors.
 	ModelInfer(ctx context.Context, in *ModelInferRequest, opts ...grpc.CallOption) (*ModelInferResponse, error)
+	// ModelStreamInfer runs ModelInfer requests sent on one long-lived stream, as Triton
+	// defines it: each reply carries its request's id, and a request that fails gets a reply
+	// with error_message instead of ending the stream. A request may carry its own deadline
+	// as the int64 parameter "timeout", in microseconds from its arrival; the server drops
+	// work whose deadline has passed and replies with an error.
+	ModelStreamInfer(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ModelInferRequest, ModelStreamInferResponse], error)
 	// RepositoryIndex lists the model versions in the repository and whether each is
 	// loaded (model repository extension, as Triton defines it).
 	RepositoryIndex(ctx context.Context, in *RepositoryIndexRequest, opts ...grpc.CallOption) (*RepositoryIndexResponse, error)
@@ -132,6 +139,19 @@ func (c *gRPCInferenceServiceClient) ModelInfer(ctx context.Context, in *ModelIn
 	return out, nil
 }
 
+func (c *gRPCInferenceServiceClient) ModelStreamInfer(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ModelInferRequest, ModelStreamInferResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GRPCInferenceService_ServiceDesc.Streams[0], GRPCInferenceService_ModelStreamInfer_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ModelInferRequest, ModelStreamInferResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GRPCInferenceService_ModelStreamInferClient = grpc.BidiStreamingClient[ModelInferRequest, ModelStreamInferResponse]
+
 func (c *gRPCInferenceServiceClient) RepositoryIndex(ctx context.Context, in *RepositoryIndexRequest, opts ...grpc.CallOption) (*RepositoryIndexResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RepositoryIndexResponse)
@@ -180,6 +200,12 @@ type GRPCInferenceServiceServer interface {
 	ModelMetadata(context.Context, *ModelMetadataRequest) (*ModelMetadataResponse, error)
 	// ModelInfer runs the model on the given input tensors.
 	ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error)
+	// ModelStreamInfer runs ModelInfer requests sent on one long-lived stream, as Triton
+	// defines it: each reply carries its request's id, and a request that fails gets a reply
+	// with error_message instead of ending the stream. A request may carry its own deadline
+	// as the int64 parameter "timeout", in microseconds from its arrival; the server drops
+	// work whose deadline has passed and replies with an error.
+	ModelStreamInfer(grpc.BidiStreamingServer[ModelInferRequest, ModelStreamInferResponse]) error
 	// RepositoryIndex lists the model versions in the repository and whether each is
 	// loaded (model repository extension, as Triton defines it).
 	RepositoryIndex(context.Context, *RepositoryIndexRequest) (*RepositoryIndexResponse, error)
@@ -215,6 +241,9 @@ func (UnimplementedGRPCInferenceServiceServer) ModelMetadata(context.Context, *M
 }
 func (UnimplementedGRPCInferenceServiceServer) ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ModelInfer not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) ModelStreamInfer(grpc.BidiStreamingServer[ModelInferRequest, ModelStreamInferResponse]) error {
+	return status.Error(codes.Unimplemented, "method ModelStreamInfer not implemented")
 }
 func (UnimplementedGRPCInferenceServiceServer) RepositoryIndex(context.Context, *RepositoryIndexRequest) (*RepositoryIndexResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RepositoryIndex not implemented")
@@ -354,6 +383,13 @@ func _GRPCInferenceService_ModelInfer_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GRPCInferenceService_ModelStreamInfer_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(GRPCInferenceServiceServer).ModelStreamInfer(&grpc.GenericServerStream[ModelInferRequest, ModelStreamInferResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GRPCInferenceService_ModelStreamInferServer = grpc.BidiStreamingServer[ModelInferRequest, ModelStreamInferResponse]
+
 func _GRPCInferenceService_RepositoryIndex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RepositoryIndexRequest)
 	if err := dec(in); err != nil {
@@ -452,6 +488,13 @@ var GRPCInferenceService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _GRPCInferenceService_RepositoryModelUnload_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ModelStreamInfer",
+			Handler:       _GRPCInferenceService_ModelStreamInfer_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "inference/grpc_predict_v2.proto",
 }

@@ -65,6 +65,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=inference_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=inference_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=inference_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
@@ -128,6 +133,17 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStreamInfer(self, request_iterator, context):
+        """ModelStreamInfer runs ModelInfer requests sent on one long-lived stream, as Triton
+        defines it: each reply carries its request's id, and a request that fails gets a reply
+        with error_message instead of ending the stream. A request may carry its own deadline
+        as the int64 parameter "timeout", in microseconds from its arrival; the server drops
+        work whose deadline has passed and replies with an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """RepositoryIndex lists the model versions in the repository and whether each is
         loaded (model repository extension, as Triton defines it).
@@ -183,6 +199,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=inference_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=inference_dot_grpc__predict__v2__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=inference_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
+                    response_serializer=inference_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -363,6 +384,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             inference_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             inference_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            inference_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
+            inference_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

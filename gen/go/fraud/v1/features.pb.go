@@ -270,6 +270,144 @@ func (x *GetFeaturesResponse) GetFeatures() []*Feature {
 	return nil
 }
 
+// StreamFeaturesRequest is one message on StreamFeatures.
+type StreamFeaturesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Correlates the reply; unique among the stream's unanswered requests.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Time the sender still waits for the reply, in microseconds from the
+	// request's arrival; 0 means no deadline. Work past it is skipped.
+	TimeoutUs uint64 `protobuf:"varint,2,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
+	// The lookups, each as for GetFeatures.
+	Lookups       []*GetFeaturesRequest `protobuf:"bytes,3,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamFeaturesRequest) Reset() {
+	*x = StreamFeaturesRequest{}
+	mi := &file_fraud_v1_features_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamFeaturesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamFeaturesRequest) ProtoMessage() {}
+
+func (x *StreamFeaturesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fraud_v1_features_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamFeaturesRequest.ProtoReflect.Descriptor instead.
+func (*StreamFeaturesRequest) Descriptor() ([]byte, []int) {
+	return file_fraud_v1_features_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StreamFeaturesRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamFeaturesRequest) GetTimeoutUs() uint64 {
+	if x != nil {
+		return x.TimeoutUs
+	}
+	return 0
+}
+
+func (x *StreamFeaturesRequest) GetLookups() []*GetFeaturesRequest {
+	if x != nil {
+		return x.Lookups
+	}
+	return nil
+}
+
+// StreamFeaturesResponse answers one StreamFeaturesRequest.
+type StreamFeaturesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// One answer per lookup, in the request's order; empty when error_code is set.
+	Results []*GetFeaturesResponse `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// The gRPC status code (google.rpc.Code) of a request that failed; 0 on success.
+	ErrorCode int32 `protobuf:"varint,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// Why the request failed; empty on success.
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamFeaturesResponse) Reset() {
+	*x = StreamFeaturesResponse{}
+	mi := &file_fraud_v1_features_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamFeaturesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamFeaturesResponse) ProtoMessage() {}
+
+func (x *StreamFeaturesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fraud_v1_features_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamFeaturesResponse.ProtoReflect.Descriptor instead.
+func (*StreamFeaturesResponse) Descriptor() ([]byte, []int) {
+	return file_fraud_v1_features_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StreamFeaturesResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamFeaturesResponse) GetResults() []*GetFeaturesResponse {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *StreamFeaturesResponse) GetErrorCode() int32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *StreamFeaturesResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 var File_fraud_v1_features_proto protoreflect.FileDescriptor
 
 const file_fraud_v1_features_proto_rawDesc = "" +
@@ -288,14 +426,26 @@ const file_fraud_v1_features_proto_rawDesc = "" +
 	"\x06status\x18\x03 \x01(\x0e2\x17.fraud.v1.FeatureStatusR\x06status\x12C\n" +
 	"\x0fevent_timestamp\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0eeventTimestamp\"D\n" +
 	"\x13GetFeaturesResponse\x12-\n" +
-	"\bfeatures\x18\x01 \x03(\v2\x11.fraud.v1.FeatureR\bfeatures*\x81\x01\n" +
+	"\bfeatures\x18\x01 \x03(\v2\x11.fraud.v1.FeatureR\bfeatures\"~\n" +
+	"\x15StreamFeaturesRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"timeout_us\x18\x02 \x01(\x04R\ttimeoutUs\x126\n" +
+	"\alookups\x18\x03 \x03(\v2\x1c.fraud.v1.GetFeaturesRequestR\alookups\"\xa5\x01\n" +
+	"\x16StreamFeaturesResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x127\n" +
+	"\aresults\x18\x02 \x03(\v2\x1d.fraud.v1.GetFeaturesResponseR\aresults\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\x05R\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage*\x81\x01\n" +
 	"\rFeatureStatus\x12\x1e\n" +
 	"\x1aFEATURE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FEATURE_STATUS_PRESENT\x10\x01\x12\x1a\n" +
 	"\x16FEATURE_STATUS_MISSING\x10\x02\x12\x18\n" +
-	"\x14FEATURE_STATUS_STALE\x10\x032\\\n" +
+	"\x14FEATURE_STATUS_STALE\x10\x032\xb5\x01\n" +
 	"\x0eFeatureService\x12J\n" +
-	"\vGetFeatures\x12\x1c.fraud.v1.GetFeaturesRequest\x1a\x1d.fraud.v1.GetFeaturesResponseB\x96\x01\n" +
+	"\vGetFeatures\x12\x1c.fraud.v1.GetFeaturesRequest\x1a\x1d.fraud.v1.GetFeaturesResponse\x12W\n" +
+	"\x0eStreamFeatures\x12\x1f.fraud.v1.StreamFeaturesRequest\x1a .fraud.v1.StreamFeaturesResponse(\x010\x01B\x96\x01\n" +
 	"\fcom.fraud.v1B\rFeaturesProtoP\x01Z6github.com/fraudmesh/fraudmesh/gen/go/fraud/v1;fraudv1\xa2\x02\x03FXX\xaa\x02\bFraud.V1\xca\x02\bFraud\\V1\xe2\x02\x14Fraud\\V1\\GPBMetadata\xea\x02\tFraud::V1b\x06proto3"
 
 var (
@@ -311,26 +461,32 @@ func file_fraud_v1_features_proto_rawDescGZIP() []byte {
 }
 
 var file_fraud_v1_features_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fraud_v1_features_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_fraud_v1_features_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_fraud_v1_features_proto_goTypes = []any{
-	(FeatureStatus)(0),            // 0: fraud.v1.FeatureStatus
-	(*GetFeaturesRequest)(nil),    // 1: fraud.v1.GetFeaturesRequest
-	(*Feature)(nil),               // 2: fraud.v1.Feature
-	(*GetFeaturesResponse)(nil),   // 3: fraud.v1.GetFeaturesResponse
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(FeatureStatus)(0),             // 0: fraud.v1.FeatureStatus
+	(*GetFeaturesRequest)(nil),     // 1: fraud.v1.GetFeaturesRequest
+	(*Feature)(nil),                // 2: fraud.v1.Feature
+	(*GetFeaturesResponse)(nil),    // 3: fraud.v1.GetFeaturesResponse
+	(*StreamFeaturesRequest)(nil),  // 4: fraud.v1.StreamFeaturesRequest
+	(*StreamFeaturesResponse)(nil), // 5: fraud.v1.StreamFeaturesResponse
+	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
 }
 var file_fraud_v1_features_proto_depIdxs = []int32{
-	4, // 0: fraud.v1.GetFeaturesRequest.as_of:type_name -> google.protobuf.Timestamp
+	6, // 0: fraud.v1.GetFeaturesRequest.as_of:type_name -> google.protobuf.Timestamp
 	0, // 1: fraud.v1.Feature.status:type_name -> fraud.v1.FeatureStatus
-	4, // 2: fraud.v1.Feature.event_timestamp:type_name -> google.protobuf.Timestamp
+	6, // 2: fraud.v1.Feature.event_timestamp:type_name -> google.protobuf.Timestamp
 	2, // 3: fraud.v1.GetFeaturesResponse.features:type_name -> fraud.v1.Feature
-	1, // 4: fraud.v1.FeatureService.GetFeatures:input_type -> fraud.v1.GetFeaturesRequest
-	3, // 5: fraud.v1.FeatureService.GetFeatures:output_type -> fraud.v1.GetFeaturesResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1, // 4: fraud.v1.StreamFeaturesRequest.lookups:type_name -> fraud.v1.GetFeaturesRequest
+	3, // 5: fraud.v1.StreamFeaturesResponse.results:type_name -> fraud.v1.GetFeaturesResponse
+	1, // 6: fraud.v1.FeatureService.GetFeatures:input_type -> fraud.v1.GetFeaturesRequest
+	4, // 7: fraud.v1.FeatureService.StreamFeatures:input_type -> fraud.v1.StreamFeaturesRequest
+	3, // 8: fraud.v1.FeatureService.GetFeatures:output_type -> fraud.v1.GetFeaturesResponse
+	5, // 9: fraud.v1.FeatureService.StreamFeatures:output_type -> fraud.v1.StreamFeaturesResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_fraud_v1_features_proto_init() }
@@ -344,7 +500,7 @@ func file_fraud_v1_features_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fraud_v1_features_proto_rawDesc), len(file_fraud_v1_features_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

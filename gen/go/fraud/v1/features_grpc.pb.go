@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	FeatureService_GetFeatures_FullMethodName = "/fraud.v1.FeatureService/GetFeatures"
+	FeatureService_GetFeatures_FullMethodName    = "/fraud.v1.FeatureService/GetFeatures"
+	FeatureService_StreamFeatures_FullMethodName = "/fraud.v1.FeatureService/StreamFeatures"
 )
 
 // FeatureServiceClient is the client API for FeatureService service.
@@ -33,6 +34,12 @@ type FeatureServiceClient interface {
 	// features come back with status MISSING, as do the terminal's when no
 	// terminal is named.
 	GetFeatures(ctx context.Context, in *GetFeaturesRequest, opts ...grpc.CallOption) (*GetFeaturesResponse, error)
+	// StreamFeatures answers lookups sent on one long-lived stream: each request
+	// carries an id and its own deadline, and its reply carries the id back, in
+	// any order. A lookup that fails gets a reply with an error instead of ending
+	// the stream. One request may hold several lookups (a batch); the reply holds
+	// their answers in the same order.
+	StreamFeatures(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamFeaturesRequest, StreamFeaturesResponse], error)
 }
 
 type featureServiceClient struct {
@@ -53,6 +60,19 @@ func (c *featureServiceClient) GetFeatures(ctx context.Context, in *GetFeaturesR
 	return out, nil
 }
 
+func (c *featureServiceClient) StreamFeatures(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamFeaturesRequest, StreamFeaturesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FeatureService_ServiceDesc.Streams[0], FeatureService_StreamFeatures_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamFeaturesRequest, StreamFeaturesResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FeatureService_StreamFeaturesClient = grpc.BidiStreamingClient[StreamFeaturesRequest, StreamFeaturesResponse]
+
 // FeatureServiceServer is the server API for FeatureService service.
 // All implementations must embed UnimplementedFeatureServiceServer
 // for forward compatibility.
@@ -64,6 +84,12 @@ type FeatureServiceServer interface {
 	// features come back with status MISSING, as do the terminal's when no
 	// terminal is named.
 	GetFeatures(context.Context, *GetFeaturesRequest) (*GetFeaturesResponse, error)
+	// StreamFeatures answers lookups sent on one long-lived stream: each request
+	// carries an id and its own deadline, and its reply carries the id back, in
+	// any order. A lookup that fails gets a reply with an error instead of ending
+	// the stream. One request may hold several lookups (a batch); the reply holds
+	// their answers in the same order.
+	StreamFeatures(grpc.BidiStreamingServer[StreamFeaturesRequest, StreamFeaturesResponse]) error
 	mustEmbedUnimplementedFeatureServiceServer()
 }
 
@@ -76,6 +102,9 @@ type UnimplementedFeatureServiceServer struct{}
 
 func (UnimplementedFeatureServiceServer) GetFeatures(context.Context, *GetFeaturesRequest) (*GetFeaturesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetFeatures not implemented")
+}
+func (UnimplementedFeatureServiceServer) StreamFeatures(grpc.BidiStreamingServer[StreamFeaturesRequest, StreamFeaturesResponse]) error {
+	return status.Error(codes.Unimplemented, "method StreamFeatures not implemented")
 }
 func (UnimplementedFeatureServiceServer) mustEmbedUnimplementedFeatureServiceServer() {}
 func (UnimplementedFeatureServiceServer) testEmbeddedByValue()                        {}
@@ -116,6 +145,13 @@ func _FeatureService_GetFeatures_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FeatureService_StreamFeatures_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FeatureServiceServer).StreamFeatures(&grpc.GenericServerStream[StreamFeaturesRequest, StreamFeaturesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FeatureService_StreamFeaturesServer = grpc.BidiStreamingServer[StreamFeaturesRequest, StreamFeaturesResponse]
+
 // FeatureService_ServiceDesc is the grpc.ServiceDesc for FeatureService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +164,13 @@ var FeatureService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _FeatureService_GetFeatures_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "StreamFeatures",
+			Handler:       _FeatureService_StreamFeatures_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "fraud/v1/features.proto",
 }

@@ -50,3 +50,25 @@ class GetFeaturesResponse(_message.Message):
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     features: _containers.RepeatedCompositeFieldContainer[Feature]
     def __init__(self, features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ...) -> None: ...
+
+class StreamFeaturesRequest(_message.Message):
+    __slots__ = ("id", "timeout_us", "lookups")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout_us: int
+    lookups: _containers.RepeatedCompositeFieldContainer[GetFeaturesRequest]
+    def __init__(self, id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., lookups: _Optional[_Iterable[_Union[GetFeaturesRequest, _Mapping]]] = ...) -> None: ...
+
+class StreamFeaturesResponse(_message.Message):
+    __slots__ = ("id", "results", "error_code", "error_message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    results: _containers.RepeatedCompositeFieldContainer[GetFeaturesResponse]
+    error_code: int
+    error_message: str
+    def __init__(self, id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[GetFeaturesResponse, _Mapping]]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...

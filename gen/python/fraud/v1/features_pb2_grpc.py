@@ -40,6 +40,11 @@ class FeatureServiceStub:
                 request_serializer=fraud_dot_v1_dot_features__pb2.GetFeaturesRequest.SerializeToString,
                 response_deserializer=fraud_dot_v1_dot_features__pb2.GetFeaturesResponse.FromString,
                 _registered_method=True)
+        self.StreamFeatures = channel.stream_stream(
+                '/fraud.v1.FeatureService/StreamFeatures',
+                request_serializer=fraud_dot_v1_dot_features__pb2.StreamFeaturesRequest.SerializeToString,
+                response_deserializer=fraud_dot_v1_dot_features__pb2.StreamFeaturesResponse.FromString,
+                _registered_method=True)
 
 
 class FeatureServiceServicer:
@@ -56,6 +61,17 @@ class FeatureServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamFeatures(self, request_iterator, context):
+        """StreamFeatures answers lookups sent on one long-lived stream: each request
+        carries an id and its own deadline, and its reply carries the id back, in
+        any order. A lookup that fails gets a reply with an error instead of ending
+        the stream. One request may hold several lookups (a batch); the reply holds
+        their answers in the same order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FeatureServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +79,11 @@ def add_FeatureServiceServicer_to_server(servicer, server):
                     servicer.GetFeatures,
                     request_deserializer=fraud_dot_v1_dot_features__pb2.GetFeaturesRequest.FromString,
                     response_serializer=fraud_dot_v1_dot_features__pb2.GetFeaturesResponse.SerializeToString,
+            ),
+            'StreamFeatures': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamFeatures,
+                    request_deserializer=fraud_dot_v1_dot_features__pb2.StreamFeaturesRequest.FromString,
+                    response_serializer=fraud_dot_v1_dot_features__pb2.StreamFeaturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +114,33 @@ class FeatureService:
             '/fraud.v1.FeatureService/GetFeatures',
             fraud_dot_v1_dot_features__pb2.GetFeaturesRequest.SerializeToString,
             fraud_dot_v1_dot_features__pb2.GetFeaturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamFeatures(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fraud.v1.FeatureService/StreamFeatures',
+            fraud_dot_v1_dot_features__pb2.StreamFeaturesRequest.SerializeToString,
+            fraud_dot_v1_dot_features__pb2.StreamFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,
