@@ -126,6 +126,8 @@ class Process:
     popen: subprocess.Popen[bytes] | None = None
     expected: bool = False
     """True from start() to stop(): an exit in between is a crash."""
+    niceness: int = 0
+    """Niceness once serving, above the parent's (0: the parent's)."""
 
     @property
     def pid(self) -> int | None:
@@ -178,7 +180,7 @@ class Process:
         """Back to the parent's niceness once serving (lowering niceness needs root or
         CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
         assert self.popen is not None
-        renice_threads(self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        renice_threads(self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.niceness)
 
     def returncode(self) -> int | None:
         """Exit status once ended."""
@@ -246,6 +248,11 @@ class MeshConfig:
     kafka_bootstrap: str | None = None
     """Bootstrap servers of the Kafka event log (a broker the mesh does not run)."""
     updater_port: int = 50054
+    background_niceness: int = 10
+    """Niceness of the loop's consumers (feature updater, decision sink) once they serve,
+    above the mesh's own: their work is off the request path, and on a small machine a
+    burst of it must not take a core from a Score in flight (Kubernetes gets the same by
+    their lower CPU requests). 0 runs them like the serving processes."""
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
@@ -396,6 +403,7 @@ class Mesh:
                     **to_env(settings_class, port=port, metrics_port=c.metrics_ports.get(name)),
                 },
                 log_path=logs / f"{name}.log",
+                niceness=c.background_niceness if name == "updater" else 0,
             )
         if c.live_loop:
             self.processes["decisionlog"] = Process(
@@ -404,6 +412,7 @@ class Mesh:
                 ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
                 env=c.decisionlog_env(),
                 log_path=logs / "decisionlog.log",
+                niceness=c.background_niceness,
             )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.edge = c.edge_settings()
