@@ -50,6 +50,9 @@ SERVICE_SETTINGS: tuple[type[BaseSettings], ...] = (
     EventLogSettings,
 )
 """Settings classes the mesh's service processes build from their environment."""
+SERVING = ("envoy", "gateway", "features", "scorer", "redis")
+"""Processes on the request path (and gateway replicas, ``gateway-N``); the others (the live
+loop's updater and decision sink) work after the answer."""
 PRODUCT_PREFIX = "FRAUD_"
 """Environment names under this prefix must name a setting of ``SERVICE_SETTINGS``."""
 
@@ -200,6 +203,9 @@ def _cell(run: Run, step: report.Step) -> dict[str, Any]:
         "partial_share": step.share("feature_source=partial"),
         "rules_share": step.share("scored_by=rules"),
         "cpu_ms_per_call": step.cpu_ms,
+        "serving_cpu_ms_per_call": sum(
+            v for n, v in step.cpu_ms_per_call.items() if n.split("-")[0] in SERVING
+        ),
         "cpu_by_process": dict(step.cpu_ms_per_call),
         "full_quality": step.full_quality(),
     }
@@ -224,6 +230,7 @@ MEDIAN_KEYS = (
     "partial_share",
     "rules_share",
     "cpu_ms_per_call",
+    "serving_cpu_ms_per_call",
 )
 """Figures of a cell that get a median over the rounds."""
 
@@ -268,6 +275,10 @@ def summarize(
                 "p99": _ratio(cell["median"]["p99_ms"], base["median"]["p99_ms"]),
                 "cpu_ms_per_call": _ratio(
                     cell["median"]["cpu_ms_per_call"], base["median"]["cpu_ms_per_call"]
+                ),
+                "serving_cpu_ms_per_call": _ratio(
+                    cell["median"]["serving_cpu_ms_per_call"],
+                    base["median"]["serving_cpu_ms_per_call"],
                 ),
             }
         per_rate.append(entry)
@@ -333,9 +344,10 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         "|---|---|",
         *(f"| {v.name} | {v.describe()} |" for v in cfg.variants),
         "",
-        f"{cfg.rounds} round{'s' if cfg.rounds > 1 else ''}. In each, every variant in turn gets a fresh mesh on a fresh copy "
-        "of the state (dataset, registry, online store, models; no live-loop state from an "
-        f"earlier run), {base.warmup_s:g} s of warm-up at the first rate, then the rate steps: "
+        f"{cfg.rounds} round{'s' if cfg.rounds > 1 else ''}. In each, every variant in turn "
+        "gets a fresh mesh on a fresh copy of the state (dataset, registry, online store, "
+        f"models; no live-loop state from an earlier run), {base.warmup_s:g} s of warm-up at "
+        "the first rate, then the rate steps: "
         f"ghz open loop (`--async --count-errors`), {base.step_s:g} s per step, deadline "
         f"{base.deadline_ms:g} ms per call, {base.requests} distinct requests; a run stops "
         f"after {base.saturated_steps} saturated steps in a row. One mesh runs at a time; the "
@@ -349,16 +361,19 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         + "Percentiles include errors. *Default*, *partial*, *rules*: shares of answers made "
         "with default or partial features or by the rules (the gateway's decision counters). "
         "*CPU ms/Score*: user + system CPU of every process of the mesh (Envoy, the services, "
-        "the loop's consumers, Redis) over the step, per call made. Ratios are the variant's "
+        "the loop's consumers, Redis) over the step, per call made; *serving*: of the "
+        "processes on the request path alone (Envoy, gateways, features, scorer, Redis; the "
+        "loop's consumers work after the answer and, at low rates, mostly on their own "
+        "timers). Ratios are the variant's "
         f"median over {baseline}'s; † marks a median with degraded answers beyond full quality "
         "(they skip work, so they cost less and can answer sooner).",
         "",
         "## Medians over the rounds",
         "",
         "| offered rps | variant | rounds | p50 ms | p99 ms | p99.9 ms | errors | default "
-        f"| partial | rules | CPU ms/Score | full quality | p99 vs {baseline} "
-        f"| CPU vs {baseline} |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| partial | rules | CPU ms/Score | serving | full quality | p99 vs {baseline} "
+        f"| CPU vs {baseline} | serving vs {baseline} |",
+        "|---:|---|" + "---:|" * 14,
     ]
     for entry in summary["rates"]:
         for name, cell in entry["variants"].items():
@@ -369,9 +384,13 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
                 f"| {cell['rounds_run']}/{cfg.rounds} | {_ms(m['p50_ms'])} | {_ms(m['p99_ms'])} "
                 f"| {_ms(m['p999_ms'])} | {_pct(m['error_share'])} | {_pct(m['default_share'])} "
                 f"| {_pct(m['partial_share'])} | {_pct(m['rules_share'])} "
-                f"| {_ms(m['cpu_ms_per_call'])} | {cell['rounds_full_quality']}/{cell['rounds_run']} "
-                f"| {_times(versus.get('p99')) if name != baseline else 'base'} "
-                f"| {_times(versus.get('cpu_ms_per_call')) if name != baseline else 'base'} |"
+                f"| {_ms(m['cpu_ms_per_call'])} | {_ms(m['serving_cpu_ms_per_call'])} "
+                f"| {cell['rounds_full_quality']}/{cell['rounds_run']} | "
+                + " | ".join(
+                    "base" if name == baseline else _times(versus.get(key))
+                    for key in ("p99", "cpu_ms_per_call", "serving_cpu_ms_per_call")
+                )
+                + " |"
             )
     lines += [
         "",
@@ -397,8 +416,8 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         "## Every run",
         "",
         "| offered rps | variant | round (turn) | achieved rps | p50 ms | p99 ms | p99.9 ms "
-        "| errors | default | partial | rules | CPU ms/Score |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| errors | default | partial | rules | CPU ms/Score | serving |",
+        "|---:|---|" + "---:|" * 11,
     ]
     for entry in summary["rates"]:
         for name, cell in entry["variants"].items():
@@ -411,7 +430,7 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
                     f"| {c['achieved_rps']:.0f} | {_ms(c['p50_ms'])} | {_ms(c['p99_ms'])} "
                     f"| {_ms(c['p999_ms'])} | {errors} | {_pct(c['default_share'])} "
                     f"| {_pct(c['partial_share'])} | {_pct(c['rules_share'])} "
-                    f"| {_ms(c['cpu_ms_per_call'])} |"
+                    f"| {_ms(c['cpu_ms_per_call'])} | {_ms(c['serving_cpu_ms_per_call'])} |"
                 )
     processes = sorted(
         {

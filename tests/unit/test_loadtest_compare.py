@@ -51,7 +51,7 @@ def _step(
     return report.Step(
         _result(rps, p99, errors),
         {"gateway": 100 * 2**20},
-        {"gateway": cpu * 0.6, "features": cpu * 0.4},
+        {"gateway": cpu * 0.5, "features": cpu * 0.3, "updater": cpu * 0.2},
         answers,
     )
 
@@ -183,10 +183,16 @@ def test_summary_has_every_round_medians_and_ratios_to_the_baseline() -> None:
     assert old["median"]["p99_ms"] == pytest.approx(7.0)
     assert new["median"]["p99_ms"] == pytest.approx(3.5)
     assert new["median"]["cpu_ms_per_call"] == pytest.approx(2.5)
-    assert new["median"]["cpu_by_process"]["gateway"] == pytest.approx(1.5)
+    assert new["median"]["cpu_by_process"]["gateway"] == pytest.approx(1.25)
+    # The updater works after the answer: not on the request path.
+    assert new["median"]["serving_cpu_ms_per_call"] == pytest.approx(2.0)
     assert new["median"]["default_share"] == 0.0
     assert at200["versus_baseline"] == {
-        "new": {"p99": pytest.approx(0.5), "cpu_ms_per_call": pytest.approx(2.5 / 4.0)}
+        "new": {
+            "p99": pytest.approx(0.5),
+            "cpu_ms_per_call": pytest.approx(2.5 / 4.0),
+            "serving_cpu_ms_per_call": pytest.approx(2.0 / 3.2),
+        }
     }
     at400 = summary["rates"][1]["variants"]["new"]
     assert at400["rounds_full_quality"] == 1
@@ -226,8 +232,9 @@ def test_report_files_hold_the_tables_the_plot_and_every_run(tmp_path: Path) -> 
         "## CPU ms per Score by process (medians)",
     ):
         assert heading in text
-    assert "| p99 vs old | CPU vs old |" in text
-    assert "| 200 | new | 2/2 | " in text and "| 0.50× | 0.62× |" in text
+    assert "| p99 vs old | CPU vs old | serving vs old |" in text
+    assert "| 200 | new | 2/2 | " in text and "| 0.50× | 0.62× | 0.62× |" in text
+    assert "| 200 | old | 2/2 | " in text and "| base | base | base |" in text
     assert "| 400 | new | 2 (1) |" in text  # round 2, ran first
     assert "| new | 400 rps | 200 rps | 200 rps | 300 rps |" in text
     assert "`FRAUD_GATEWAY_MAX_IN_FLIGHT=8`" in text
