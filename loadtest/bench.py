@@ -108,7 +108,7 @@ def _write(
     """Writes ``bench-<name>.md``/``.png``/``.json``: one table per side, then the verdicts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     png = report.plot(
-        {s.label: s.results for s in sides}, out_dir / f"bench-{name}.png", title, budget_ms
+        {s.label: s.steps for s in sides}, out_dir / f"bench-{name}.png", title, budget_ms
     )
     lines = [
         f"# {title}",
@@ -134,18 +134,7 @@ def _write(
     md.write_text("\n".join(lines) + "\n")
     (out_dir / f"bench-{name}.json").write_text(
         json.dumps(
-            {
-                s.label: [
-                    {
-                        **st.result.to_dict(),
-                        "peak_rss_mb": {k: v / 2**20 for k, v in st.peak_rss.items()},
-                        "cpu_ms_per_call": dict(st.cpu_ms_per_call),
-                        "answers": dict(st.answers),
-                    }
-                    for st in s.steps
-                ]
-                for s in sides
-            },
+            {s.label: [st.to_dict() for st in s.steps] for s in sides},
             indent=2,
         )
     )

@@ -1,5 +1,5 @@
 """The load-test suite's ``fraudmesh`` commands: ``loadtest`` (rate steps to saturation, with
-a report) and ``chaos`` (the fault matrix under load).
+a report; or variants of the mesh side by side) and ``chaos`` (the fault matrix under load).
 
 They join the product's command through the ``fraudmesh.commands`` entry point
 (``register``), so the product never imports this package.
@@ -7,11 +7,17 @@ They join the product's command through the ``fraudmesh.commands`` entry point
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from loadtest.compare import Variant
+    from loadtest.runner import LoadtestConfig
 
 
 def loadtest_command(
@@ -58,8 +64,28 @@ def loadtest_command(
             "(--no-live-loop: neither, to measure what the loop costs)."
         ),
     ] = True,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--compare",
+            metavar="NAME:KEY=VALUE[,KEY=VALUE…]",
+            help="A variant of the mesh for a side-by-side run: a name, then environment "
+            "settings for its service processes (e.g. stream:FRAUD_GATEWAY_TRANSPORT=stream; "
+            "a name alone: the mesh as configured). Give it two or more times: every round "
+            "starts a fresh mesh per variant, in an order that rotates each round, on the same "
+            "store, rates and requests; the first variant is the baseline of the ratios. "
+            "Report: compare-<store>-<a>-vs-<b>.md/.json/.png.",
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Rounds of a --compare run (each runs every variant).")
+    ] = 3,
 ) -> None:
-    """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report."""
+    """Drive Score through Envoy open loop (ghz) up to saturation; write a Markdown + PNG report.
+
+    With --compare (two or more times), run those variants of the mesh side by side instead,
+    alternating in one session, and report each round and the medians over the rounds.
+    """
     from loadtest import runner
     from loadtest.ghz import GhzNotFoundError, find_ghz
 
@@ -72,6 +98,9 @@ def loadtest_command(
         raise typer.BadParameter(str(error), param_hint="--rates") from error
     if not schedule or schedule != sorted(schedule) or schedule[0] < 1:
         raise typer.BadParameter("give ascending positive rates", param_hint="--rates")
+    variants = _variants(compare or [])
+    if variants and target is not None:
+        raise typer.BadParameter("a comparison starts its own meshes", param_hint="--target")
     try:
         find_ghz()
     except GhzNotFoundError as error:
@@ -92,13 +121,46 @@ def loadtest_command(
         gateway_in_process=gateway_in_process,
         live_loop=live_loop,
     )
+    if variants:
+        _compare(cfg, variants, rounds, console)
+        return
     try:
         result = runner.run(cfg, log=console.print)
     except (FileNotFoundError, RuntimeError) as error:
         console.print(f"[red]load test failed:[/red] {error}")
         raise typer.Exit(1) from error
-    console.print(result.markdown.read_text())
+    console.print(result.markdown.read_text(), markup=False, highlight=False)
     console.print(f"report: {result.markdown}  plot: {result.plot}")
+
+
+def _variants(texts: list[str]) -> list[Variant]:
+    """The --compare variants, checked (none: no comparison)."""
+    from loadtest.compare import Variant, check_variants
+
+    if not texts:
+        return []
+    try:
+        variants = [Variant.parse(text) for text in texts]
+        check_variants(variants)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--compare") from error
+    return variants
+
+
+def _compare(cfg: LoadtestConfig, variants: list[Variant], rounds: int, console: Console) -> None:
+    """Runs the side-by-side session and prints its report."""
+    from loadtest import compare
+
+    session = compare.CompareConfig(
+        cfg, variants, rounds, " ".join(["fraudmesh", *map(shlex.quote, sys.argv[1:])])
+    )
+    try:
+        result = compare.run(session, log=console.print)
+    except (FileNotFoundError, RuntimeError) as error:
+        console.print(f"[red]comparison failed:[/red] {error}")
+        raise typer.Exit(1) from error
+    console.print(result.markdown.read_text(), markup=False, highlight=False)
+    console.print(f"report: {result.markdown}  plot: {result.plot}  data: {result.json}")
 
 
 def chaos_command(
@@ -135,7 +197,12 @@ def chaos_command(
 def register(app: typer.Typer) -> None:
     """Adds ``loadtest`` and ``chaos`` to the ``fraudmesh`` command."""
     app.command(
-        "loadtest", help="Load-test Score through Envoy with ghz; write a report and plot."
+        "loadtest",
+        help="Load-test Score through Envoy with ghz; write a report and plot. With --compare "
+        "two or more times, run those variants of the mesh side by side, alternating in one "
+        "session (e.g. --store redis --rates 200,400,700 --rounds 3 "
+        "--compare unary:FRAUD_GATEWAY_TRANSPORT=unary "
+        "--compare stream:FRAUD_GATEWAY_TRANSPORT=stream).",
     )(loadtest_command)
     app.command("chaos", help="Run the fault matrix under load and print the measured table.")(
         chaos_command

@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -57,7 +56,14 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import data, ghz
-from loadtest.runner import RESULTS_DIR, check_state, machine_line, mesh_answers, start_mesh
+from loadtest.runner import (
+    RESULTS_DIR,
+    check_state,
+    copy_state,
+    machine_line,
+    mesh_answers,
+    start_mesh,
+)
 from services.mesh import Mesh
 
 SIDES = ("on", "emit-only", "off")
@@ -76,13 +82,6 @@ MIN_ROUNDS = 3
 """Fewest runs per side for a verdict on p99."""
 
 Log = Callable[[str], None]
-
-
-def _copy_state(source: Path, target: Path) -> Path:
-    """The dataset, registry, online store and models, without any loop state."""
-    for name in ("data", "feast", "models"):
-        shutil.copytree(source / name, target / name, symlinks=True)
-    return target
 
 
 def _cpu(procs: dict[str, psutil.Process]) -> dict[str, float]:
@@ -549,7 +548,7 @@ def run(
         meshes: dict[str, Side] = {}
         try:
             for name in ("on", "off"):
-                work = _copy_state(var_dir, Path(tmp) / name)
+                work = copy_state(var_dir, Path(tmp) / name)
                 log(f"starting the mesh with the live loop {name} ({store} store) …")
                 mesh = start_mesh(
                     work, store, work / "logs", live_loop=name == "on", log=lambda _: None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtest import ghz, runner
+from loadtest import compare, ghz, report, runner
 
 pytestmark = pytest.mark.integration
 
@@ -61,12 +61,71 @@ def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_bina
         for name in result.processes:
             assert 1 * 2**20 < step.peak_rss[name] < 4 * 2**30, (name, step.peak_rss)
 
+    for step in result.steps:
+        # The gateway's counters say how every answer was made: degraded shares are known.
+        assert set(step.shares()) == set(report.DEGRADED), step.answers
+        assert all(0.0 <= share <= 1.0 for share in step.shares().values())
+
     text = result.markdown.read_text()
     assert "| offered rps | achieved rps |" in text and "p99.9 ms" in text
+    assert "| by rules | default features | partial features |" in text
     assert "smoke.png" in text
     summary = json.loads(result.summary.read_text())
     assert [s["offered_rps"] for s in summary["steps"]] == [20.0, 40.0]
     assert all(s["error_share"] <= 0.05 for s in summary["steps"])
+    assert all(set(s["degraded_shares"]) == set(report.DEGRADED) for s in summary["steps"])
+
+
+def test_compare_runs_each_variant_on_its_own_mesh(
+    prepared_env: Any, tmp_path: Path, ghz_binary: str
+) -> None:
+    """Two variants, one round, one low rate: both run in turn on fresh meshes with their
+    environment, and the report has every run, the medians and the degraded shares."""
+    base = runner.LoadtestConfig(
+        var_dir=prepared_env.var_dir,
+        rates=(30,),
+        step_s=2.0,
+        warmup_s=1.0,
+        deadline_ms=1000.0,
+        requests=200,
+        saturated_steps=99,
+        out_dir=tmp_path,
+        # Fewer processes start without the loop's consumers; the comparison is the same.
+        live_loop=False,
+    )
+    variants = [
+        compare.Variant.parse("wide:FRAUD_GATEWAY_MAX_IN_FLIGHT=64"),
+        compare.Variant.parse("narrow:FRAUD_GATEWAY_MAX_IN_FLIGHT=32"),
+    ]
+    result = compare.run(compare.CompareConfig(base, variants, rounds=1), log=lambda _: None)
+
+    assert [(r.variant, r.round, r.position) for r in result.runs] == [
+        ("wide", 1, 1),
+        ("narrow", 1, 2),
+    ]
+    for run in result.runs:
+        assert set(run.processes) == {"features", "scorer", "gateway", "envoy"}
+        [step] = run.steps
+        assert step.result.offered_rps == 30.0 and step.result.count > 0
+        assert set(step.shares()) == set(report.DEGRADED)
+        assert step.cpu_ms > 0
+    at30 = result.summary["rates"][0]
+    assert set(at30["variants"]) == {"wide", "narrow"}
+    for cell in at30["variants"].values():
+        assert cell["rounds_run"] == 1
+        assert cell["median"]["default_share"] is not None
+        assert cell["median"]["rules_share"] is not None
+    assert set(at30["versus_baseline"]) == {"narrow"}
+
+    assert result.markdown.name == "compare-sqlite-no-loop-wide-vs-narrow.md"
+    text = result.markdown.read_text()
+    assert "| 30 | wide | 1/1 |" in text and "| 30 | narrow | 1/1 |" in text
+    assert "`FRAUD_GATEWAY_MAX_IN_FLIGHT=32`" in text
+    assert result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads(result.json.read_text())
+    assert [r["variant"] for r in saved["runs"]] == ["wide", "narrow"]
+    # The scratch folder (state copies, logs) is gone after a good session.
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("bare", [False, True], ids=["no-work", "bare-grpc"])
