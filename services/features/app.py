@@ -50,6 +50,7 @@ class FeaturesApp:
         for _ in range(WARMUP_READS):
             await loop.run_in_executor(self.executor, reader.read, "warmup-card", "warmup-m", now)
         self.reader = reader
+        self.servicer.read_many = reader.read_many
         self.servicer.read = reader.read
         log.info("feature store ready", extra={"store": self.store.store})
 

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 Reader = Callable[[str, str, float, str], Sequence[FeatureRead]]
 """Reads (card_id, merchant_id, as_of_s, terminal_id) → one FeatureRead per store feature."""
 
+ManyReader = Callable[[Sequence[tuple[str, str, float, str]]], list[list[FeatureRead]]]
+"""Reads several such lookups at once (one round trip where the store allows)."""
+
 
 class FeatureServicer(pb_grpc.FeatureServiceServicer):
     """Reads one card's, merchant's and terminal's features; unknown entities come back MISSING."""
@@ -35,6 +38,7 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         self._names = tuple(names)
         self._executor = executor
         self.read: Reader | None = None
+        self.read_many: ManyReader | None = None
 
     async def GetFeatures(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
@@ -102,18 +106,26 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         try:
             if not request.lookups:
                 raise InvalidArgument("lookups", "at least one lookup is required")
-            reads = []
+            lookups = []
             for index, lookup in enumerate(request.lookups):
                 try:
-                    reads.append((self._reader(lookup), lookup, _as_of(lookup)))
+                    read = self._reader(lookup)
                 except InvalidArgument as error:
                     raise InvalidArgument(
                         f"lookups[{index}].{error.field}", error.description
                     ) from error
+                lookups.append(
+                    (lookup.card_id, lookup.merchant_id, _as_of(lookup), lookup.terminal_id)
+                )
             if request.timeout_us and time.monotonic() - arrived > request.timeout_us / 1e6:
                 raise DeadlineExceeded(f"request {request.id} waited past its timeout")
-            for read, lookup, as_of in reads:
-                rows = read(lookup.card_id, lookup.merchant_id, as_of, lookup.terminal_id)
+            read_many = self.read_many
+            batches: Sequence[Sequence[FeatureRead]]
+            if read_many is not None and len(lookups) > 1:
+                batches = read_many(lookups)
+            else:
+                batches = [read(*lookup) for lookup in lookups]
+            for rows in batches:
                 self._fill(reply.results.add(), rows)
         except FraudmeshError as error:
             del reply.results[:]

@@ -93,7 +93,7 @@ class StreamSettings:
     """How many streams, how large a message, how fast to reopen, when a stream is stuck."""
 
     streams: int = 2
-    max_batch: int = 1
+    max_batch: int = 16
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
     stall_s: float = 1.0

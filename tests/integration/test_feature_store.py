@@ -226,6 +226,22 @@ def test_concurrent_reads_agree_with_serial_ones(
     assert parallel == serial
 
 
+def test_a_batch_of_lookups_reads_as_each_lookup_alone(
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
+) -> None:
+    tx = dataset[1].transactions.tail(40)
+    lookups = [
+        (c, m, END_S + (i % 3) * 10 * 86_400, t if i % 4 else "")
+        for i, (c, m, t) in enumerate(
+            zip(tx["card_id"], tx["merchant_id"], tx["terminal_id"], strict=True)
+        )
+    ]
+    lookups += [("card-unknown", "merch-unknown", END_S, "term-unknown")]
+    alone = [reader.read(c, m, as_of, t) for c, m, as_of, t in lookups]
+    assert reader.read_many(lookups) == alone
+    assert reader.read_many(lookups[:1]) == alone[:1]
+
+
 @pytest.mark.parametrize("as_of_s", [END_S, END_S + 20 * 86_400], ids=["fresh", "merchant-stale"])
 def test_direct_read_equals_get_online_features(
     reader: OnlineFeatureReader, dataset: tuple[Path, Dataset], as_of_s: float

@@ -150,7 +150,7 @@ async def test_replies_reach_their_callers_in_any_order(metrics: GatewayMetrics)
     steering = Steering(reverse_after=6)
     server = Server(steering)
     await server.start()
-    pool = _pool(f"127.0.0.1:{server.port}", metrics, streams=1)
+    pool = _pool(f"127.0.0.1:{server.port}", metrics, streams=1, max_batch=1)
     client = StreamFeatureClient(pool)
     try:
         assert await pool.wait_open(20)
@@ -219,7 +219,7 @@ async def test_a_dependency_killed_mid_stream_fails_pending_requests_at_once_the
             asyncio.create_task(client.get(f"card-{n}", "merch-1", time.time(), 30.0))
             for n in range(8)
         ]
-        await _until(lambda: len(steering.received) == 8)
+        await _until(lambda: sum(len(r.lookups) for r in steering.received) == 8)
         started = time.monotonic()
         await server.kill()
         results = await asyncio.gather(*pending, return_exceptions=True)
