@@ -597,17 +597,39 @@ class Change(enum.StrEnum):
 S = TypeVar("S")
 
 
-class Update(NamedTuple, Generic[S]):
-    """The result of applying one event: the state, its row and what happened."""
+class Update(Generic[S]):
+    """The result of applying one event: the state, its row and what happened.
 
-    state: S
-    """The entity's state (the one passed in, updated in place, or a new one)."""
-    row: FeatureRow | None
-    """The entity's feature row as of its newest transaction; None before its first one."""
-    change: Change
-    """What the event did."""
-    evicted_by_cap: int
-    """Events evicted by this update because the state was full (windows now undercount)."""
+    The row is computed when first read, from the state as it is then: read it before the
+    next event changes the same state. A consumer that applies many events and stores rows
+    once per batch (the live updater) never reads it and computes each entity's row once."""
+
+    __slots__ = ("_compute", "_row", "change", "evicted_by_cap", "state")
+
+    def __init__(
+        self,
+        state: S,
+        compute: Callable[[S], FeatureRow | None],
+        change: Change,
+        evicted_by_cap: int,
+    ) -> None:
+        self.state = state
+        """The entity's state (the one passed in, updated in place, or a new one)."""
+        self.change = change
+        """What the event did."""
+        self.evicted_by_cap = evicted_by_cap
+        """Events evicted by this update because the state was full (windows now undercount)."""
+        self._compute: Callable[[S], FeatureRow | None] | None = compute
+        self._row: FeatureRow | None = None
+
+    @property
+    def row(self) -> FeatureRow | None:
+        """The entity's feature row as of its newest transaction; None before its first one."""
+        compute = self._compute
+        if compute is not None:
+            self._row = compute(self.state)
+            self._compute = None
+        return self._row
 
 
 def event_micros(event: TransactionEvent) -> int:
@@ -804,10 +826,10 @@ def apply_card(state: CardState | None, event: TransactionEvent) -> Update[CardS
     tid = event.transaction_id
     if tid in ev.where:
         state.duplicates += 1
-        return Update(state, card_row(state), Change.DUPLICATE, 0)
+        return Update(state, card_row, Change.DUPLICATE, 0)
     if ev.times_us and t_us <= ev.newest_us - _CARD_HORIZON_US:
         state.too_old += 1
-        return Update(state, card_row(state), Change.TOO_OLD, 0)
+        return Update(state, card_row, Change.TOO_OLD, 0)
     k, newest = ev.insert(t_us, tid, eur)
     state.merchants.insert(k, event.merchant_id)
     state.home_country.offer(event.card_home_country, t_us, tid)
@@ -815,7 +837,7 @@ def apply_card(state: CardState | None, event: TransactionEvent) -> Update[CardS
     if gone:
         del state.merchants[: len(gone)]
     state.evicted_by_cap += capped
-    return Update(state, card_row(state), Change.APPLIED if newest else Change.LATE, capped)
+    return Update(state, card_row, Change.APPLIED if newest else Change.LATE, capped)
 
 
 # --- merchants ----------------------------------------------------------------------------
@@ -1003,10 +1025,10 @@ def _apply_risk(
     tid = event.transaction_id
     if tid in ev.where:
         state.duplicates += 1
-        return Update(state, row(state), Change.DUPLICATE, 0)
+        return Update(state, row, Change.DUPLICATE, 0)
     if ev.times_us and t_us <= ev.newest_us - state.horizon_us:
         state.too_old += 1
-        return Update(state, row(state), Change.TOO_OLD, 0)
+        return Update(state, row, Change.TOO_OLD, 0)
     _, newest = ev.insert(t_us, tid, eur)
     if codes:
         state.category.offer(event.merchant_category, t_us, tid)
@@ -1018,7 +1040,7 @@ def _apply_risk(
     if held is not None:
         _put_label(state, tid, held, keep_legit=True)
     capped = _evict_merchant(state)
-    return Update(state, row(state), Change.APPLIED if newest else Change.LATE, capped)
+    return Update(state, row, Change.APPLIED if newest else Change.LATE, capped)
 
 
 def _evict_merchant(state: MerchantState) -> int:
@@ -1082,17 +1104,17 @@ def _apply_label(
     if transaction_id in ev.where:
         if not _put_label(state, transaction_id, label, keep_legit=True):
             state.duplicates += 1
-            return Update(state, row(state), Change.DUPLICATE, 0)
-        return Update(state, row(state), Change.APPLIED, 0)
+            return Update(state, row, Change.DUPLICATE, 0)
+        return Update(state, row, Change.APPLIED, 0)
     if ev.times_us and label.reported_us <= ev.newest_us - state.horizon_us:
         state.too_old += 1
-        return Update(state, row(state), Change.TOO_OLD, 0)
+        return Update(state, row, Change.TOO_OLD, 0)
     held = state.pending.get(transaction_id)
     if held is not None and not _newer(label, held):
         state.duplicates += 1
-        return Update(state, row(state), Change.DUPLICATE, 0)
+        return Update(state, row, Change.DUPLICATE, 0)
     _hold_pending(state, transaction_id, label)
-    return Update(state, row(state), Change.PENDING, 0)
+    return Update(state, row, Change.PENDING, 0)
 
 
 def events_from_frame(tx: pd.DataFrame) -> Iterator[TransactionEvent]:

@@ -100,6 +100,10 @@ class StreamSettings:
     """A stream with requests pending and no reply for this long is reset."""
     open_timeout_s: float = 2.0
     """How long opening a stream may take before it counts as failed."""
+    max_age_s: float = 300.0
+    """A stream older than this (less up to 20 % jitter) is replaced: it takes no new
+    requests, ends once its pending ones are answered, and is opened again, so streams
+    spread over replicas added since; 0 keeps streams for ever."""
 
 
 class _Waiter:
@@ -128,6 +132,7 @@ class _Lane(Generic[Item, Result]):
         self.pending: dict[int, list[_Waiter]] = {}
         self.wake = asyncio.Event()
         self.last_reply = 0.0
+        self.draining = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -173,6 +178,7 @@ class _Lane(Generic[Item, Result]):
         reason = "ended"
         answered = False
         writer: asyncio.Task[None] | None = None
+        aged: asyncio.TimerHandle | None = None
         try:
             # The servers send their headers as soon as a stream opens: a stream is usable
             # once they arrive, and a dependency that is down fails here, not on a request.
@@ -185,6 +191,9 @@ class _Lane(Generic[Item, Result]):
             self.last_reply = time.monotonic()
             pool.lane_ready(self)
             writer = asyncio.create_task(self._write_loop(call))
+            if pool.settings.max_age_s > 0:
+                age = pool.settings.max_age_s * random.uniform(0.8, 1.0)
+                aged = asyncio.get_running_loop().call_later(age, self._drain)
             while True:
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
@@ -203,8 +212,11 @@ class _Lane(Generic[Item, Result]):
             # The call was cancelled (a reset), not this task: reopen.
             reason = "reset"
         finally:
+            if aged is not None:
+                aged.cancel()
             was_ready = self.ready
             self.ready = False
+            self.draining = False
             self.call = None
             pool.lane_down(self)
             if writer is not None:
@@ -216,6 +228,21 @@ class _Lane(Generic[Item, Result]):
             if was_ready:
                 pool.metrics.stream_reconnects.labels(pool.name, reason).inc()
         return answered
+
+    def _drain(self) -> None:
+        """Retires an old stream gracefully: out of the rotation now, half-closed once the
+        queued requests are sent; the dependency answers what it has and ends the stream,
+        and the lane opens a new one. Waits while no other stream could take the traffic."""
+        if not self.ready:
+            return
+        if self.pool.open_streams < 2:
+            asyncio.get_running_loop().call_later(1.0, self._drain)
+            return
+        self.draining = True
+        self.ready = False
+        self.pool.lane_down(self)
+        self.pool.metrics.stream_reconnects.labels(self.pool.name, "max_age").inc()
+        self.wake.set()
 
     async def _write_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         try:
@@ -235,6 +262,9 @@ class _Lane(Generic[Item, Result]):
         batch_rows = pool.metrics.stream_batch_rows.labels(pool.name)
         while True:
             if not outbox:
+                if self.draining:
+                    await call.done_writing()
+                    return
                 self.wake.clear()
                 await self.wake.wait()
                 continue

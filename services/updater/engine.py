@@ -261,7 +261,8 @@ class LiveAggregator:
         tx = transaction_of(event)
         out = Applied()
         card = apply_card(self._cards.get(tx.card_id), tx)
-        self._cards.put(tx.card_id, card.state, card.row, seq if card.change in _COUNTED else None)
+        # Rows are computed once per poll batch (``rows``), not per event.
+        self._cards.put(tx.card_id, card.state, None, seq if card.change in _COUNTED else None)
         out.changes.append((View.CARD, card.change))
         if card.evicted_by_cap:
             out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
@@ -278,8 +279,6 @@ class LiveAggregator:
             if terminal.evicted_by_cap:
                 out.evicted_by_cap.append((View.TERMINAL, terminal.evicted_by_cap))
         terminal_counted = terminal is not None and terminal.change in _COUNTED
-        merchant_row_ = merchant.row
-        terminal_row_ = None if terminal is None else terminal.row
         # A terminal's horizon follows its own newest event: it may count a late transaction
         # its merchant finds too old, and an outcome of it must still find the terminal.
         if merchant_counted or terminal_counted:
@@ -291,21 +290,17 @@ class LiveAggregator:
                 reported_s = held.reported_us / _US
                 label = apply_label(merchant.state, tx.transaction_id, held.is_fraud, reported_s)
                 out.changes.append((View.MERCHANT, label.change))
-                merchant_row_ = label.row
                 merchant_counted = merchant_counted or label.change in _CHANGED
                 if terminal is not None:
                     at = apply_terminal_label(
                         terminal.state, tx.transaction_id, held.is_fraud, reported_s
                     )
                     out.changes.append((View.TERMINAL, at.change))
-                    terminal_row_ = at.row
                     terminal_counted = terminal_counted or at.change in _CHANGED
-        self._merchants.put(
-            tx.merchant_id, merchant.state, merchant_row_, seq if merchant_counted else None
-        )
+        self._merchants.put(tx.merchant_id, merchant.state, None, seq if merchant_counted else None)
         if terminal is not None:
             self._terminals.put(
-                terminal_id, terminal.state, terminal_row_, seq if terminal_counted else None
+                terminal_id, terminal.state, None, seq if terminal_counted else None
             )
         return out
 
@@ -327,12 +322,12 @@ class LiveAggregator:
         reported_s = label.reported_us / _US
         update = apply_label(self._merchants.get(merchant_id), tid, is_fraud, reported_s)
         changed = update.change in _CHANGED
-        self._merchants.put(merchant_id, update.state, update.row, seq if changed else None)
+        self._merchants.put(merchant_id, update.state, None, seq if changed else None)
         out.changes.append((View.MERCHANT, update.change))
         if terminal_id:
             at = apply_terminal_label(self._terminals.get(terminal_id), tid, is_fraud, reported_s)
             changed = at.change in _CHANGED
-            self._terminals.put(terminal_id, at.state, at.row, seq if changed else None)
+            self._terminals.put(terminal_id, at.state, None, seq if changed else None)
             out.changes.append((View.TERMINAL, at.change))
         return out
 

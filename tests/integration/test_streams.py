@@ -40,6 +40,8 @@ class Steering:
     """Collect this many requests, then answer them last first."""
     delay_s: Callable[[str], float] = lambda card: 0.0
     received: list[pb.StreamFeaturesRequest] = field(default_factory=list)
+    opened: int = 0
+    """Streams the server has seen opened."""
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -66,6 +68,7 @@ class SteeredFeatures(pb_grpc.FeatureServiceServicer):
         self, request_iterator: AsyncIterator[pb.StreamFeaturesRequest], context: Any
     ) -> None:
         s = self.steering
+        s.opened += 1
         await context.send_initial_metadata(())
         lock = asyncio.Lock()
         held: list[pb.StreamFeaturesRequest] = []
@@ -96,6 +99,9 @@ class SteeredFeatures(pb_grpc.FeatureServiceServicer):
                 continue
             async with lock:
                 await context.write(_answer(request))
+        # The client is done sending: answer what is still being worked on, then end.
+        if tasks:
+            await asyncio.gather(*tasks)
 
 
 class Server:
@@ -319,3 +325,34 @@ async def test_no_reachable_dependency_never_opens_and_fails_fast(
         assert raised.value.reason == "unavailable"
     finally:
         await pool.close()
+
+
+async def test_old_streams_are_replaced_without_failing_a_request(
+    metrics: GatewayMetrics,
+) -> None:
+    steering = Steering(delay_s=lambda card: 0.02)
+    server = Server(steering)
+    await server.start()
+    pool = _pool(f"127.0.0.1:{server.port}", metrics, streams=2, max_age_s=0.3)
+    client = StreamFeatureClient(pool)
+    try:
+        assert await pool.wait_open(20)
+        await _until(lambda: pool.open_streams == 2)
+        answered = 0
+        deadline = time.monotonic() + 30
+        # Requests in flight all the time (each takes 20 ms at the server) while streams age.
+        while steering.opened < 6:
+            assert time.monotonic() < deadline, "streams were not replaced"
+            values = await asyncio.gather(
+                *(client.get(f"card-{n}", "merch-1", time.time(), 10.0) for n in range(4))
+            )
+            assert [v["echo"] for v in values] == [0.0, 1.0, 2.0, 3.0]
+            answered += 4
+        rotated = _metric(
+            metrics, "fraudmesh_stream_reconnects_total", dependency="features", reason="max_age"
+        )
+        assert rotated >= 4
+        assert answered > 0
+    finally:
+        await pool.close()
+        await server.kill()
