@@ -51,6 +51,14 @@ class GatewaySettings(ModelServerSettings):
         "for the same stream are coalesced (never waiting for more to arrive); 1 sends each "
         "alone. 16 measured best (docs/performance.md, side by side).",
     )
+    stream_max_age_s: float = Field(
+        8.0,
+        ge=0,
+        description="A stream older than this (less up to 20 % jitter) is replaced "
+        "gracefully, so streams follow replicas added since; keep it below the servers' "
+        "connection-age grace (10 s), after which a closed connection's streams are cut. "
+        "0 keeps streams for ever.",
+    )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
     rules_path: Path | None = Field(
@@ -177,7 +185,9 @@ class GatewaySettings(ModelServerSettings):
     @property
     def stream_settings(self) -> StreamSettings:
         """The persistent streams' settings."""
-        return StreamSettings(streams=self.streams, max_batch=self.stream_max_batch)
+        return StreamSettings(
+            streams=self.streams, max_batch=self.stream_max_batch, max_age_s=self.stream_max_age_s
+        )
 
     @property
     def canary_limits(self) -> CanaryLimits:

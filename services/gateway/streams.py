@@ -100,7 +100,7 @@ class StreamSettings:
     """A stream with requests pending and no reply for this long is reset."""
     open_timeout_s: float = 2.0
     """How long opening a stream may take before it counts as failed."""
-    max_age_s: float = 300.0
+    max_age_s: float = 8.0
     """A stream older than this (less up to 20 % jitter) is replaced: it takes no new
     requests, ends once its pending ones are answered, and is opened again, so streams
     spread over replicas added since; 0 keeps streams for ever."""
