@@ -24,8 +24,11 @@ CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
 )
 
 
-def insecure_channel(target: str) -> grpc.aio.Channel:
-    """An aio channel to ``target`` (host:port) on a trusted network."""
+def insecure_channel(target: str, traced: bool = True) -> grpc.aio.Channel:
+    """An aio channel to ``target`` (host:port) on a trusted network; with ``traced`` (and
+    tracing on) every call on it opens a span and carries the trace context. Persistent
+    streams use an untraced channel: a stream carries many requests, of many traces."""
+    interceptors = telemetry.client_interceptors() if traced else []
     return grpc.aio.insecure_channel(
-        target, options=CHANNEL_OPTIONS, interceptors=telemetry.client_interceptors() or None
+        target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
     )

@@ -46,6 +46,11 @@ def enabled() -> bool:
     return _provider is not None
 
 
+def sampled() -> bool:
+    """True when the current request is traced (its span is sampled)."""
+    return enabled() and trace.get_current_span().get_span_context().trace_flags.sampled
+
+
 def server_interceptors() -> Sequence[Any]:
     """Interceptors that open a span per incoming call (none when tracing is off)."""
     return [aio_server_interceptor()] if enabled() else []

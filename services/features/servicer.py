@@ -19,6 +19,7 @@ from services.common.errors import (
     InvalidArgument,
     Unavailable,
 )
+from services.common.streaming import answer_concurrently
 from services.domain.featurespec import FeatureRead
 from services.domain.validation import check_id
 
@@ -68,35 +69,26 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         self,
         request_iterator: AsyncIterator[pb.StreamFeaturesRequest],
         context: grpc.aio.ServicerContext,
-    ) -> None:
+    ) -> AsyncIterator[pb.StreamFeaturesResponse]:
         """Answers each request on the stream with its id. Inline reads answer in order;
         with a thread pool, requests are read concurrently and answered as they finish. A
         request that fails gets an error reply; the stream goes on."""
-        writes = asyncio.Lock()
-        pending: set[asyncio.Task[None]] = set()
         # Headers first: the client knows the stream is open before it sends anything.
         await context.send_initial_metadata(())
-
-        async def answer_in_thread(request: pb.StreamFeaturesRequest, arrived: float) -> None:
-            loop = asyncio.get_running_loop()
-            reply = await loop.run_in_executor(self._executor, self._stream_reply, request, arrived)
-            async with writes:
-                await context.write(reply)
-
-        try:
+        executor = self._executor
+        if executor is None:
             async for request in request_iterator:
-                arrived = time.monotonic()
-                if self._executor is not None:
-                    task = asyncio.create_task(answer_in_thread(request, arrived))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                    continue
-                await context.write(self._stream_reply(request, arrived))
-            if pending:
-                await asyncio.gather(*pending)
-        finally:
-            for task in pending:
-                task.cancel()
+                yield self._stream_reply(request, time.monotonic())
+            return
+        loop = asyncio.get_running_loop()
+
+        async def answer(
+            request: pb.StreamFeaturesRequest, arrived: float
+        ) -> pb.StreamFeaturesResponse:
+            return await loop.run_in_executor(executor, self._stream_reply, request, arrived)
+
+        async for reply in answer_concurrently(request_iterator, answer):
+            yield reply
 
     def _stream_reply(
         self, request: pb.StreamFeaturesRequest, arrived: float

@@ -20,6 +20,7 @@ import grpc
 
 from fraud.v1 import outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
 from services.domain import featurespec
@@ -28,7 +29,11 @@ from services.eventlog import EventLogSettings, open_producer
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
-from services.gateway.dependencies import GrpcFeatureClient, GrpcModelProvider
+from services.gateway.dependencies import (
+    GrpcFeatureClient,
+    GrpcModelProvider,
+    SampledFeatureClient,
+)
 from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import FeatureClient, Pipeline
@@ -113,14 +118,25 @@ class GatewayApp:
             self.channels = [features_channel, scorer_channel]
             await self._wait_ready([features_channel, scorer_channel])
             if s.transport == "stream":
+                # Streams get channels of their own, without per-call tracing: the traced
+                # channels above serve the requests being traced, one call each, so their
+                # traces stay whole across the services (``dependencies.Sampled*``).
+                features_streams = insecure_channel(s.features_target, traced=False)
+                scorer_streams = insecure_channel(s.scorer_target, traced=False)
+                self.channels += [features_streams, scorer_streams]
                 features_pool, scorer_pool = stream_pools(
-                    features_channel, scorer_channel, self.metrics, s.stream_settings
+                    features_streams, scorer_streams, self.metrics, s.stream_settings
                 )
                 self._pools = [features_pool, scorer_pool]
                 await self._wait_open(self._pools)
                 features = StreamFeatureClient(features_pool)
+                if telemetry.enabled():
+                    features = SampledFeatureClient(features, GrpcFeatureClient(features_channel))
                 provider = GrpcModelProvider(
-                    scorer_channel, s.model_load_timeout_s, stream=scorer_pool
+                    scorer_channel,
+                    s.model_load_timeout_s,
+                    stream=scorer_pool,
+                    traced_unary=telemetry.enabled(),
                 )
             else:
                 features = GrpcFeatureClient(features_channel)

@@ -29,6 +29,7 @@ from services.common.errors import (
     NotFound,
     Unavailable,
 )
+from services.common.streaming import answer_concurrently
 from services.domain.validation import shown
 from services.models.onnx import OnnxModel
 from services.scorer.registry import ModelRegistry
@@ -133,40 +134,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self,
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext,
-    ) -> None:
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers each request on the stream with its id; a failed request gets an error
         reply and the stream goes on. Requests are answered inline, in order (one row costs
         ~10 µs); with an injected delay, concurrently, as unary calls would be."""
-        writes = asyncio.Lock()
-        pending: set[asyncio.Task[None]] = set()
         # Headers first: the client knows the stream is open before it sends anything.
         await context.send_initial_metadata(())
-
-        async def answer_later(request: pb.ModelInferRequest, arrived: float) -> None:
-            await asyncio.sleep(self._fault_delay_s)
-            reply = self._stream_reply(request, arrived)
-            async with writes:
-                await context.write(reply)
-
-        try:
+        if not self._fault_delay_s:
             async for request in request_iterator:
-                arrived = time.monotonic()
-                if self._fault_delay_s and self._delayed(request):
-                    task = asyncio.create_task(answer_later(request, arrived))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                    continue
-                reply = self._stream_reply(request, arrived)
-                if pending:
-                    async with writes:
-                        await context.write(reply)
-                else:
-                    await context.write(reply)
-            if pending:
-                await asyncio.gather(*pending)
-        finally:
-            for task in pending:
-                task.cancel()
+                yield self._stream_reply(request, time.monotonic())
+            return
+
+        async def answer(
+            request: pb.ModelInferRequest, arrived: float
+        ) -> pb.ModelStreamInferResponse:
+            if self._delayed(request):
+                await asyncio.sleep(self._fault_delay_s)
+            return self._stream_reply(request, arrived)
+
+        async for reply in answer_concurrently(request_iterator, answer):
+            yield reply
 
     def _delayed(self, request: pb.ModelInferRequest) -> bool:
         return not self._fault_versions or request.model_version in self._fault_versions

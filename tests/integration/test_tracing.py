@@ -62,3 +62,43 @@ def test_one_trace_covers_all_three_services(
     scorer = _spans((logs / "scorer.log").read_text())
     assert any(s["context"]["trace_id"] == trace_id for s in features)
     assert any(s["context"]["trace_id"] == trace_id for s in scorer)
+
+
+def test_untraced_requests_travel_the_streams_of_traced_services(
+    prepared_env: Any, known: Known, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Tracing on everywhere, nothing sampled: every request goes over the persistent
+    # streams, through the servers' tracing interceptors, and is answered in full.
+    logs = tmp_path_factory.mktemp("tracing-unsampled-logs")
+    mesh = start_mesh(prepared_env, logs, **{**TRACING, "FRAUD_GATEWAY_TRACE_SAMPLE_RATIO": "0"})
+    try:
+        with grpc.insecure_channel(mesh.config.envoy_target) as channel:
+            stub = pb_grpc.FraudScoringStub(channel)
+            answers = []
+            for n in range(20):
+                ts = Timestamp()
+                ts.FromNanoseconds(time.time_ns())
+                answers.append(
+                    stub.Score(
+                        pb.ScoreRequest(
+                            transaction_id=f"untraced-{n}",
+                            card_id=known.card_id,
+                            merchant_id=known.merchant_id,
+                            amount_minor=known.amount_minor,
+                            currency="EUR",
+                            timestamp=ts,
+                        ),
+                        timeout=2.0,
+                    )
+                )
+        # A starved machine may push a call past a slice: most must be full answers.
+        full = [
+            a
+            for a in answers
+            if a.scored_by == pb.SCORED_BY_MODEL and a.feature_source == pb.FEATURE_SOURCE_ONLINE
+        ]
+        assert len(full) >= 15, [(a.scored_by, a.feature_source) for a in answers]
+    finally:
+        mesh.stop()
+    gateway = _spans((logs / "gateway.log").read_text())
+    assert not [s for s in gateway if s["name"] == "/fraud.v1.FraudScoring/Score"]
