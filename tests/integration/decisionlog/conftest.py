@@ -10,6 +10,7 @@ import collections
 import signal
 import sys
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,9 @@ class Sink:
     metrics_port: int = field(default_factory=free_port)
     process: Process | None = None
     starts: int = 0
+    group: str = field(default_factory=lambda: f"decisionlog-{uuid.uuid4().hex[:8]}")
+    """A consumer group of its own: tests share one Kafka broker, and a static member of a
+    group another test used on another topic would be handed that topic's assignment."""
 
     def env(self) -> dict[str, str]:
         log_env = to_env(EventLogSettings, **{f: getattr(self.log, f) for f in _LOG_FIELDS})
@@ -73,7 +77,12 @@ class Sink:
             metrics_port=self.metrics_port,
             root=self.root,
             log_json="false",
-            **{"flush_interval_s": 0.5, "retry_backoff_s": 0.05, **self.overrides},
+            **{
+                "flush_interval_s": 0.5,
+                "retry_backoff_s": 0.05,
+                "group": self.group,
+                **self.overrides,
+            },
         )
         return {**log_env, **sink_env}
 
