@@ -13,11 +13,15 @@ from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.common import telemetry
 from services.gateway.pipeline import DependencyError
-from services.gateway.streams import ModelRow, StreamFeatureClient, StreamModelClient, StreamPool
+from services.gateway.streams import (
+    ModelRow,
+    StreamFeatureClient,
+    StreamModelClient,
+    StreamPool,
+    feature_values,
+)
 from services.models.repository import ModelMetadata
 from services.models.v2 import BadResponse, RowRequests, fraud_probabilities, fraud_probability
-
-_PRESENT = features_pb2.FEATURE_STATUS_PRESENT
 
 
 def _reason(error: grpc.aio.AioRpcError) -> str:
@@ -50,7 +54,7 @@ class GrpcFeatureClient:
             response = await self._stub.GetFeatures(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
             raise DependencyError("features", _reason(error), error.details() or "") from error
-        return {f.name: (f.value if f.status == _PRESENT else None) for f in response.features}
+        return feature_values(response)
 
 
 class GrpcModelClient:

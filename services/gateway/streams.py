@@ -63,6 +63,8 @@ _CODE_REASON = {
     code_pb2.NOT_FOUND: "not_found",
     code_pb2.RESOURCE_EXHAUSTED: "resource_exhausted",
 }
+_NAME_REASON = {code_pb2.Code.Name(code): reason for code, reason in _CODE_REASON.items()}
+"""The same by status name: the scorer's stream errors read "NAME: message", as Triton's."""
 
 
 class StreamCodec(Protocol[ItemIn, ResultOut]):
@@ -133,6 +135,8 @@ class _Lane(Generic[Item, Result]):
         self.wake = asyncio.Event()
         self.last_reply = 0.0
         self.draining = False
+        self._aged: asyncio.TimerHandle | None = None
+        """When this stream is to be replaced (``_drain``); cancelled when it ends."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -178,7 +182,6 @@ class _Lane(Generic[Item, Result]):
         reason = "ended"
         answered = False
         writer: asyncio.Task[None] | None = None
-        aged: asyncio.TimerHandle | None = None
         try:
             # The servers send their headers as soon as a stream opens: a stream is usable
             # once they arrive, and a dependency that is down fails here, not on a request.
@@ -193,7 +196,7 @@ class _Lane(Generic[Item, Result]):
             writer = asyncio.create_task(self._write_loop(call))
             if pool.settings.max_age_s > 0:
                 age = pool.settings.max_age_s * random.uniform(0.8, 1.0)
-                aged = asyncio.get_running_loop().call_later(age, self._drain)
+                self._aged = asyncio.get_running_loop().call_later(age, self._drain)
             while True:
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
@@ -212,8 +215,10 @@ class _Lane(Generic[Item, Result]):
             # The call was cancelled (a reset), not this task: reopen.
             reason = "reset"
         finally:
-            if aged is not None:
-                aged.cancel()
+            if self._aged is not None:
+                # A drain still due belongs to this stream, not to the next one.
+                self._aged.cancel()
+                self._aged = None
             was_ready = self.ready
             self.ready = False
             self.draining = False
@@ -236,7 +241,7 @@ class _Lane(Generic[Item, Result]):
         if not self.ready:
             return
         if self.pool.open_streams < 2:
-            asyncio.get_running_loop().call_later(1.0, self._drain)
+            self._aged = asyncio.get_running_loop().call_later(1.0, self._drain)
             return
         self.draining = True
         self.ready = False
@@ -461,6 +466,11 @@ FeatureLookup = tuple[str, str, float, str]
 FeatureValues = Mapping[str, float | None]
 
 
+def feature_values(response: features_pb2.GetFeaturesResponse) -> FeatureValues:
+    """Store features by name; None for missing or stale ones."""
+    return {f.name: (f.value if f.status == _PRESENT else None) for f in response.features}
+
+
 class FeatureCodec:
     """``fraud.v1.FeatureService/StreamFeatures``: lookups in, feature values out."""
 
@@ -490,10 +500,7 @@ class FeatureCodec:
         if reply.error_code:
             reason = _CODE_REASON.get(reply.error_code, "error")
             return reply.id, DependencyError(self.dependency, reason, reply.error_message)
-        return reply.id, [
-            {f.name: (f.value if f.status == _PRESENT else None) for f in result.features}
-            for result in reply.results
-        ]
+        return reply.id, [feature_values(result) for result in reply.results]
 
 
 class StreamFeatureClient:
@@ -552,8 +559,8 @@ class ModelCodec:
         except ValueError:
             request_id = -1
         if reply.error_message:
-            code, _, _ = reply.error_message.partition(":")
-            reason = {"DEADLINE_EXCEEDED": "timeout", "NOT_FOUND": "not_found"}.get(code, "error")
+            name, _, _ = reply.error_message.partition(":")
+            reason = _NAME_REASON.get(name, "error")
             return request_id, DependencyError(self.dependency, reason, reply.error_message)
         rows = response.outputs[0].shape[0] if response.outputs else 0
         try:
