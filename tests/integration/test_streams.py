@@ -175,7 +175,7 @@ async def test_replies_reach_their_callers_in_any_order(metrics: GatewayMetrics)
 async def test_each_request_carries_its_own_deadline_and_late_replies_are_dropped(
     metrics: GatewayMetrics,
 ) -> None:
-    steering = Steering(delay_s=lambda card: 2.0 if card == "card-999" else 0.0)
+    steering = Steering(delay_s=lambda card: 10.0 if card == "card-999" else 0.0)
     server = Server(steering)
     await server.start()
     pool = _pool(f"127.0.0.1:{server.port}", metrics, streams=1)
@@ -186,8 +186,8 @@ async def test_each_request_carries_its_own_deadline_and_late_replies_are_droppe
         with pytest.raises(DependencyError) as raised:
             await client.get("card-999", "merch-1", time.time(), 0.05)
         assert raised.value.reason == "timeout"
-        # The caller was answered by its deadline, not by the reply 2 s later.
-        assert time.monotonic() - started < 1.5
+        # The caller was answered by its deadline, not by the reply 10 s later.
+        assert time.monotonic() - started < 8.0
         # The deadline travelled with the message, in microseconds.
         assert 0 < steering.received[-1].timeout_us <= 50_000
         # Other requests on the same stream are answered meanwhile.
