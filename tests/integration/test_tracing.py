@@ -74,23 +74,27 @@ def test_untraced_requests_travel_the_streams_of_traced_services(
     try:
         with grpc.insecure_channel(mesh.config.envoy_target) as channel:
             stub = pb_grpc.FraudScoringStub(channel)
-            answers = []
-            for n in range(20):
+
+            def score(n: int) -> pb.ScoreResponse:
                 ts = Timestamp()
                 ts.FromNanoseconds(time.time_ns())
-                answers.append(
-                    stub.Score(
-                        pb.ScoreRequest(
-                            transaction_id=f"untraced-{n}",
-                            card_id=known.card_id,
-                            merchant_id=known.merchant_id,
-                            amount_minor=known.amount_minor,
-                            currency="EUR",
-                            timestamp=ts,
-                        ),
-                        timeout=2.0,
-                    )
+                request = pb.ScoreRequest(
+                    transaction_id=f"untraced-{n}",
+                    card_id=known.card_id,
+                    merchant_id=known.merchant_id,
+                    amount_minor=known.amount_minor,
+                    currency="EUR",
+                    timestamp=ts,
                 )
+                return stub.Score(request, timeout=2.0)
+
+            # Breakers may still be cooling down from start-up on a loaded machine: wait for
+            # a first full answer, then judge twenty.
+            deadline = time.monotonic() + 30
+            while score(-1).scored_by != pb.SCORED_BY_MODEL:
+                assert time.monotonic() < deadline, "no model answer over the streams"
+                time.sleep(0.2)
+            answers = [score(n) for n in range(20)]
         # A starved machine may push a call past a slice: most must be full answers.
         full = [
             a
