@@ -32,6 +32,18 @@ _JVM_FLAGS = (
 )
 
 
+def kraft_cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64, never starting with '-'.
+
+    Kafka's own ``Uuid.randomUuid`` draws again for ids that start with '-', since command
+    lines would read them as options; a random id does so one time in 64.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def kafka_available() -> bool:
     """True when Java and the broker jars are installed."""
     return shutil.which("java") is not None and any(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
@@ -150,21 +162,24 @@ class KafkaBroker:
         properties = self._properties()
         if (self.root / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        subprocess.run(
+        result = subprocess.run(
             self._java(
                 "kafka.tools.StorageTool",
                 "format",
                 "--standalone",
-                "-t",
-                cluster_id,
+                f"--cluster-id={kraft_cluster_id()}",
                 "-c",
                 str(properties),
             ),
-            check=True,
             capture_output=True,
+            text=True,
             timeout=120,
         )
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"formatting the Kafka storage in {self.root} failed: {' | '.join(detail)}"
+            )
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Starts the broker (again) on its ports and data; returns once it answers metadata."""
