@@ -204,6 +204,12 @@ class GatewayMetrics:
             buckets=(1, 2, 4, 8, 16, 32),
             registry=registry,
         )
+        self.stream_holds = Counter(
+            "fraudmesh_stream_holds_total",
+            "Stream messages held back for others to join (the max queue delay applied).",
+            ["dependency"],
+            registry=registry,
+        )
 
     def breaker_transition(self, dependency: str, old: State, new: State) -> None:
         """Records a breaker state change."""

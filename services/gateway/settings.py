@@ -51,6 +51,15 @@ class GatewaySettings(ModelServerSettings):
         "for the same stream are coalesced (never waiting for more to arrive); 1 sends each "
         "alone. 16 measured best (docs/performance.md, side by side).",
     )
+    stream_max_queue_delay_us: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="With stream_max_batch above 1: how long (µs) a stream may hold a request "
+        "for others to join its message, only while requests reach that stream at least this "
+        "often, and at most a tenth of the request's deadline (Triton's max queue delay, "
+        "falling to zero at low load). 0 never waits.",
+    )
     stream_max_age_s: float = Field(
         8.0,
         ge=0,
@@ -186,7 +195,10 @@ class GatewaySettings(ModelServerSettings):
     def stream_settings(self) -> StreamSettings:
         """The persistent streams' settings."""
         return StreamSettings(
-            streams=self.streams, max_batch=self.stream_max_batch, max_age_s=self.stream_max_age_s
+            streams=self.streams,
+            max_batch=self.stream_max_batch,
+            max_queue_delay_s=self.stream_max_queue_delay_us / 1e6,
+            max_age_s=self.stream_max_age_s,
         )
 
     @property

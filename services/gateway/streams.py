@@ -17,7 +17,11 @@ dependency and multiplexes its requests over them (``StreamPool``):
   several addresses (the replicas behind a headless Service) gets them spread over all;
 * requests that queue up while a lane's previous write is in flight leave in the next
   write; with ``max_batch`` > 1 compatible ones are coalesced into one message (adaptive
-  batching with no added wait: batches only form when requests are already waiting).
+  batching). By default nothing waits for more to arrive: batches only form when requests
+  are already waiting. With ``max_queue_delay_s`` > 0 a lane holds its first request up to
+  that long for others, but only while requests reach it more often than that (Triton's
+  and MLServer's max queue delay, falling to zero at low load), and never for more than a
+  tenth of the request's own deadline.
 
 The wire format of each dependency is a ``StreamCodec``: ``FeatureCodec`` for
 ``fraud.v1.FeatureService/StreamFeatures``, ``ModelCodec`` for the Open Inference
@@ -96,6 +100,9 @@ class StreamSettings:
 
     streams: int = 2
     max_batch: int = 16
+    max_queue_delay_s: float = 0.0
+    """How long a lane may hold a request for others to join its message, while requests
+    reach it at least this often; 0 never waits."""
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
     stall_s: float = 1.0
@@ -111,10 +118,11 @@ class StreamSettings:
 class _Waiter:
     """One caller waiting for its result."""
 
-    __slots__ = ("deadline", "future", "lane", "request_id", "sent_at", "timer")
+    __slots__ = ("deadline", "future", "lane", "queued_at", "request_id", "sent_at", "timer")
 
-    def __init__(self, future: asyncio.Future[Any], deadline: float) -> None:
+    def __init__(self, future: asyncio.Future[Any], queued_at: float, deadline: float) -> None:
         self.future = future
+        self.queued_at = queued_at
         self.deadline = deadline
         self.timer: asyncio.TimerHandle | None = None
         self.lane: _Lane[Any, Any] | None = None
@@ -263,8 +271,10 @@ class _Lane(Generic[Item, Result]):
         pool = self.pool
         codec = pool.codec
         max_batch = pool.settings.max_batch
+        max_delay = pool.settings.max_queue_delay_s if max_batch > 1 else 0.0
         outbox = self.outbox
         batch_rows = pool.metrics.stream_batch_rows.labels(pool.name)
+        holds = pool.metrics.stream_holds.labels(pool.name)
         while True:
             if not outbox:
                 if self.draining:
@@ -273,6 +283,18 @@ class _Lane(Generic[Item, Result]):
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            if max_delay > 0 and len(outbox) < max_batch and pool.arrival_gap < max_delay:
+                # Requests come faster than the delay: hold the oldest for company.
+                oldest = outbox[0][1]
+                hold = min(
+                    max_delay - (time.monotonic() - oldest.queued_at),
+                    (oldest.deadline - oldest.queued_at) / 10,
+                )
+                if hold > 0:
+                    holds.inc()
+                    await asyncio.sleep(hold)
+                    if not outbox:
+                        continue
             item, waiter = outbox.popleft()
             if waiter.future.done():
                 continue
@@ -381,6 +403,12 @@ class StreamPool(Generic[Item, Result]):
         self._ready: list[_Lane[Item, Result]] = []
         self._turn = 0
         self._ids = itertools.count(1)
+        self._max_batch = self.settings.max_batch
+        self._gathering = self.settings.max_queue_delay_s > 0 and self._max_batch > 1
+        """Messages may be held for company (a max queue delay is set)."""
+        self.arrival_gap = float("inf")
+        """Moving average of the time between requests (kept while gathering)."""
+        self._last_arrival = 0.0
         self._opened = asyncio.Event()
         self._started = False
 
@@ -426,12 +454,26 @@ class StreamPool(Generic[Item, Result]):
         ready = self._ready
         if not ready:
             raise DependencyError(self.name, "unavailable", "no open stream")
-        self._turn += 1
         lane = ready[self._turn % len(ready)]
+        if not (self._gathering and lane.outbox and len(lane.outbox) < self._max_batch):
+            # Round-robin; while messages are held for company, the next request joins the
+            # one forming rather than starting another on the next stream.
+            self._turn += 1
+            lane = ready[self._turn % len(ready)]
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        waiter = _Waiter(future, time.monotonic() + timeout_s)
+        now = time.monotonic()
+        waiter = _Waiter(future, now, now + timeout_s)
         waiter.lane = lane
+        if self._gathering:
+            if self._last_arrival:
+                # A pause counts as a second at most, so traffic that resumes soon shows.
+                gap = min(now - self._last_arrival, 1.0)
+                previous = self.arrival_gap
+                self.arrival_gap = (
+                    gap if previous == float("inf") else previous + 0.2 * (gap - previous)
+                )
+            self._last_arrival = now
         waiter.timer = loop.call_later(timeout_s, self._expire, waiter)
         lane.outbox.append((item, waiter))
         lane.wake.set()

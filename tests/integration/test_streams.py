@@ -308,6 +308,51 @@ async def test_waiting_requests_are_coalesced_when_batching_is_on(
         await server.kill()
 
 
+async def test_a_max_queue_delay_gathers_requests_only_while_they_come_often(
+    metrics: GatewayMetrics,
+) -> None:
+    steering = Steering()
+    server = Server(steering)
+    await server.start()
+    pool = _pool(
+        f"127.0.0.1:{server.port}", metrics, streams=1, max_batch=8, max_queue_delay_s=0.05
+    )
+    client = StreamFeatureClient(pool)
+
+    def holds() -> float:
+        return _metric(metrics, "fraudmesh_stream_holds_total", dependency="features")
+
+    try:
+        assert await pool.wait_open(20)
+        # Low load: each request waits for its answer and the next comes 150 ms later, far
+        # apart compared with the 50 ms delay, so none is held.
+        for n in range(6):
+            assert (await client.get(f"card-{n}", "merch-1", time.time(), 20.0))["echo"] == n
+            await asyncio.sleep(0.15)
+        assert holds() == 0
+        assert [len(r.lookups) for r in steering.received] == [1] * 6
+        steering.received.clear()
+
+        # Busy: a request every millisecond or so. Once the lane has seen them coming, the
+        # first of a message waits up to 50 ms and leaves with those that joined it.
+        async def one(n: int) -> float:
+            return (await client.get(f"card-{n}", "merch-1", time.time(), 20.0))["echo"]
+
+        calls = []
+        for n in range(40):
+            calls.append(asyncio.create_task(one(n)))
+            await asyncio.sleep(0.001)
+        assert await asyncio.gather(*calls) == [float(n) for n in range(40)]
+        sizes = [len(r.lookups) for r in steering.received]
+        assert sum(sizes) == 40
+        assert max(sizes) <= 8
+        assert holds() > 0
+        assert len(sizes) < 20, sizes
+    finally:
+        await pool.close()
+        await server.kill()
+
+
 async def test_no_reachable_dependency_never_opens_and_fails_fast(
     metrics: GatewayMetrics,
 ) -> None:
