@@ -48,17 +48,19 @@ class GatewaySettings(ModelServerSettings):
         ge=1,
         le=256,
         description="Most requests one stream message may carry: above 1, requests waiting "
-        "for the same stream are coalesced (never waiting for more to arrive); 1 sends each "
-        "alone. 16 measured best (docs/performance.md, side by side).",
+        "for the same stream are coalesced (waiting for more to arrive only with "
+        "stream_max_queue_delay_us); 1 sends each alone. 16 measured best "
+        "(docs/performance.md, side by side).",
     )
     stream_max_queue_delay_us: int = Field(
         0,
         ge=0,
         le=10_000,
         description="With stream_max_batch above 1: how long (µs) a stream may hold a request "
-        "for others to join its message, only while requests reach that stream at least this "
-        "often, and at most a tenth of the request's deadline (Triton's max queue delay, "
-        "falling to zero at low load). 0 never waits.",
+        "for others to join its message, only while requests come at least this often, and "
+        "at most a tenth of the request's deadline (Triton's max queue delay, falling to zero "
+        "at low load). 0 never waits: 2000 cut CPU per Score to 0.78x at 700 rps and raised "
+        "the median from 3.4 to 7.1 ms (docs/performance.md).",
     )
     stream_max_age_s: float = Field(
         8.0,
