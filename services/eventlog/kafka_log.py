@@ -3,14 +3,16 @@
 Records are keyed by card (decisions) or transaction (outcomes): the partitioner puts a key
 on one partition, and the idempotent producer (``acks=all``) keeps each partition's order
 through retries, so per-card order holds. Consumers commit only after the caller applied
-what it polled, and use static membership (``group.instance.id`` = the consumer name), so a
-restarted consumer gets its partitions back at once instead of after a session timeout.
-A group id serves one topic. The topic is created with the configured partitions and
-retention if it does not exist.
+what it polled, and use static membership (``group.instance.id`` made of the consumer name
+and the topic), so a restarted consumer gets its partitions back at once instead of after a
+session timeout. A group id serves one topic at a time; pointed at another, it reads that
+topic from its committed offsets there (from the earliest for a new one). The topic is
+created with the configured partitions and retention if it does not exist.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from types import TracebackType
@@ -28,6 +30,16 @@ log = logging.getLogger(__name__)
 def _base_config(settings: EventLogSettings) -> dict[str, Any]:
     # librdkafka's own log lines go through Python logging, not straight to stderr.
     return {"bootstrap.servers": settings.kafka_bootstrap, "logger": log, **settings.kafka_config}
+
+
+def static_member_id(consumer_name: str, topic: str) -> str:
+    """The Kafka static member id (``group.instance.id``) of a consumer on ``topic``:
+    ``<name>.<topic>``, or ``<name>.<hash of topic>`` when that would pass Kafka's 249
+    characters; only the characters Kafka allows in names."""
+    member = f"{consumer_name}.{topic}"
+    if len(member) <= 249:
+        return member
+    return f"{consumer_name}.{hashlib.blake2b(topic.encode(), digest_size=8).hexdigest()}"
 
 
 def ensure_topic(settings: EventLogSettings, timeout_s: float | None = None) -> None:
@@ -149,7 +161,11 @@ class KafkaConsumer:
         self._consumer = Consumer(
             {
                 "group.id": group,
-                "group.instance.id": self.name,
+                # The topic is part of the static member id: a member that comes back under
+                # the same id gets its old assignment back without a rebalance, so a group
+                # pointed at another topic under the same name would keep the old topic's
+                # partitions and read nothing until its session expired.
+                "group.instance.id": static_member_id(self.name, settings.topic),
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 # The classic protocol: with static membership, a consumer restarted after a

@@ -37,9 +37,9 @@ class EventLogSettings(BaseSettings):
     consumer_name: str = Field(
         "main",
         pattern=r"^[A-Za-z0-9._-]{1,100}$",
-        description="Name of this consumer inside its group: the Redis consumer and the Kafka "
-        "static member id. Keep it stable across restarts so that a restarted consumer takes "
-        "over its own unacknowledged events at once.",
+        description="Name of this consumer inside its group: the Redis consumer and, with the "
+        "topic, the Kafka static member id (<name>.<topic>). Keep it stable across restarts so "
+        "that a restarted consumer takes over its own unacknowledged events at once.",
     )
     var_dir: Path = Field(Path("var"), description="Runtime state root.")
 

@@ -66,8 +66,8 @@ class Sink:
     process: Process | None = None
     starts: int = 0
     group: str = field(default_factory=lambda: f"decisionlog-{uuid.uuid4().hex[:8]}")
-    """A consumer group of its own: tests share one Kafka broker, and a static member of a
-    group another test used on another topic would be handed that topic's assignment."""
+    """A consumer group of its own: tests share one Kafka broker, and each test's sink reads
+    its own topic from the start."""
 
     def env(self) -> dict[str, str]:
         log_env = to_env(EventLogSettings, **{f: getattr(self.log, f) for f in _LOG_FIELDS})

@@ -137,3 +137,27 @@ def test_consumer_killed_mid_stream_resumes_without_loss(
     # Exactly the batch that was applied but not committed comes again (at least once).
     assert 0 < duplicates <= 50
     print(f"{settings.backend}: {duplicates} duplicate(s) after kill -9")
+
+
+def test_a_group_moved_to_another_topic_reads_that_topic(log_settings: SettingsFactory) -> None:
+    """An operator who points a consumer at a new topic under the same group and name gets
+    the new topic's records, even within the old member's session (Kafka keeps a static
+    member's assignment for a consumer that comes back under the same instance id)."""
+    first = log_settings()
+    second = log_settings(topic=f"{first.topic}-next")
+    group = f"{first.topic}-g"
+    for settings, base in ((first, 100), (second, 200)):
+        producer = open_producer(settings, metrics())
+        for i in range(20):
+            producer.append(decision(base + i))
+        assert producer.flush(30)
+        producer.close()
+    with open_consumer(first, group) as consumer:
+        assert sorted(event_id(r) for r in drain(consumer, 20)) == sorted(
+            f"e{100 + i}" for i in range(20)
+        )
+        consumer.commit()
+    with open_consumer(second, group) as consumer:
+        records = drain(consumer, 20, timeout_s=90)
+        consumer.commit()
+    assert sorted(event_id(r) for r in records) == sorted(f"e{200 + i}" for i in range(20))
