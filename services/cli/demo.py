@@ -32,11 +32,20 @@ def samples(config: MeshConfig) -> list[client.Sample]:
     cards = _latest(pd.read_parquet(data / layout.CARD_FEATURES_FILE), "card_id")
     merchants = _latest(pd.read_parquet(data / layout.MERCHANT_FEATURES_FILE), "merchant_id")
 
-    eur = tx[(tx["currency"] == "EUR") & ~tx["is_fraud"]]
-    card = str(eur["card_id"].value_counts().index[0])
+    # A typical payment in every way the model sees: a card never defrauded, at a merchant
+    # of its home country, at an hour of the day it usually pays (within an hour of now).
+    defrauded = tx.loc[tx["is_fraud"].fillna(False).astype(bool), "card_id"]
+    eur = tx[
+        (tx["currency"] == "EUR")
+        & (tx["merchant_country"] == tx["card_home_country"])
+        & ~tx["card_id"].isin(defrauded)
+    ]
+    hour = pd.to_datetime(eur["timestamp"], utc=True).dt.hour
+    now = eur[((hour - time.gmtime().tm_hour) % 24).isin([23, 0, 1])]
+    card = str((now if len(now) else eur)["card_id"].value_counts().index[0])
     mine = eur[eur["card_id"] == card]
     home_merchant = str(mine["merchant_id"].value_counts().index[0])
-    typical = int(mine["amount_minor"].median())
+    typical = int(mine.loc[mine["merchant_id"] == home_merchant, "amount_minor"].median())
     home = cards.loc[card, "card_home_country"]
 
     foreign = merchants[merchants["merchant_country"] != home]
