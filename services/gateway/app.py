@@ -36,8 +36,9 @@ from services.gateway.dependencies import (
 )
 from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import FeatureClient, Pipeline
-from services.gateway.rollout import ModelProvider, Rollout
+from services.gateway.pipeline import Pipeline
+from services.gateway.ports import FeatureClient, ModelProvider
+from services.gateway.rollout import Rollout
 from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.shadow import ShadowQueue

@@ -12,7 +12,7 @@ from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.common import telemetry
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError
 from services.gateway.streams import (
     ModelRow,
     StreamFeatureClient,

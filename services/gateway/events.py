@@ -22,7 +22,7 @@ from services.eventlog import Producer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Outcome
-from services.gateway.routing import Route
+from services.gateway.ports import Arm
 from services.gateway.validate import OutcomeReport, Reporter, Verdict
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,13 @@ def set_time(stamp: Any, seconds: float) -> None:
     stamp.seconds, stamp.nanos = divmod(round(seconds * _NANOS), _NANOS)
 
 
-_ROUTE = {Route.LIVE: events_pb2.ROUTE_LIVE, Route.CANARY: events_pb2.ROUTE_CANARY}
+_ROUTE = {Arm.LIVE: events_pb2.ROUTE_LIVE, Arm.CANARY: events_pb2.ROUTE_CANARY}
 
 
 def _model_slot(event: events_pb2.DecisionEvent, outcome: Outcome) -> None:
     """Which arm answered (live, also when the rules stood in for it, or canary) and the
     shadow version's score of the same transaction, when one was scored in time."""
-    event.route = _ROUTE[outcome.route]
+    event.route = _ROUTE[outcome.arm]
     shadow = outcome.shadow.result() if outcome.shadow is not None else None
     if shadow is not None:
         event.shadow_score = shadow.score

@@ -18,7 +18,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
@@ -26,25 +26,22 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.decision import Decision, decide
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.routing import (
+from services.gateway.ports import (
+    Arm,
     BatchModelClient,
+    DependencyError,
+    FeatureClient,
     ModelClient,
-    ModelRoute,
-    Route,
-    RouteTable,
 )
+from services.gateway.routing import ModelRoute, RouteTable
 from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
 
 __all__ = [
     "Decision",
-    "DependencyError",
-    "FeatureClient",
-    "ModelClient",
     "Outcome",
     "Pipeline",
-    "Route",
     "ScoredBy",
     "Source",
     "guarded",
@@ -64,15 +61,6 @@ class Source(enum.Enum):
     ONLINE = "online"
     PARTIAL = "partial"
     DEFAULT = "default"
-
-
-class DependencyError(Exception):
-    """A downstream call failed; ``reason`` is a short label (timeout, unavailable, …)."""
-
-    def __init__(self, dependency: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"{dependency}: {reason} {detail}".strip())
-        self.dependency = dependency
-        self.reason = reason
 
 
 T = TypeVar("T")
@@ -96,22 +84,6 @@ async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> 
     return result
 
 
-class FeatureClient(Protocol):
-    """Reads store features; None marks a missing or stale value."""
-
-    async def get(
-        self,
-        card_id: str,
-        merchant_id: str,
-        as_of_s: float,
-        timeout_s: float,
-        terminal_id: str = "",
-    ) -> Mapping[str, float | None]:
-        """Raises DependencyError when the feature service cannot answer in time; the
-        terminal's features are missing when ``terminal_id`` is empty."""
-        ...
-
-
 @dataclass(slots=True)
 class Outcome:
     """The decision and how it was reached."""
@@ -123,7 +95,7 @@ class Outcome:
     """The version that answered (``rules-…`` when the rules did)."""
     scored_by: ScoredBy = ScoredBy.MODEL
     feature_source: Source = Source.ONLINE
-    route: Route = Route.LIVE
+    arm: Arm = Arm.LIVE
     """The arm that answered: the canary, or live (also when the rules answered)."""
     shadow: ShadowJob | None = None
     """The shadow version's scoring of this transaction, run after the answer is sent
@@ -174,7 +146,7 @@ class Pipeline:
         self._store_names = featurespec.STORE_FEATURES
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
-        self._answer_counters: dict[tuple[Route, str], Any] = {}
+        self._answer_counters: dict[tuple[Arm, str], Any] = {}
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -230,7 +202,7 @@ class Pipeline:
         route, arm = table.pick(tx.card_id)
         store, source = await self._read_features(tx, budget)
         notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
-        if arm is Route.CANARY:
+        if arm is Arm.CANARY:
             answered = await self._score_canary(table, route, tx, store, source, notes, budget)
             if answered is not None:
                 return self._with_shadow(table, answered, tx, store)
@@ -253,14 +225,14 @@ class Pipeline:
                 self.metrics.dependency_error("scorer", error.reason)
                 fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
                 if watch is not None and error.reason != "breaker_open":
-                    watch.record(Route.LIVE, False, time.perf_counter() - started, False)
+                    watch.record(Arm.LIVE, False, time.perf_counter() - started, False)
             else:
                 elapsed = time.perf_counter() - started
                 outcome = self._model_outcome(
-                    route, Route.LIVE, score, rule_reasons, notes, source, vector
+                    route, Arm.LIVE, score, rule_reasons, notes, source, vector
                 )
                 if watch is not None:
-                    watch.record(Route.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
+                    watch.record(Arm.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
                 return self._with_shadow(table, outcome, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
@@ -306,23 +278,21 @@ class Pipeline:
                 # opens on failures, and the watch must still reach its verdict.
                 opened = error.reason == "breaker_open"
                 watch.record(
-                    Route.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
+                    Arm.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
                 )
             return None
         elapsed = time.perf_counter() - started
         named = dict(zip(route.order, vector, strict=True))
         rule_reasons = self.rules.evaluate(named).reasons(named)
-        outcome = self._model_outcome(
-            route, Route.CANARY, score, rule_reasons, notes, source, vector
-        )
+        outcome = self._model_outcome(route, Arm.CANARY, score, rule_reasons, notes, source, vector)
         if watch is not None:
-            watch.record(Route.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
+            watch.record(Arm.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
         return outcome
 
     def _model_outcome(
         self,
         route: ModelRoute,
-        arm: Route,
+        arm: Arm,
         score: float,
         rule_reasons: list[str],
         notes: list[str],
@@ -345,7 +315,7 @@ class Pipeline:
             model_version=route.version,
             scored_by=ScoredBy.MODEL,
             feature_source=source,
-            route=arm,
+            arm=arm,
             features=vector,
             feature_order=route.order,
         )

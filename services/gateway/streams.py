@@ -48,7 +48,7 @@ from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError
 from services.models.repository import ModelMetadata
 from services.models.v2 import BadResponse, RowRequests, fraud_probabilities
 

@@ -16,11 +16,10 @@ from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import (
     Decision,
-    DependencyError,
     Pipeline,
-    Route,
     ScoredBy,
 )
+from services.gateway.ports import Arm, DependencyError
 from services.gateway.routing import ModelRoute, RouteTable, card_bucket
 from services.gateway.shadow import ShadowQueue
 from services.gateway.validate import Transaction
@@ -125,7 +124,7 @@ async def test_canary_cards_get_the_canarys_answer_thresholds_and_defaults() -> 
     live, canary = Model(0.2), Model(0.2)
     pipeline, metrics = _pipeline(live, canary)
     outcome = await pipeline.score(_tx(CANARY_CARD), Budget(POLICY, None))
-    assert outcome.model_version == "2" and outcome.route is Route.CANARY
+    assert outcome.model_version == "2" and outcome.arm is Arm.CANARY
     # 0.2 is below live's review threshold but at the canary's decline-less review band.
     assert outcome.decision is Decision.REVIEW
     assert "review threshold 0.100" in outcome.reasons[0]
@@ -138,7 +137,7 @@ async def test_canary_cards_get_the_canarys_answer_thresholds_and_defaults() -> 
     )
 
     outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
-    assert outcome.model_version == "1" and outcome.route is Route.LIVE
+    assert outcome.model_version == "1" and outcome.arm is Arm.LIVE
     assert outcome.decision is Decision.APPROVE
     assert live.vectors[0][index] == 1.0
 
@@ -149,15 +148,15 @@ async def test_a_failing_canary_is_answered_by_live_not_the_rules() -> None:
     for _ in range(6):
         outcome = await pipeline.score(_tx(CANARY_CARD), Budget(POLICY, None))
         assert outcome.scored_by is ScoredBy.MODEL
-        assert outcome.model_version == "1" and outcome.route is Route.LIVE
+        assert outcome.model_version == "1" and outcome.arm is Arm.LIVE
     # The canary's breaker opened after four failures; live's never saw them.
     assert len(canary.vectors) == 4
     assert pipeline.scorer_breaker.failed_calls == 0
     watch = pipeline.routes.watch
     assert watch is not None
     figures = watch.figures()
-    assert figures[Route.CANARY].calls == 6 and figures[Route.CANARY].error_rate == 1.0
-    assert figures[Route.LIVE].calls == 6 and figures[Route.LIVE].error_rate == 0.0
+    assert figures[Arm.CANARY].calls == 6 and figures[Arm.CANARY].error_rate == 1.0
+    assert figures[Arm.LIVE].calls == 6 and figures[Arm.LIVE].error_rate == 0.0
     labels = {"dependency": "scorer-canary", "reason": "timeout"}
     assert _sample(metrics, "fraudmesh_dependency_errors_total", labels) == 4
 
