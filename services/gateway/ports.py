@@ -65,14 +65,15 @@ STATUS_NAMES = (
 """The gRPC status names, indexed by their code number (the same in ``grpc.StatusCode`` and
 ``google.rpc.Code``)."""
 
-_REASONS = {name: name.lower() for name in STATUS_NAMES} | {"DEADLINE_EXCEEDED": "timeout"}
+# OK is left out: a failure that claims it is as unexplained as one with no status at all.
+_REASONS = {name: name.lower() for name in STATUS_NAMES[1:]} | {"DEADLINE_EXCEEDED": "timeout"}
 
 
 def status_reason(status: str | int) -> str:
-    """The ``reason`` of a dependency that answered with gRPC status ``status`` (its name or
-    its number), whichever transport carried it: the name in lower case, ``timeout`` for
-    DEADLINE_EXCEEDED (the same label as a deadline the gateway enforces itself), and
-    ``unknown`` for what is no status at all."""
+    """The ``reason`` of a dependency that failed with gRPC status ``status`` (its name or its
+    number), the same whichever transport carried it (unary calls, streams): the name in
+    lower case, ``timeout`` for DEADLINE_EXCEEDED (the label of a deadline the gateway
+    enforces itself too), ``unknown`` for anything that is not an error status."""
     if isinstance(status, int):
         status = STATUS_NAMES[status] if 0 <= status < len(STATUS_NAMES) else "UNKNOWN"
     return _REASONS.get(status, "unknown")
