@@ -1,7 +1,7 @@
 """The scoring pipeline: features, then model, then decision, each inside the budget.
 
 Transport-free: the feature and model clients are injected, so the pipeline is tested
-without servers. Whatever fails behind it, ``score`` returns an on-time outcome.
+without servers. Whatever fails behind it, ``score`` returns an on-time result.
 
 Which model version answers comes from the route table (``routing.py``), swapped whole
 when the lifecycle changes: the live version, or the canary for its share of cards. The
@@ -40,8 +40,8 @@ from services.models.repository import ModelMetadata
 
 __all__ = [
     "Decision",
-    "Outcome",
     "Pipeline",
+    "ScoreResult",
     "ScoredBy",
     "Source",
     "guarded",
@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 
 async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> T:
-    """Runs ``call`` under ``breaker``: refused while open, outcome and duration recorded."""
+    """Runs ``call`` under ``breaker``: refused while open, success or failure and duration recorded."""
     if not breaker.try_acquire():
         raise DependencyError(breaker.name, "breaker_open")
     start = time.perf_counter()
@@ -77,7 +77,7 @@ async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> 
         breaker.on_error(time.perf_counter() - start)
         raise
     except asyncio.CancelledError:
-        # The caller went away: no outcome to judge the dependency by.
+        # The caller went away: nothing to judge the dependency by.
         breaker.release()
         raise
     breaker.on_success(time.perf_counter() - start)
@@ -85,8 +85,8 @@ async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> 
 
 
 @dataclass(slots=True)
-class Outcome:
-    """The decision and how it was reached."""
+class ScoreResult:
+    """What scoring one transaction gave: the decision and how it was reached."""
 
     decision: Decision
     score: float
@@ -196,7 +196,7 @@ class Pipeline:
             defaults=route.defaults,
         )
 
-    async def score(self, tx: Transaction, budget: Budget) -> Outcome:
+    async def score(self, tx: Transaction, budget: Budget) -> ScoreResult:
         """Scores ``tx``; always returns before the budget's reserve is spent."""
         table = self.routes
         route, arm = table.pick(tx.card_id)
@@ -228,16 +228,16 @@ class Pipeline:
                     watch.record(Arm.LIVE, False, time.perf_counter() - started, False)
             else:
                 elapsed = time.perf_counter() - started
-                outcome = self._model_outcome(
+                result = self._model_result(
                     route, Arm.LIVE, score, rule_reasons, notes, source, vector
                 )
                 if watch is not None:
-                    watch.record(Arm.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
-                return self._with_shadow(table, outcome, tx, store)
+                    watch.record(Arm.LIVE, True, elapsed, result.decision is Decision.DECLINE)
+                return self._with_shadow(table, result, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
         decision = decide(verdict.score, self.rules.review, self.rules.decline)
-        return Outcome(
+        return ScoreResult(
             decision=decision,
             score=verdict.score,
             reasons=[
@@ -261,7 +261,7 @@ class Pipeline:
         source: Source,
         notes: list[str],
         budget: Budget,
-    ) -> Outcome | None:
+    ) -> ScoreResult | None:
         """The canary's answer, or None when it cannot give one (live answers then)."""
         breaker, watch = table.canary_breaker, table.watch
         timeout = min(budget.scorer_timeout(), self.canary_cap_s)
@@ -284,12 +284,12 @@ class Pipeline:
         elapsed = time.perf_counter() - started
         named = dict(zip(route.order, vector, strict=True))
         rule_reasons = self.rules.evaluate(named).reasons(named)
-        outcome = self._model_outcome(route, Arm.CANARY, score, rule_reasons, notes, source, vector)
+        result = self._model_result(route, Arm.CANARY, score, rule_reasons, notes, source, vector)
         if watch is not None:
-            watch.record(Arm.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
-        return outcome
+            watch.record(Arm.CANARY, True, elapsed, result.decision is Decision.DECLINE)
+        return result
 
-    def _model_outcome(
+    def _model_result(
         self,
         route: ModelRoute,
         arm: Arm,
@@ -298,7 +298,7 @@ class Pipeline:
         notes: list[str],
         source: Source,
         vector: list[float],
-    ) -> Outcome:
+    ) -> ScoreResult:
         t = route.thresholds
         decision = decide(score, t.review, t.decline)
         key = (arm, route.version)
@@ -308,7 +308,7 @@ class Pipeline:
                 arm.value, route.version
             )
         counter.inc()
-        return Outcome(
+        return ScoreResult(
             decision=decision,
             score=score,
             reasons=[_model_reason(score, decision, t.review, t.decline), *rule_reasons, *notes],
@@ -323,19 +323,19 @@ class Pipeline:
     def _with_shadow(
         self,
         table: RouteTable,
-        outcome: Outcome,
+        result: ScoreResult,
         tx: Transaction,
         store: Mapping[str, float | None],
-    ) -> Outcome:
+    ) -> ScoreResult:
         shadow = table.shadow
         if shadow is not None and self.shadow_queue is not None:
-            outcome.shadow = ShadowJob(shadow, tx, store, outcome.score, outcome.decision)
-        return outcome
+            result.shadow = ShadowJob(shadow, tx, store, result.score, result.decision)
+        return result
 
-    def after_answer(self, outcome: Outcome) -> None:
-        """Hands the outcome's shadow job (if any) to the shadow workers; call it once the
+    def after_answer(self, result: ScoreResult) -> None:
+        """Hands the result's shadow job (if any) to the shadow workers; call it once the
         answer has been sent."""
-        job, queue = outcome.shadow, self.shadow_queue
+        job, queue = result.shadow, self.shadow_queue
         if job is not None and queue is not None:
             queue.submit(job)
 

@@ -23,7 +23,7 @@ from services.gateway.events import (
     outcome_event,
 )
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Decision, Outcome, ScoredBy, Source
+from services.gateway.pipeline import Decision, ScoredBy, ScoreResult, Source
 from services.gateway.ports import Arm
 from services.gateway.shadow import ShadowJob, ShadowResult
 from services.gateway.validate import (
@@ -51,8 +51,8 @@ def _request() -> pb.ScoreRequest:
     return request
 
 
-def _outcome() -> Outcome:
-    return Outcome(
+def _outcome() -> ScoreResult:
+    return ScoreResult(
         Decision.REVIEW,
         0.42,
         ["model score 0.420 >= review threshold 0.300", "card not present"],
