@@ -18,7 +18,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
@@ -28,7 +28,6 @@ from services.gateway.decision import Decision, decide
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.ports import (
     Arm,
-    BatchModelClient,
     DependencyError,
     FeatureClient,
     ModelClient,
@@ -130,7 +129,7 @@ class Pipeline:
         scorer_breaker: CircuitBreaker,
         *,
         canary_cap_s: float = 0.008,
-        shadow_timeout_s: float = 0.05,
+        shadow_queue: ShadowQueue | None = None,
     ) -> None:
         self.routes = RouteTable(live=ModelRoute(metadata, model))
         """What answers now; replaced whole when the lifecycle changes."""
@@ -140,9 +139,9 @@ class Pipeline:
         self.features = features
         self.metrics = metrics
         self.canary_cap_s = canary_cap_s
-        self.shadow_timeout_s = shadow_timeout_s
-        self.shadow_queue: ShadowQueue | None = None
-        """Where shadow jobs go after the answer; None scores no shadow."""
+        self.shadow_queue = shadow_queue
+        """Where shadow jobs go after the answer (``ShadowScorer`` scores them); None scores
+        no shadow."""
         self._store_names = featurespec.STORE_FEATURES
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
@@ -183,19 +182,6 @@ class Pipeline:
             return store, Source.DEFAULT
         return store, Source.PARTIAL
 
-    @staticmethod
-    def _vector(
-        route: ModelRoute, tx: Transaction, store: Mapping[str, float | None]
-    ) -> list[float]:
-        return featurespec.model_vector(
-            store,
-            amount_minor=tx.amount_minor,
-            currency=tx.currency,
-            timestamp_s=tx.timestamp_s,
-            card_not_present=tx.card_not_present,
-            defaults=route.defaults,
-        )
-
     async def score(self, tx: Transaction, budget: Budget) -> ScoreResult:
         """Scores ``tx``; always returns before the budget's reserve is spent."""
         table = self.routes
@@ -207,7 +193,7 @@ class Pipeline:
             if answered is not None:
                 return self._with_shadow(table, answered, tx, store)
             route = table.live
-        vector = self._vector(route, tx, store)
+        vector = route.vector(tx, store)
         named = dict(zip(route.order, vector, strict=True))
         verdict = self.rules.evaluate(named)
         rule_reasons = verdict.reasons(named)
@@ -267,7 +253,7 @@ class Pipeline:
         timeout = min(budget.scorer_timeout(), self.canary_cap_s)
         if breaker is None or timeout <= 0:
             return None
-        vector = self._vector(route, tx, store)
+        vector = route.vector(tx, store)
         started = time.perf_counter()
         try:
             score = await guarded(breaker, lambda: route.client.score(vector, timeout))
@@ -338,44 +324,6 @@ class Pipeline:
         job, queue = result.shadow, self.shadow_queue
         if job is not None and queue is not None:
             queue.submit(job)
-
-    async def score_shadow(self, jobs: list[ShadowJob]) -> None:
-        """Scores shadow jobs (one model call per shadow version when its client takes
-        batches) and records how the shadow compares with each answer."""
-        by_route: dict[int, list[ShadowJob]] = {}
-        for job in jobs:
-            by_route.setdefault(id(job.route), []).append(job)
-        for group in by_route.values():
-            await self._score_shadow_group(group[0].route, group)
-
-    async def _score_shadow_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
-        vectors = [self._vector(route, job.tx, job.store) for job in jobs]
-        m = self.metrics
-        client = route.client
-        batch = getattr(client, "score_batch", None)
-        started = time.perf_counter()
-        try:
-            if batch is not None and len(vectors) > 1:
-                scores = await cast(BatchModelClient, client).score_batch(
-                    vectors, self.shadow_timeout_s
-                )
-            else:
-                scores = [await client.score(v, self.shadow_timeout_s) for v in vectors]
-        except DependencyError as error:
-            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
-            for job in jobs:
-                job.resolve(None)
-            return
-        latency = time.perf_counter() - started
-        t = route.thresholds
-        for job, score in zip(jobs, scores, strict=True):
-            decision = decide(score, t.review, t.decline)
-            m.shadow_latency.labels(route.version).observe(latency)
-            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
-            m.shadow_decisions.labels(
-                route.version, job.answer_decision.value, decision.value
-            ).inc()
-            job.resolve(ShadowResult(route.version, score, decision, latency))
 
 
 _REASON_TEXT = {

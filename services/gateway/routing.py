@@ -16,9 +16,11 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryWatch
 from services.gateway.ports import Arm, ModelClient
+from services.gateway.validate import Transaction
 from services.models.lifecycle import CANARY_BUCKETS
 from services.models.repository import ModelMetadata, Thresholds
 
@@ -51,6 +53,18 @@ class ModelRoute:
     def thresholds(self) -> Thresholds:
         """Its decision thresholds."""
         return self.metadata.thresholds
+
+    def vector(self, tx: Transaction, store: Mapping[str, float | None]) -> list[float]:
+        """This version's input for ``tx``: the store's features (its defaults for the missing
+        ones) and the request-time features."""
+        return featurespec.model_vector(
+            store,
+            amount_minor=tx.amount_minor,
+            currency=tx.currency,
+            timestamp_s=tx.timestamp_s,
+            card_not_present=tx.card_not_present,
+            defaults=self.defaults,
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -38,13 +38,16 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
 
     def __init__(
         self,
+        pipeline: Callable[[], Pipeline | None],
         policy: BudgetPolicy,
         limits: Limits,
         metrics: GatewayMetrics,
         max_in_flight: int,
         emitter: EventEmitter | None = None,
     ) -> None:
-        self.pipeline: Pipeline | None = None
+        # The servicer is registered before the gateway starts (the server reports
+        # NOT_SERVING meanwhile); the pipeline exists once the start has built and warmed it.
+        self._pipeline = pipeline
         self._emitter = emitter
         self._policy = policy
         self._limits = limits
@@ -57,7 +60,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext
     ) -> pb.ScoreResponse:
         budget = Budget(self._policy, context.time_remaining())
-        pipeline = self.pipeline
+        pipeline = self._pipeline()
         if pipeline is None:
             raise Unavailable("gateway is still starting")
         if self._in_flight >= self._max_in_flight:

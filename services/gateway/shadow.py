@@ -2,7 +2,8 @@
 
 The pipeline prepares a ``ShadowJob`` with each model answer while a shadow version is
 routed; the servicer hands it to the ``ShadowQueue`` once the answer has gone out (the
-RPC's done callback). A bounded queue and a worker task do the scoring; the worker lets
+RPC's done callback). A bounded queue and a worker task do the scoring (``ShadowScorer``,
+which also records how the shadow compares with each answer); the worker lets
 jobs gather for ``linger_s`` after the first, then scores every job waiting (up to
 ``max_batch``) in one model call, so shadowing costs one extra call per batch rather than
 per answer. When the queue is full the job is
@@ -16,10 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
-from services.gateway.decision import Decision
+from services.gateway.decision import Decision, decide
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.ports import BatchModelClient, DependencyError
 from services.gateway.routing import ModelRoute
 from services.gateway.validate import Transaction
 
@@ -149,3 +154,47 @@ class ShadowQueue:
         self._tasks = []
         while not self._queue.empty():
             self._queue.get_nowait().resolve(None)
+
+
+class ShadowScorer:
+    """Scores shadow jobs, one model call per shadow version when its client takes batches,
+    and records how the shadow compares with each answer."""
+
+    def __init__(self, metrics: GatewayMetrics, timeout_s: float = 0.05) -> None:
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+
+    async def score(self, jobs: list[ShadowJob]) -> None:
+        """Scores ``jobs`` and resolves each with its result (None when the call failed)."""
+        by_route: dict[int, list[ShadowJob]] = {}
+        for job in jobs:
+            by_route.setdefault(id(job.route), []).append(job)
+        for group in by_route.values():
+            await self._score_group(group[0].route, group)
+
+    async def _score_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
+        vectors = [route.vector(job.tx, job.store) for job in jobs]
+        m = self.metrics
+        client = route.client
+        batch = getattr(client, "score_batch", None)
+        started = time.perf_counter()
+        try:
+            if batch is not None and len(vectors) > 1:
+                scores = await cast(BatchModelClient, client).score_batch(vectors, self.timeout_s)
+            else:
+                scores = [await client.score(v, self.timeout_s) for v in vectors]
+        except DependencyError as error:
+            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
+            for job in jobs:
+                job.resolve(None)
+            return
+        latency = time.perf_counter() - started
+        t = route.thresholds
+        for job, score in zip(jobs, scores, strict=True):
+            decision = decide(score, t.review, t.decline)
+            m.shadow_latency.labels(route.version).observe(latency)
+            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
+            m.shadow_decisions.labels(
+                route.version, job.answer_decision.value, decision.value
+            ).inc()
+            job.resolve(ShadowResult(route.version, score, decision, latency))
