@@ -107,12 +107,9 @@ class GatewayApp:
         # here would only hold up a gateway started while the scorer is down.
         live_model = await provider.prepare(metadata, load=s.in_process)
         self._shadow = ShadowQueue(
-            ShadowScorer(self.metrics, s.shadow_timeout_ms / 1000).score,
+            ShadowScorer(self.metrics, s.shadow_policy).score,
             self.metrics.shadow_dropped.inc,
-            size=s.shadow_queue_size,
-            workers=s.shadow_workers,
-            max_batch=s.shadow_max_batch,
-            linger_s=s.shadow_linger_ms / 1000,
+            s.shadow_policy,
         )
         pipeline = Pipeline(
             metadata,

@@ -47,6 +47,11 @@ __all__ = [
 ]
 
 
+CANARY_CAP_S = 0.008
+"""Longest a canary model call may take by default; after it the live version answers, with
+the rest of the budget."""
+
+
 class ScoredBy(enum.Enum):
     """Which engine produced the score."""
 
@@ -128,7 +133,7 @@ class Pipeline:
         features_breaker: CircuitBreaker,
         scorer_breaker: CircuitBreaker,
         *,
-        canary_cap_s: float = 0.008,
+        canary_cap_s: float = CANARY_CAP_S,
         shadow_queue: ShadowQueue | None = None,
     ) -> None:
         self.routes = RouteTable(live=ModelRoute(metadata, model))

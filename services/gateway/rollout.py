@@ -49,7 +49,7 @@ class Rollout:
         *,
         limits: CanaryLimits,
         new_breaker: Callable[[str], CircuitBreaker],
-        poll_s: float = 0.2,
+        poll_s: float,
         retry_s: float = 1.0,
         warmup_calls: int = 5,
         actor: str = "gateway",

@@ -21,7 +21,7 @@ from services.gateway.pipeline import (
 )
 from services.gateway.ports import Arm, DependencyError
 from services.gateway.routing import ModelRoute, RouteTable, card_bucket
-from services.gateway.shadow import ShadowQueue, ShadowScorer
+from services.gateway.shadow import ShadowPolicy, ShadowQueue, ShadowScorer
 from services.gateway.validate import Transaction
 from services.models import repository
 
@@ -104,14 +104,14 @@ def _pipeline(
     shadow: Model | None = None,
     queue: dict[str, int] | None = None,
 ) -> tuple[Pipeline, GatewayMetrics]:
-    """A pipeline over ``live`` (a canary, a shadow); with ``queue``, a shadow queue of
-    those ``ShadowQueue`` arguments (not started)."""
+    """A pipeline over ``live`` (a canary, a shadow); with ``queue``, a shadow queue with
+    those ``ShadowPolicy`` fields (not started)."""
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     REGISTRIES[id(metrics)] = registry
     rules = RulesEngine.load(DEFAULT_RULES, LIVE.feature_order)
     shadow_queue = (
-        ShadowQueue(ShadowScorer(metrics).score, metrics.shadow_dropped.inc, **queue)
+        ShadowQueue(ShadowScorer(metrics).score, metrics.shadow_dropped.inc, ShadowPolicy(**queue))
         if queue is not None
         else None
     )
