@@ -38,6 +38,7 @@ from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
 
 __all__ = [
+    "CANARY_CAP_S",
     "Decision",
     "Pipeline",
     "ScoreResult",
