@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from loadtest.eventlog_bench import backend_settings, build_event
 from services.common.settings import to_env
 from services.decisionlog import layout
 from services.decisionlog.settings import DecisionLogSettings
+from services.domain import metrics
 from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 from services.mesh import Process, free_port, grpc_serving
 
@@ -174,8 +174,8 @@ def measure(
         steady_cpu_us_per_event=steady_cpu / max(sent, 1) * 1e6,
         flush_ms_mean=flush_s / max(flushes, 1) * 1e3,
         bytes_per_event=steady_bytes / max(sent, 1),
-        delay_p50_s=statistics.median(delays),
-        delay_p99_s=delays[int(0.99 * (len(delays) - 1))],
+        delay_p50_s=metrics.percentile(delays, 50),
+        delay_p99_s=metrics.percentile(delays, 99),
         delay_max_s=delays[-1],
     )
 

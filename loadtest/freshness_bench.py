@@ -52,6 +52,7 @@ from loadtest.liveloop import requests_file
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
 from loadtest.runner import RESULTS_DIR, machine_line, mesh_answers
+from services.domain import metrics
 from services.featurestore import admin as store_admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
@@ -256,8 +257,8 @@ def _step(
         "within_50ms": (after.get(0.05, 0) - before.get(0.05, 0)) / events if events else 0.0,
         "probes": len(samples),
         "probe_timeouts": probe.timeouts,
-        "answer_to_visible_p50_ms": statistics.median(samples) * 1000 if samples else None,
-        "answer_to_visible_p99_ms": ghz.percentile(samples, 99) * 1000 if samples else None,
+        "answer_to_visible_p50_ms": metrics.percentile(samples, 50) * 1000 if samples else None,
+        "answer_to_visible_p99_ms": metrics.percentile(samples, 99) * 1000 if samples else None,
         "updater_cpu_ms_per_event": (
             used.get("updater", 0.0) * 1000 / decisions if decisions else None
         ),

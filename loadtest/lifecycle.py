@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import data, ghz
 from loadtest.runner import RESULTS_DIR, start_mesh
+from services.domain import metrics
 from services.mesh import Mesh
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle, State
@@ -112,7 +113,7 @@ def _per_phase(report: dict[str, Any], phases: list[Phase]) -> None:
         latencies.sort()
         phase.calls = len(latencies)
         phase.statuses = statuses
-        phase.p99_ms = ghz.percentile(latencies, 99)
+        phase.p99_ms = metrics.percentile(latencies, 99, empty=0.0)
         phase.max_ms = latencies[-1] if latencies else 0.0
 
 
