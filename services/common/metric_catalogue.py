@@ -1,16 +1,17 @@
 """Every Prometheus metric fraudmesh exports, declared once: name, type, help, label names
 and, for histograms, the buckets.
 
-The services build their families from these declarations (``DECISIONS.create(registry)``);
-benchmarks, tests, alert rules and dashboards refer to the same constants, so a metric's
-name is written once. ``CATALOGUE`` lists them all, ``of_component`` those of one exporter.
+The services build their families from these declarations (``DECISIONS.create(registry)``)
+and the benchmarks and tests name metrics by the same constants, so a metric's name is
+written once; alert rules and dashboards can be generated from it. ``CATALOGUE`` lists every
+metric, ``of_component`` those of one exporter, ``by_name`` finds one.
 
 Names are as queried: a counter's ends in ``_total`` (the exposition's family name drops it,
 see ``MetricSpec.family``); a histogram's samples add ``_bucket``, ``_count`` and ``_sum``.
 
 Who exports what: the gateway its own families and the event log producer's; the updater and
-the decision sink theirs; every process with a metrics port (the feature service and the scorer
-through the shared server, too) the client library's process and garbage-collector families.
+the decision sink theirs; every process with a metrics port the client library's process and
+garbage-collector families (the feature service and the scorer export only those so far).
 """
 
 from __future__ import annotations
