@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 ArrayLike = npt.ArrayLike
+"""What the functions take: arrays, lists, pandas columns."""
 
 PSI_EPSILON = 1e-4
 """A bin's share is floored at this in PSI and the reference, so an empty bin counts as
