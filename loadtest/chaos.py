@@ -14,7 +14,6 @@ import math
 import signal
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,11 +21,12 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-from prometheus_client.parser import text_string_to_metric_families
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, ghz
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.featurestore import admin as store_admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
@@ -38,14 +38,11 @@ BUDGET_MS = 42.0
 
 def gateway_counters(metrics_url: str) -> dict[str, float]:
     """Flattened counters of the gateway's /metrics: ``name{label=value,…}`` → value."""
-    with urllib.request.urlopen(metrics_url, timeout=2) as reply:
-        text = reply.read().decode()
     flat: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_total") or sample.name == "fraudmesh_breaker_state":
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                flat[f"{sample.name}{{{labels}}}"] = sample.value
+    for sample in scrape.fetch(metrics_url, timeout_s=2).samples:
+        if sample.name.endswith("_total") or sample.name == catalogue.BREAKER_STATE.name:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            flat[f"{sample.name}{{{labels}}}"] = sample.value
     return flat
 
 
@@ -328,10 +325,10 @@ def _breaker_summary(before: dict[str, float], after: dict[str, float]) -> str:
         }
 
     parts = []
-    for key, count in sorted(delta("fraudmesh_breaker_transitions_total{").items()):
+    for key, count in sorted(delta(f"{catalogue.BREAKER_TRANSITIONS.name}{{").items()):
         labels = dict(kv.split("=") for kv in key.rstrip("}").split(","))
         parts.append(f"{labels['dependency']}→{labels['to']}×{count:.0f}")
-    answers = delta("fraudmesh_decisions_total{")
+    answers = delta(f"{catalogue.DECISIONS.name}{{")
     total = sum(answers.values()) or 1.0
     rules = sum(v for k, v in answers.items() if "scored_by=rules" in k)
     defaults = sum(v for k, v in answers.items() if "feature_source=default" in k)

@@ -23,11 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,9 +35,12 @@ from prometheus_client import CollectorRegistry
 
 from loadtest.brokers import wait_until
 from loadtest.eventlog_bench import backend_settings, build_event
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.common.settings import to_env
 from services.decisionlog import layout
 from services.decisionlog.settings import DecisionLogSettings
+from services.domain import metrics
 from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 from services.mesh import Process, free_port, grpc_serving
 
@@ -103,16 +104,9 @@ class SinkProcess:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICKS
 
-    def metric(self, name: str) -> float:
+    def metric(self, metric: scrape.Metric) -> float:
         """The sum of a metric's samples."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            text = reply.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and line[len(name)] in " {"
-        )
+        return scrape.fetch(scrape.url("127.0.0.1", self.metrics_port)).sum(metric)
 
 
 def measure(
@@ -127,7 +121,7 @@ def measure(
     root = work / "decisions"
     producer = open_producer(settings, EventLogMetrics(CollectorRegistry()))
     with SinkProcess(settings, root, work / "logs", **sink_settings) as sink:
-        written = "fraudmesh_decisionlog_events_written_total"
+        written = catalogue.DECISIONLOG_EVENTS_WRITTEN
         # The burst goes onto the log while the sink is stopped (SIGSTOP): what follows
         # measures the sink catching up with a backlog, not the producer.
         sink.process.signal(signal.SIGSTOP)
@@ -138,7 +132,7 @@ def measure(
         finally:
             sink.process.signal(signal.SIGCONT)
         cpu0, t0 = sink.cpu_s(), time.perf_counter()
-        read = "fraudmesh_decisionlog_events_total"
+        read = catalogue.DECISIONLOG_EVENTS
         assert wait_until(lambda: sink.metric(read) >= burst, 600, 0.02), "burst not read"
         burst_s = time.perf_counter() - t0
         # The last part waits for the flush timer: the CPU counts its writing too.
@@ -146,9 +140,9 @@ def measure(
         burst_cpu = sink.cpu_s() - cpu0
         # Wait for the flush timer to go quiet, then measure the steady rate alone.
         time.sleep(6)
-        flushes0 = sink.metric("fraudmesh_decisionlog_flush_seconds_count")
-        flush_s0 = sink.metric("fraudmesh_decisionlog_flush_seconds_sum")
-        bytes0 = sink.metric("fraudmesh_decisionlog_bytes_written_total")
+        flushes0 = sink.metric(catalogue.DECISIONLOG_FLUSH_SECONDS.count)
+        flush_s0 = sink.metric(catalogue.DECISIONLOG_FLUSH_SECONDS.sum)
+        bytes0 = sink.metric(catalogue.DECISIONLOG_BYTES_WRITTEN)
         parts_before = set(all_parts(root))
         cpu1, t1 = sink.cpu_s(), time.perf_counter()
         sent = 0
@@ -160,9 +154,9 @@ def measure(
             time.sleep(0.002)
         assert wait_until(lambda: sink.metric(written) >= burst + sent, 120, 0.05)
         steady_wall, steady_cpu = time.perf_counter() - t1, sink.cpu_s() - cpu1
-        flushes = sink.metric("fraudmesh_decisionlog_flush_seconds_count") - flushes0
-        flush_s = sink.metric("fraudmesh_decisionlog_flush_seconds_sum") - flush_s0
-        steady_bytes = sink.metric("fraudmesh_decisionlog_bytes_written_total") - bytes0
+        flushes = sink.metric(catalogue.DECISIONLOG_FLUSH_SECONDS.count) - flushes0
+        flush_s = sink.metric(catalogue.DECISIONLOG_FLUSH_SECONDS.sum) - flush_s0
+        steady_bytes = sink.metric(catalogue.DECISIONLOG_BYTES_WRITTEN) - bytes0
     producer.close()
     delays = sorted(d for part, d in delays_by_part(root) if part not in parts_before)
     return Result(
@@ -174,8 +168,8 @@ def measure(
         steady_cpu_us_per_event=steady_cpu / max(sent, 1) * 1e6,
         flush_ms_mean=flush_s / max(flushes, 1) * 1e3,
         bytes_per_event=steady_bytes / max(sent, 1),
-        delay_p50_s=statistics.median(delays),
-        delay_p99_s=delays[int(0.99 * (len(delays) - 1))],
+        delay_p50_s=metrics.percentile(delays, 50),
+        delay_p99_s=metrics.percentile(delays, 99),
         delay_max_s=delays[-1],
     )
 

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from fraud.v1 import events_pb2, scoring_pb2
 from loadtest.brokers import KafkaBroker, RedisServer
-from services.domain import featurespec
+from services.domain import featurespec, metrics
 from services.eventlog import (
     EventLogMetrics,
     EventLogSettings,
@@ -159,12 +159,6 @@ def delivery_latency(settings: EventLogSettings, rate: float, seconds: float) ->
     return latencies
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def measure(
     settings: EventLogSettings, rate: float, seconds: float, burst: int, repeat: int = 3
 ) -> Result:
@@ -216,8 +210,8 @@ def measure(
         background_us,
         throughput,
         len(prebuilt[0].SerializeToString()),
-        percentile(latencies, 0.5) * 1e3,
-        percentile(latencies, 0.99) * 1e3,
+        metrics.percentile(latencies, 50) * 1e3,
+        metrics.percentile(latencies, 99) * 1e3,
     )
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import average_precision_score, roc_auc_score
+
+from services.domain import metrics
 
 RESULTS = Path(__file__).with_name("results")
 START = pd.Timestamp("2018-04-01")
@@ -163,20 +164,14 @@ def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> di
         today = scored[scored["TX_TIME_DAYS"] == day]
         kept.append(today[~today["CUSTOMER_ID"].isin(known)])
     test = pd.concat(kept)
-    detected: set[int] = set()
-    precisions = []
-    for _, today in test.groupby("TX_TIME_DAYS", sort=True):
-        today = today[~today["CUSTOMER_ID"].isin(detected)]
-        per_card = today.groupby("CUSTOMER_ID").agg(
-            score=("score", "max"), fraud=("TX_FRAUD", "max")
-        )
-        top = per_card.sort_values("score", ascending=False).head(k)
-        found = set(top.index[top["fraud"] == 1])
-        precisions.append(len(found) / k)
-        detected |= found
+    y, scores = test["TX_FRAUD"].to_numpy(), test["score"].to_numpy(dtype=np.float64)
+    _, precisions = metrics.card_precision_per_day(
+        test["TX_TIME_DAYS"].to_numpy(), test["CUSTOMER_ID"].to_numpy(), y, scores, k,
+        exclude_detected=True, divide_by_k=True,
+    )  # fmt: skip
     return {
-        "auc_roc": float(roc_auc_score(test["TX_FRAUD"], test["score"])),
-        "average_precision": float(average_precision_score(test["TX_FRAUD"], test["score"])),
+        "auc_roc": metrics.roc_auc(y, scores),
+        "average_precision": metrics.average_precision(y, scores),
         f"card_precision_at_{k}": float(np.mean(precisions)),
         "test_rows": float(len(test)),
         "test_frauds": float(test["TX_FRAUD"].sum()),

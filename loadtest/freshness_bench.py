@@ -33,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from fraud.v1 import features_pb2, features_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
@@ -52,53 +50,24 @@ from loadtest.liveloop import requests_file
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
 from loadtest.runner import RESULTS_DIR, machine_line, mesh_answers
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
+from services.domain import metrics
 from services.featurestore import admin as store_admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
-
-_HISTOGRAM = "fraudmesh_updater_event_to_store_seconds"
-_RECORDS = "fraudmesh_updater_records_total"
-_CHECKPOINT = "fraudmesh_updater_checkpoint_seconds"
 
 
 def _scrape(url: str) -> tuple[dict[float, float], dict[str, float]]:
     """The event-to-store histogram's cumulative buckets (upper bound → count; one observation
     per event and view it reached), and counters: decision records the updater consumed,
     checkpoints taken and the seconds they took."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    out: dict[float, float] = {}
-    counts = {"decisions": 0.0, "checkpoints": 0.0, "checkpoint_s": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{_HISTOGRAM}_bucket":
-                out[float(sample.labels["le"])] = sample.value
-            elif sample.name == _RECORDS and sample.labels.get("kind") == "decision":
-                counts["decisions"] += sample.value
-            elif sample.name == f"{_CHECKPOINT}_count":
-                counts["checkpoints"] = sample.value
-            elif sample.name == f"{_CHECKPOINT}_sum":
-                counts["checkpoint_s"] = sample.value
-    return out, counts
-
-
-def histogram_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
-    """The q-quantile (seconds) of what a cumulative histogram gained, linear inside a bucket."""
-    bounds = sorted(after)
-    counts = [after[b] - before.get(b, 0.0) for b in bounds]
-    total = counts[-1]
-    if total <= 0:
-        return float("nan")
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for bound, cumulative in zip(bounds, counts, strict=True):
-        if cumulative >= rank:
-            if bound == float("inf"):
-                return lower
-            inside = cumulative - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = bound, cumulative
-    return lower
+    page = scrape.fetch(url)
+    return page.buckets(catalogue.UPDATER_EVENT_TO_STORE), {
+        "decisions": page.sum(catalogue.UPDATER_RECORDS, kind="decision"),
+        "checkpoints": page.sum(catalogue.UPDATER_CHECKPOINT.count),
+        "checkpoint_s": page.sum(catalogue.UPDATER_CHECKPOINT.sum),
+    }
 
 
 @dataclass
@@ -214,7 +183,7 @@ def _step(
 ) -> dict[str, Any]:
     """One measured run at ``rps``: ghz load, the probe beside it, histogram and CPU deltas."""
     c = mesh.config
-    url = f"http://{c.host}:{c.metrics_ports['updater']}/metrics"
+    url = scrape.url(c.host, c.metrics_ports["updater"])
     pids = {n: p.pid for n, p in mesh.processes.items() if p.pid is not None}
     cpu = RssSampler(pids)
     answers = mesh_answers(mesh)
@@ -230,6 +199,7 @@ def _step(
     answers_after = answers() if answers is not None else {}
     load_after = _load()
     events = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    grown_buckets = scrape.increase(before, after)
     grew = {k: v - counts_before.get(k, 0.0) for k, v in counts_after.items()}
     decisions = grew["decisions"]
     used = {n: cpu_after.get(n, 0.0) - cpu_before.get(n, 0.0) for n in cpu_after}
@@ -244,8 +214,8 @@ def _step(
         "score": result.to_dict(),
         "decision_events": round(decisions),
         "rows_observed": round(events),
-        "event_to_store_p50_ms": histogram_quantile(before, after, 0.5) * 1000,
-        "event_to_store_p99_ms": histogram_quantile(before, after, 0.99) * 1000,
+        "event_to_store_p50_ms": scrape.histogram_quantile(0.5, grown_buckets) * 1000,
+        "event_to_store_p99_ms": scrape.histogram_quantile(0.99, grown_buckets) * 1000,
         # The slowest event took at most this long (the first bucket holding every event).
         "event_to_store_max_within_s": _finite(
             min(
@@ -256,8 +226,8 @@ def _step(
         "within_50ms": (after.get(0.05, 0) - before.get(0.05, 0)) / events if events else 0.0,
         "probes": len(samples),
         "probe_timeouts": probe.timeouts,
-        "answer_to_visible_p50_ms": statistics.median(samples) * 1000 if samples else None,
-        "answer_to_visible_p99_ms": ghz.percentile(samples, 99) * 1000 if samples else None,
+        "answer_to_visible_p50_ms": metrics.percentile(samples, 50) * 1000 if samples else None,
+        "answer_to_visible_p99_ms": metrics.percentile(samples, 99) * 1000 if samples else None,
         "updater_cpu_ms_per_event": (
             used.get("updater", 0.0) * 1000 / decisions if decisions else None
         ),
@@ -382,7 +352,7 @@ def markdown(runs: Sequence[dict[str, Any]], command: str, seconds: float,
         "store and model; the feature updater seeded from the dataset's history), ghz open loop "
         f"through Envoy, {seconds:g} s per run, unique transaction ids and timestamps at call "
         "time, 42 ms deadline. *event→store*: the updater's "
-        "`fraudmesh_updater_event_to_store_seconds` over the run (from the gateway's "
+        f"`{catalogue.UPDATER_EVENT_TO_STORE.name}` over the run (from the gateway's "
         "`decided_at` to the end of the online-store write, one observation per event and "
         "view: card and merchant; interpolated inside 5 ms buckets up "
         "to 50 ms, coarser beyond). *answer→visible*: a probe scores a fresh card through "

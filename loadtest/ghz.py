@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.domain import metrics
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository root (proto files and ghz configs are found relative to it)."""
 
@@ -153,14 +155,6 @@ class Result:
         }
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100) of ascending values; 0.0 when empty."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
-
-
 def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
     """A Result from ghz's JSON report (``--format json``); latencies there are nanoseconds."""
     details = report.get("details") or []
@@ -173,20 +167,21 @@ def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
         by_status.setdefault(d.get("status") or "OK", []).append(d["latency"] / 1e6)
     count = int(report.get("count") or len(details))
     total_ns = float(report.get("total") or 0)
+    p50, p90, p99, p999 = metrics.percentiles(latencies, (50, 90, 99, 99.9), empty=0.0)
     return Result(
         offered_rps=offered_rps,
         achieved_rps=count / (total_ns / 1e9) if total_ns else 0.0,
         count=count,
         duration_s=total_ns / 1e9,
-        p50_ms=percentile(latencies, 50),
-        p90_ms=percentile(latencies, 90),
-        p99_ms=percentile(latencies, 99),
-        p999_ms=percentile(latencies, 99.9),
+        p50_ms=p50,
+        p90_ms=p90,
+        p99_ms=p99,
+        p999_ms=p999,
         max_ms=latencies[-1] if latencies else 0.0,
         mean_ms=sum(latencies) / len(latencies) if latencies else 0.0,
         status_counts=dict(statuses),
         errors=dict(report.get("errorDistribution") or {}),
-        status_p99_ms={k: percentile(sorted(v), 99) for k, v in by_status.items()},
+        status_p99_ms={k: metrics.percentile(v, 99) for k, v in by_status.items()},
     )
 
 

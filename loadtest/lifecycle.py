@@ -26,7 +26,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import data, ghz
 from loadtest.runner import RESULTS_DIR, start_mesh
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
+from services.domain import metrics
 from services.mesh import Mesh
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle, VersionState
@@ -56,24 +57,25 @@ def publish_copy(lifecycle: ModelLifecycle, base: str, **changes: Any) -> str:
     return published.version
 
 
+def _gateway_pages(mesh: Mesh) -> list[scrape.Samples]:
+    """The /metrics of every gateway of the mesh, now."""
+    return [
+        scrape.fetch(scrape.url(mesh.config.host, port), timeout_s=2)
+        for name, port in mesh.config.metrics_ports.items()
+        if name.startswith("gateway")
+    ]
+
+
 def answers(mesh: Mesh) -> dict[str, float]:
     """Answers so far, summed over the gateways: ``model:<route>:<version>`` and ``rules``."""
     total: dict[str, float] = {}
-    for name, port in mesh.config.metrics_ports.items():
-        if not name.startswith("gateway"):
-            continue
-        url = f"http://{mesh.config.host}:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "fraudmesh_model_answers_total":
-                    key = f"model:{s.labels['route']}:{s.labels['model_version']}"
-                elif s.name == "fraudmesh_decisions_total" and s.labels["scored_by"] == "rules":
-                    key = "rules"
-                else:
-                    continue
-                total[key] = total.get(key, 0.0) + s.value
+    for page in _gateway_pages(mesh):
+        for s in page.matching(catalogue.MODEL_ANSWERS):
+            key = f"model:{s.labels['route']}:{s.labels['model_version']}"
+            total[key] = total.get(key, 0.0) + s.value
+        rules = page.get(catalogue.DECISIONS, scored_by="rules")
+        if rules is not None:
+            total["rules"] = total.get("rules", 0.0) + rules
     return total
 
 
@@ -112,7 +114,7 @@ def _per_phase(report: dict[str, Any], phases: list[Phase]) -> None:
         latencies.sort()
         phase.calls = len(latencies)
         phase.statuses = statuses
-        phase.p99_ms = ghz.percentile(latencies, 99)
+        phase.p99_ms = metrics.percentile(latencies, 99, empty=0.0)
         phase.max_ms = latencies[-1] if latencies else 0.0
 
 
@@ -200,24 +202,20 @@ def _cpu_s(mesh: Mesh) -> float:
 
 def _shadow_counts(mesh: Mesh) -> dict[str, float]:
     total: dict[str, float] = {}
-    for name, port in mesh.config.metrics_ports.items():
-        if not name.startswith("gateway"):
-            continue
-        url = f"http://{mesh.config.host}:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=2) as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name in ("fraudmesh_shadow_decisions_total", "fraudmesh_shadow_dropped_total"):
-                    agree = s.labels.get("answer") == s.labels.get("shadow")
-                    key = (
-                        "dropped"
-                        if s.name.endswith("dropped_total")
-                        else ("agreed" if agree else "disagreed")
-                    )
-                    total[key] = total.get(key, 0.0) + s.value
-                elif s.name == "fraudmesh_shadow_errors_total":
-                    total["errors"] = total.get("errors", 0.0) + s.value
+
+    def add(key: str, value: float) -> None:
+        total[key] = total.get(key, 0.0) + value
+
+    for page in _gateway_pages(mesh):
+        for s in page.matching(catalogue.SHADOW_DECISIONS):
+            add("agreed" if s.labels["answer"] == s.labels["shadow"] else "disagreed", s.value)
+        for spec, key in (
+            (catalogue.SHADOW_DROPPED, "dropped"),
+            (catalogue.SHADOW_ERRORS, "errors"),
+        ):
+            found = page.get(spec)
+            if found is not None:
+                add(key, found)
     return total
 
 

@@ -46,14 +46,12 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import data, ghz
 from loadtest.runner import (
@@ -64,6 +62,8 @@ from loadtest.runner import (
     mesh_answers,
     start_mesh,
 )
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.mesh import Mesh
 
 SIDES = ("on", "emit-only", "off")
@@ -113,16 +113,17 @@ def _threads(proc: psutil.Process) -> tuple[float, float]:
     return main, other
 
 
-def _metrics(url: str, names: Sequence[str]) -> dict[str, float]:
-    """Sums of the samples of the named families (by sample name) on a /metrics page."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    out = dict.fromkeys(names, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in out:
-                out[sample.name] += sample.value
-    return out
+ACCOUNTED = (
+    catalogue.DECISIONS,
+    catalogue.EVENTLOG_APPENDED,
+    catalogue.EVENTLOG_DELIVERED,
+    catalogue.EVENTLOG_SPILLED,
+    catalogue.EVENTLOG_DROPPED,
+    catalogue.EVENT_EMIT_ERRORS,
+)
+"""The gateway's counters the accounting of the "on" mesh sums."""
+DECISIONS_CONSUMED = f"{catalogue.UPDATER_RECORDS.name}{{kind=decision}}"
+"""The accounting's key of the decision records the updater consumed."""
 
 
 class Side:
@@ -145,7 +146,7 @@ class Side:
     def metrics_url(self, process: str) -> str | None:
         """The /metrics URL of one of the mesh's processes, if it exposes one."""
         port = self.mesh.config.metrics_ports.get(process)
-        return None if port is None else f"http://{self.mesh.config.host}:{port}/metrics"
+        return None if port is None else scrape.url(self.mesh.config.host, port)
 
     def check_alive(self) -> None:
         """Raises when a process of the mesh has exited."""
@@ -206,28 +207,10 @@ def accounting(side: Side, settle_s: float = 3.0) -> dict[str, float]:
     gateway, updater = side.metrics_url("gateway"), side.metrics_url("updater")
     out: dict[str, float] = {}
     if gateway is not None:
-        out.update(
-            _metrics(
-                gateway,
-                [
-                    "fraudmesh_decisions_total",
-                    "fraudmesh_eventlog_appended_total",
-                    "fraudmesh_eventlog_delivered_total",
-                    "fraudmesh_eventlog_spilled_total",
-                    "fraudmesh_eventlog_dropped_total",
-                    "fraudmesh_event_emit_errors_total",
-                ],
-            )
-        )
+        page = scrape.fetch(gateway)
+        out.update({spec.name: page.sum(spec) for spec in ACCOUNTED})
     if updater is not None:
-        with urllib.request.urlopen(updater, timeout=5) as reply:
-            text = reply.read().decode()
-        out["fraudmesh_updater_records_total{kind=decision}"] = sum(
-            s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "fraudmesh_updater_records_total" and s.labels.get("kind") == "decision"
-        )
+        out[DECISIONS_CONSUMED] = _decisions_consumed(updater)
     return out
 
 
@@ -466,17 +449,17 @@ def markdown(
                 f"({v['emit_cpu_ms_per_call']:+.3f}) | {v['p99_verdict']} |"
             )
     if counts:
-        decided = counts.get("fraudmesh_decisions_total", 0.0)
+        count = {spec: counts.get(spec.name, 0.0) for spec in ACCOUNTED}
         lines += [
             "",
             f"Events of the **on** mesh over the whole run (warm-up included): "
-            f"{decided:.0f} answers counted by the gateway, "
-            f"{counts.get('fraudmesh_eventlog_appended_total', 0):.0f} events appended, "
-            f"{counts.get('fraudmesh_eventlog_delivered_total', 0):.0f} delivered, "
-            f"{counts.get('fraudmesh_eventlog_spilled_total', 0):.0f} spilled, "
-            f"{counts.get('fraudmesh_eventlog_dropped_total', 0):.0f} dropped, "
-            f"{counts.get('fraudmesh_event_emit_errors_total', 0):.0f} emit errors; "
-            f"{counts.get('fraudmesh_updater_records_total{kind=decision}', 0):.0f} decision "
+            f"{count[catalogue.DECISIONS]:.0f} answers counted by the gateway, "
+            f"{count[catalogue.EVENTLOG_APPENDED]:.0f} events appended, "
+            f"{count[catalogue.EVENTLOG_DELIVERED]:.0f} delivered, "
+            f"{count[catalogue.EVENTLOG_SPILLED]:.0f} spilled, "
+            f"{count[catalogue.EVENTLOG_DROPPED]:.0f} dropped, "
+            f"{count[catalogue.EVENT_EMIT_ERRORS]:.0f} emit errors; "
+            f"{counts.get(DECISIONS_CONSUMED, 0):.0f} decision "
             "records consumed by the updater.",
         ]
     return "\n".join(lines) + "\n"
@@ -495,20 +478,12 @@ def _updater_behind(mesh: Side) -> bool:
     gateway, updater = mesh.metrics_url("gateway"), mesh.metrics_url("updater")
     if gateway is None or updater is None:
         return False
-    delivered = _metrics(gateway, ["fraudmesh_eventlog_delivered_total"])
-    consumed = _decisions_consumed(updater)
-    return consumed < delivered["fraudmesh_eventlog_delivered_total"]
+    delivered = scrape.fetch(gateway).sum(catalogue.EVENTLOG_DELIVERED)
+    return _decisions_consumed(updater) < delivered
 
 
 def _decisions_consumed(url: str) -> float:
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "fraudmesh_updater_records_total" and s.labels.get("kind") == "decision"
-    )
+    return scrape.fetch(url).sum(catalogue.UPDATER_RECORDS, kind="decision")
 
 
 @contextlib.contextmanager

@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import average_precision_score, roc_auc_score
 
+from services.domain import metrics
 from services.featurestore import layout
 from services.models import repository
 from services.pipelines import evaluate
@@ -166,7 +166,7 @@ def judge(scores: pd.DataFrame, scenarios: pd.Series) -> dict[str, object]:
     s = scores["score"].to_numpy(dtype=np.float64)
     days = pd.to_datetime(scores["timestamp"], utc=True).dt.floor("D").to_numpy()
     # Thresholds only matter for operating points not reported here; one for both versions.
-    at_fpr = evaluate.threshold_at_fpr(s[y == 0], evaluate.RECALL_AT_FPR)
+    at_fpr = metrics.threshold_at_fpr(s[y == 0], evaluate.RECALL_AT_FPR)
     judged = evaluate.evaluate(
         y, s, review=at_fpr, decline=at_fpr, days=days, cards=scores["card_id"].to_numpy(),
         scenarios=scores["transaction_id"].map(scenarios).to_numpy(),
@@ -203,15 +203,10 @@ def paired_bootstrap(
     )
     y = joined["is_fraud"].to_numpy().astype(np.int8)
     scores = {v: joined[f"score_{v}"].to_numpy(dtype=np.float64) for v in ("before", "after")}
-    card, n_cards = pd.factorize(joined["card_id"])[0], joined["card_id"].nunique()
-    rows_of = np.argsort(card, kind="stable")
-    starts = np.searchsorted(card[rows_of], np.arange(n_cards))
-    sizes = np.diff(np.append(starts, len(card)))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    sampler = metrics.Resampler(groups=joined["card_id"].to_numpy(), seed=BOOTSTRAP_SEED)
     differences: dict[str, list[float]] = {name: [] for name in _BOOTSTRAPPED}
     for _ in range(resamples):
-        drawn = rng.integers(0, n_cards, size=n_cards)
-        rows = rows_of[np.repeat(starts[drawn], sizes[drawn]) + _offsets(sizes[drawn])]
+        rows = sampler.draw()
         if y[rows].min() == y[rows].max():
             continue
         figures = {v: _row_metrics(y[rows], s[rows]) for v, s in scores.items()}
@@ -219,8 +214,8 @@ def paired_bootstrap(
             differences[name].append(figures["after"][name] - figures["before"][name])
     return {
         name: {
-            "low": float(np.percentile(values, 2.5)),
-            "high": float(np.percentile(values, 97.5)),
+            "low": metrics.percentile(values, 2.5),
+            "high": metrics.percentile(values, 97.5),
             "after_better_share": float(np.mean(np.asarray(values) > 0)),
             "resamples": len(values),
         }
@@ -231,19 +226,12 @@ def paired_bootstrap(
 _BOOTSTRAPPED = ("roc_auc", "average_precision", "recall_at_1pct_fpr")
 
 
-def _offsets(sizes: np.ndarray) -> np.ndarray:
-    """0, 1, …, size − 1 for each size, concatenated."""
-    ends = np.cumsum(sizes)
-    return np.arange(int(ends[-1])) - np.repeat(ends - sizes, sizes)
-
-
 def _row_metrics(y: np.ndarray, s: np.ndarray) -> dict[str, float]:
     """The per-payment metrics of ``evaluate`` (card precision needs days; left out)."""
-    at_fpr = evaluate.threshold_at_fpr(s[y == 0], evaluate.RECALL_AT_FPR)
     return {
-        "roc_auc": float(roc_auc_score(y, s)),
-        "average_precision": float(average_precision_score(y, s)),
-        "recall_at_1pct_fpr": evaluate.operating_point(y, s, at_fpr).recall,
+        "roc_auc": metrics.roc_auc(y, s),
+        "average_precision": metrics.average_precision(y, s),
+        "recall_at_1pct_fpr": metrics.recall_at_fpr(y, s, evaluate.RECALL_AT_FPR),
     }
 
 

@@ -13,7 +13,6 @@ import os
 import platform
 import shutil
 import subprocess
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,6 +23,8 @@ import psutil
 from loadtest import data, ghz, report
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
@@ -119,24 +120,16 @@ def saturated(result: ghz.Result, budget_ms: float = report.BUDGET_MS) -> bool:
 
 
 def gateway_answers(metrics_url: str) -> Callable[[], dict[str, float]]:
-    """Reads ``fraudmesh_decisions_total`` from the gateway's /metrics, summed by
-    ``scored_by=…`` and ``feature_source=…``."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """Reads the gateway's decisions counter from its /metrics, summed by ``scored_by=…`` and
+    ``feature_source=…``."""
 
     def read() -> dict[str, float]:
-        with urllib.request.urlopen(metrics_url, timeout=5) as reply:
-            text = reply.read().decode()
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            if family.name != "fraudmesh_decisions":
-                continue
-            for sample in family.samples:
-                if not sample.name.endswith("_total"):
-                    continue
-                for label in ("scored_by", "feature_source"):
-                    key = f"{label}={sample.labels.get(label, '')}"
-                    out[key] = out.get(key, 0.0) + sample.value
-        return out
+        page = scrape.fetch(metrics_url)
+        return {
+            f"{label}={value}": count
+            for label in ("scored_by", "feature_source")
+            for value, count in page.by_label(catalogue.DECISIONS, label).items()
+        }
 
     return read
 
@@ -197,7 +190,7 @@ def mesh_answers(mesh: Mesh) -> Callable[[], dict[str, float]] | None:
     """The decision-counter reader of a mesh's gateways (summed over the replicas that
     expose /metrics), or None if none does."""
     readers = [
-        gateway_answers(f"http://{mesh.config.host}:{port}/metrics")
+        gateway_answers(scrape.url(mesh.config.host, port))
         for name, port in mesh.config.metrics_ports.items()
         if name.startswith("gateway")
     ]

@@ -11,6 +11,7 @@ from typing import cast
 
 import numpy as np
 
+from services.domain.metrics import operating_point
 from services.domain.rules import RulesEngine
 
 
@@ -41,14 +42,10 @@ def rules_metrics(
     (review or decline) and at their decline threshold, prefixed ``rules_``.
     """
     scores = rules_scores(engine, features, names)
-    fraud = labels.astype(bool)
-    metrics: dict[str, float] = {}
+    figures: dict[str, float] = {}
     for point, threshold in (("review", engine.review), ("decline", engine.decline)):
-        flagged = scores >= threshold
-        caught = int((flagged & fraud).sum())
-        metrics[f"rules_precision_at_{point}"] = caught / max(int(flagged.sum()), 1)
-        metrics[f"rules_recall_at_{point}"] = caught / max(int(fraud.sum()), 1)
-        metrics[f"rules_fpr_at_{point}"] = int((flagged & ~fraud).sum()) / max(
-            int((~fraud).sum()), 1
-        )
-    return metrics
+        judged = operating_point(labels, scores, threshold)
+        figures[f"rules_precision_at_{point}"] = judged.precision
+        figures[f"rules_recall_at_{point}"] = judged.recall
+        figures[f"rules_fpr_at_{point}"] = judged.fpr
+    return figures

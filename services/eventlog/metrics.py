@@ -4,51 +4,26 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from services.common import metric_catalogue as catalogue
 
 
 class EventLogMetrics:
-    """The producer's metric families; ``default()`` gives the process-wide set."""
+    """The producer's metric families (declared in the catalogue); ``default()`` gives the
+    process-wide set."""
 
     _default: EventLogMetrics | None = None
     _default_lock = threading.Lock()
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.appended = Counter(
-            "fraudmesh_eventlog_appended_total",
-            "Events handed to the event log producer.",
-            registry=registry,
-        )
-        self.delivered = Counter(
-            "fraudmesh_eventlog_delivered_total",
-            "Events stored by the event log backend (replays from spill files included).",
-            registry=registry,
-        )
-        self.buffered = Gauge(
-            "fraudmesh_eventlog_buffered",
-            "Events held in the producer's memory buffer, not yet delivered or spilled.",
-            registry=registry,
-        )
-        self.spilled = Counter(
-            "fraudmesh_eventlog_spilled_total",
-            "Events written to a local spill file because the backend was down or slow.",
-            registry=registry,
-        )
-        self.spill_pending = Gauge(
-            "fraudmesh_eventlog_spill_pending",
-            "Events in spill files waiting to be delivered.",
-            registry=registry,
-        )
-        self.dropped = Counter(
-            "fraudmesh_eventlog_dropped_total",
-            "Events lost because the spill disk was full (or the spill cap reached).",
-            registry=registry,
-        )
-        self.backend_up = Gauge(
-            "fraudmesh_eventlog_backend_up",
-            "1 while the last write to the event log backend succeeded, else 0.",
-            registry=registry,
-        )
+        self.appended = catalogue.EVENTLOG_APPENDED.create(registry)
+        self.delivered = catalogue.EVENTLOG_DELIVERED.create(registry)
+        self.buffered = catalogue.EVENTLOG_BUFFERED.create(registry)
+        self.spilled = catalogue.EVENTLOG_SPILLED.create(registry)
+        self.spill_pending = catalogue.EVENTLOG_SPILL_PENDING.create(registry)
+        self.dropped = catalogue.EVENTLOG_DROPPED.create(registry)
+        self.backend_up = catalogue.EVENTLOG_BACKEND_UP.create(registry)
 
     @classmethod
     def default(cls) -> EventLogMetrics:

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.domain import metrics
 from services.gateway.ports import Arm
 
 
@@ -80,13 +81,12 @@ class _Window:
         if n == 0:
             return ArmFigures(0, 0.0, 0.0, 0.0)
         ok = [c for c in self.calls if c[1]]
-        latencies = sorted(c[2] for c in self.calls)
-        rank = max(1, math.ceil(0.99 * n))
+        latencies = [c[2] for c in self.calls]
         declines = sum(1 for c in ok if c[3])
         return ArmFigures(
             calls=n,
             error_rate=1 - len(ok) / n,
-            p99_s=latencies[rank - 1],
+            p99_s=metrics.percentile(latencies, 99),
             decline_rate=declines / len(ok) if ok else 0.0,
         )
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.domain import metrics
 from services.models import repository
 from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle
 from services.models.onnx import OnnxModel
@@ -47,23 +48,6 @@ class GatePolicy(BaseModel):
         3000, ge=100, description="Single-row inferences per model for the latency check."
     )
     seed: int = Field(7, description="Picks the holdout rows used for the latency check.")
-
-
-def average_precision(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Average precision (area under the step precision-recall curve), as scikit-learn's
-    ``average_precision_score`` computes it: tied scores form one threshold."""
-    y = np.asarray(labels, dtype=np.int64)
-    s = np.asarray(scores, dtype=np.float64)
-    positives = int(y.sum())
-    if positives == 0:
-        return float("nan")
-    order = np.argsort(-s, kind="mergesort")
-    s, y = s[order], y[order]
-    last_of_each = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]
-    tps = np.cumsum(y)[last_of_each]
-    precision = tps / (last_of_each + 1)
-    recall = tps / positives
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
 def _matrix(model: OnnxModel, holdout: Mapping[str, Any]) -> np.ndarray:
@@ -93,7 +77,7 @@ def _single_row_p99(
             started = clock()
             models[m].predict(row)
             times[m, k] = clock() - started
-    return [float(np.percentile(t, 99)) for t in times]
+    return [metrics.percentile(t, 99) for t in times]
 
 
 def evaluate(
@@ -126,7 +110,7 @@ def evaluate(
     ]
     cand_model = OnnxModel(candidate, candidate_onnx.parent, threads=1, model_file=candidate_onnx)
     cand_x = _matrix(cand_model, holdout)
-    cand_ap = average_precision(y, cand_model.predict(cand_x))
+    cand_ap = metrics.average_precision(y, cand_model.predict(cand_x))
     if live is None:
         (cand_p99,) = _single_row_p99([cand_model], [cand_x], policy.latency_calls, policy.seed)
         checks += [
@@ -162,7 +146,7 @@ def evaluate(
             )
         )
         return _report(checks, live)
-    live_ap = average_precision(y, live_model.predict(live_x))
+    live_ap = metrics.average_precision(y, live_model.predict(live_x))
     floor = live_ap - policy.ap_tolerance
     checks.append(
         GateCheck(

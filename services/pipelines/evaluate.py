@@ -22,61 +22,27 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
+
+from services.domain import metrics
+from services.domain.metrics import OperatingPoint, operating_point, threshold_at_fpr
 
 CARD_PRECISION_K = 100
 """Default k of card precision at k (cards a fraud team can review in a day)."""
 RECALL_AT_FPR = 0.01
 """The false-positive rate of the "recall at FPR" metric."""
 
-
-def threshold_at_fpr(negative_scores: np.ndarray, fpr: float) -> float:
-    """Lowest threshold flagging (score >= threshold) at most ``fpr`` of the negatives."""
-    ranked = np.sort(np.asarray(negative_scores, dtype=np.float64))[::-1]
-    allowed = math.floor(fpr * len(ranked))
-    if allowed >= len(ranked):
-        return 0.0
-    # Just above the first negative that must not be flagged.
-    return float(np.nextafter(ranked[allowed], np.inf))
-
-
-@dataclass(frozen=True)
-class OperatingPoint:
-    """What a threshold does on the test rows."""
-
-    threshold: float
-    precision: float
-    recall: float
-    fpr: float
-    flagged: int
-
-
-def operating_point(y: np.ndarray, scores: np.ndarray, threshold: float) -> OperatingPoint:
-    """Precision, recall and false-positive rate of flagging ``scores >= threshold``."""
-    fraud = y.astype(bool)
-    flagged = scores >= threshold
-    caught = int((flagged & fraud).sum())
-    return OperatingPoint(
-        threshold=float(threshold),
-        precision=caught / max(int(flagged.sum()), 1),
-        recall=caught / max(int(fraud.sum()), 1),
-        fpr=int((flagged & ~fraud).sum()) / max(int((~fraud).sum()), 1),
-        flagged=int(flagged.sum()),
-    )
-
-
-def card_precision_per_day(
-    days: np.ndarray, cards: np.ndarray, y: np.ndarray, scores: np.ndarray, k: int
-) -> pd.Series:
-    """Card precision at ``k`` for each day (index: the day, UTC): the share of fraudulent
-    cards among the day's ``k`` highest-scored cards (fewer when fewer cards paid)."""
-    frame = pd.DataFrame({"day": days, "card": cards, "score": scores, "fraud": y.astype(bool)})
-    per_card = frame.groupby(["day", "card"], sort=False).agg(
-        score=("score", "max"), fraud=("fraud", "max")
-    )
-    per_card = per_card.reset_index().sort_values(["day", "score"], ascending=[True, False])
-    top = per_card.groupby("day", sort=True).head(k)
-    return top.groupby("day", sort=True)["fraud"].mean().rename(f"card_precision_at_{k}")
+__all__ = [
+    "CARD_PRECISION_K",
+    "RECALL_AT_FPR",
+    "Evaluation",
+    "OperatingPoint",
+    "Report",
+    "evaluate",
+    "flat_metrics",
+    "operating_point",
+    "plot",
+    "threshold_at_fpr",
+]
 
 
 @dataclass(frozen=True)
@@ -134,10 +100,9 @@ def evaluate(
     scores = np.asarray(scores, dtype=np.float64)
     if y.min() == y.max():
         raise ValueError("the test rows need both fraud and genuine payments")
-    at_fpr = threshold_at_fpr(scores[y == 0], RECALL_AT_FPR)
-    per_day = card_precision_per_day(days, cards, y, scores, k)
+    judged_days, per_day = metrics.card_precision_per_day(days, cards, y, scores, k)
     # A perfect scorer ranks every fraudulent card of the day first.
-    ceiling = card_precision_per_day(days, cards, y, y.astype(np.float64), k)
+    _, ceiling = metrics.card_precision_per_day(days, cards, y, y.astype(np.float64), k)
     review_point = operating_point(y, scores, review)
     by_scenario: dict[str, float] = {}
     if scenarios is not None:
@@ -146,14 +111,16 @@ def evaluate(
             cases = (fraud_scenarios == scenario) & (y == 1)
             by_scenario[scenario] = float((scores[cases] >= review).mean())
     return Evaluation(
-        roc_auc=float(roc_auc_score(y, scores)),
-        average_precision=float(average_precision_score(y, scores)),
-        recall_at_1pct_fpr=operating_point(y, scores, at_fpr).recall,
+        roc_auc=metrics.roc_auc(y, scores),
+        average_precision=metrics.average_precision(y, scores),
+        recall_at_1pct_fpr=metrics.recall_at_fpr(y, scores, RECALL_AT_FPR),
         review=review_point,
         decline=operating_point(y, scores, decline),
         card_precision_k=k,
         card_precision_at_k=float(per_day.mean()),
-        card_precision_per_day={str(day)[:10]: float(v) for day, v in per_day.items()},
+        card_precision_per_day={
+            str(day)[:10]: float(v) for day, v in zip(judged_days, per_day, strict=True)
+        },
         card_precision_ceiling=float(ceiling.mean()),
         recall_at_review_by_scenario=by_scenario,
     )
@@ -250,7 +217,7 @@ def plot(
         ("model", model_scores, report.model, "tab:blue"),
         ("rules", rules_scores, report.rules, "tab:gray"),
     ):
-        precision, recall, _ = precision_recall_curve(fraud, scores)
+        precision, recall, _ = metrics.precision_recall_curve(fraud, scores)
         ax_pr.plot(
             recall, precision, color=color, label=f"{label} (AP {evaluation.average_precision:.3f})"
         )

@@ -6,115 +6,32 @@ import functools
 import threading
 import time
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry
 
+from services.common import metric_catalogue as catalogue
 from services.updater.engine import View
 
-# Fine steps up to the 50 ms freshness target, coarse beyond it.
-_FRESHNESS_BUCKETS = (
-    0.005,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.035,
-    0.04,
-    0.045,
-    0.05,
-    0.06,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    10.0,
-)
 _VIEWS = tuple(view.value for view in View)
 """card, merchant, terminal: each has its freshness from the start (NaN until an event)."""
 
 
 class UpdaterMetrics:
-    """The updater's metric families, created once per process."""
+    """The updater's metric families (declared in the catalogue), created once per process."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.records = Counter(
-            "fraudmesh_updater_records_total",
-            "Records consumed from the event log, by kind (decision, outcome, invalid).",
-            ["kind"],
-            registry=registry,
-        )
-        self.changes = Counter(
-            "fraudmesh_updater_changes_total",
-            "What events did to entity states, by view and change (applied, late, duplicate, "
-            "too_old, pending).",
-            ["view", "change"],
-            registry=registry,
-        )
-        self.evicted_by_cap = Counter(
-            "fraudmesh_updater_evicted_by_cap_total",
-            "Events evicted from an entity state by its size cap (its windows undercount).",
-            ["view"],
-            registry=registry,
-        )
-        self.labels_dropped = Counter(
-            "fraudmesh_updater_labels_dropped_total",
-            "Held outcomes dropped: too many held, or too old to change any window.",
-            registry=registry,
-        )
-        self.event_to_store = Histogram(
-            "fraudmesh_updater_event_to_store_seconds",
-            "From an event's creation at the gateway (decided_at / received_at) to its rows "
-            "written to the online store.",
-            buckets=_FRESHNESS_BUCKETS,
-            registry=registry,
-        )
-        self.freshness = Gauge(
-            "fraudmesh_feature_freshness_seconds",
-            "Age of the newest event applied to each view's online rows (now - its creation).",
-            ["view"],
-            registry=registry,
-        )
-        self.lag = Gauge(
-            "fraudmesh_updater_consumer_lag_seconds",
-            "How far behind the log the updater is: age of the last record of the latest poll "
-            "when it returned a full batch or its records were old, 0 once a poll found the end.",
-            registry=registry,
-        )
-        self.store_errors = Counter(
-            "fraudmesh_updater_errors_total",
-            "Failures by what failed (log, online_store, state), each retried.",
-            ["what"],
-            registry=registry,
-        )
-        self.checkpoint = Histogram(
-            "fraudmesh_updater_checkpoint_seconds",
-            "Duration of a checkpoint (states saved, then the log position committed).",
-            registry=registry,
-        )
-        self.cached = Gauge(
-            "fraudmesh_updater_cached_entities",
-            "Entity states held in memory, by view.",
-            ["view"],
-            registry=registry,
-        )
-        self.journal = Gauge(
-            "fraudmesh_updater_journal_events",
-            "Events in the state file's journal not yet covered by entity snapshots (applied "
-            "again at start).",
-            registry=registry,
-        )
-        self.pending_labels = Gauge(
-            "fraudmesh_updater_pending_labels",
-            "Outcomes held for transactions whose decision has not been consumed yet.",
-            registry=registry,
-        )
-        self.ready = Gauge(
-            "fraudmesh_updater_ready",
-            "1 while connected to the log and the store and caught up with the log.",
-            registry=registry,
-        )
+        self.records = catalogue.UPDATER_RECORDS.create(registry)
+        self.changes = catalogue.UPDATER_CHANGES.create(registry)
+        self.evicted_by_cap = catalogue.UPDATER_EVICTED_BY_CAP.create(registry)
+        self.labels_dropped = catalogue.UPDATER_LABELS_DROPPED.create(registry)
+        self.event_to_store = catalogue.UPDATER_EVENT_TO_STORE.create(registry)
+        self.freshness = catalogue.FEATURE_FRESHNESS.create(registry)
+        self.lag = catalogue.UPDATER_CONSUMER_LAG.create(registry)
+        self.store_errors = catalogue.UPDATER_ERRORS.create(registry)
+        self.checkpoint = catalogue.UPDATER_CHECKPOINT.create(registry)
+        self.cached = catalogue.UPDATER_CACHED_ENTITIES.create(registry)
+        self.journal = catalogue.UPDATER_JOURNAL_EVENTS.create(registry)
+        self.pending_labels = catalogue.UPDATER_PENDING_LABELS.create(registry)
+        self.ready = catalogue.UPDATER_READY.create(registry)
         self._lock = threading.Lock()
         self._newest: dict[str, float | None] = dict.fromkeys(_VIEWS)
         for view in _VIEWS:

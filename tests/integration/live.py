@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,12 +14,12 @@ from typing import Any
 
 import grpc
 import pandas as pd
-from prometheus_client.parser import text_string_to_metric_families
 
 from fraud.v1 import events_pb2, features_pb2, features_pb2_grpc, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services import client
+from services.common import scrape
 from services.domain import aggregation as agg
 from services.domain import featurespec
 from services.featurestore import admin as store_admin
@@ -68,21 +67,14 @@ def start_live_mesh(var_dir: Path, log_dir: Path, store: str = "sqlite", **confi
     return mesh
 
 
-def metric(url: str, name: str, **labels: str) -> float:
+def metric(url: str, name: scrape.Metric, **labels: str) -> float:
     """The sum of a metric's samples (with these labels) at a /metrics endpoint; 0 if absent."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return scrape.fetch(url).sum(name, **labels)
 
 
 def metrics_url(mesh: Mesh, process: str) -> str:
     """The /metrics URL of one of the mesh's processes."""
-    return f"http://{mesh.config.host}:{mesh.config.metrics_ports[process]}/metrics"
+    return scrape.url(mesh.config.host, mesh.config.metrics_ports[process])
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = 60.0) -> float:

@@ -18,19 +18,19 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fraud.v1 import events_pb2
 from fraud.v1 import scoring_pb2 as pb
 from loadtest import data
 from loadtest.drive import Calls, Driver
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.common.settings import to_env
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
@@ -139,18 +139,12 @@ def _all_answered(calls: Calls, marks: dict[str, float]) -> None:
 
 def _shadow_comparisons(mesh: Mesh, version: str) -> float:
     """Shadow comparisons of ``version`` recorded by every gateway."""
-    total = 0.0
-    for port in mesh.config.metrics_ports.values():
-        with urllib.request.urlopen(f"http://{mesh.config.host}:{port}/metrics") as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if (
-                    sample.name == "fraudmesh_shadow_decisions_total"
-                    and sample.labels["model_version"] == version
-                ):
-                    total += sample.value
-    return total
+    return sum(
+        scrape.fetch(scrape.url(mesh.config.host, port)).sum(
+            catalogue.SHADOW_DECISIONS, model_version=version
+        )
+        for port in mesh.config.metrics_ports.values()
+    )
 
 
 def _decision_events(mesh: Mesh) -> list[events_pb2.DecisionEvent]:

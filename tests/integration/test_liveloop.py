@@ -20,6 +20,7 @@ from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.cli.main import app
+from services.common import metric_catalogue as catalogue
 from services.eventlog import EventLogSettings, open_consumer
 from services.mesh import Mesh, grpc_serving
 
@@ -54,33 +55,31 @@ def test_a_card_testing_burst_is_seen_by_the_next_payment(live_mesh: Mesh, known
     assert_flow(result)
     updater = metrics_url(live_mesh, "updater")
     wait_for(
-        lambda: metric(updater, "fraudmesh_updater_records_total", kind="outcome") >= 1,
+        lambda: metric(updater, catalogue.UPDATER_RECORDS, kind="outcome") >= 1,
         "the outcome at the updater",
     )
-    assert metric(updater, "fraudmesh_updater_changes_total", view="card", change="duplicate") >= 3
+    assert metric(updater, catalogue.UPDATER_CHANGES, view="card", change="duplicate") >= 3
 
 
 def test_the_updater_is_ready_and_reports_freshness(live_mesh: Mesh, known: Known) -> None:
     assert grpc_serving(f"{live_mesh.config.host}:{live_mesh.config.updater_port}")
     card_testing_flow(live_mesh, known.merchant_id)
     updater = metrics_url(live_mesh, "updater")
-    assert metric(updater, "fraudmesh_updater_event_to_store_seconds_count") >= 12
+    assert metric(updater, catalogue.UPDATER_EVENT_TO_STORE.count) >= 12
     for view in ("card", "merchant"):
-        age = metric(updater, "fraudmesh_feature_freshness_seconds", view=view)
+        age = metric(updater, catalogue.FEATURE_FRESHNESS, view=view)
         assert math.isfinite(age) and age >= 0
-    assert metric(updater, "fraudmesh_updater_ready") == 1
+    assert metric(updater, catalogue.UPDATER_READY) == 1
 
 
 def test_a_terminal_s_payments_are_seen_by_its_next_payment(live_mesh: Mesh, known: Known) -> None:
     updater = metrics_url(live_mesh, "updater")
-    applied = metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="applied")
+    applied = metric(updater, catalogue.UPDATER_CHANGES, view="terminal", change="applied")
     assert_terminal_flow(terminal_flow(live_mesh, known.merchant_id))
-    after = metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="applied")
+    after = metric(updater, catalogue.UPDATER_CHANGES, view="terminal", change="applied")
     assert after - applied >= TERMINAL_PAYMENTS
-    assert (
-        metric(updater, "fraudmesh_updater_changes_total", view="terminal", change="duplicate") >= 1
-    )
-    age = metric(updater, "fraudmesh_feature_freshness_seconds", view="terminal")
+    assert metric(updater, catalogue.UPDATER_CHANGES, view="terminal", change="duplicate") >= 1
+    age = metric(updater, catalogue.FEATURE_FRESHNESS, view="terminal")
     assert math.isfinite(age) and age >= 0
 
 

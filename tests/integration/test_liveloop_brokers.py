@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from loadtest.brokers import KafkaBroker, kafka_available
+from services.common import metric_catalogue as catalogue
 
 from .conftest import Known
 from .live import (
@@ -48,7 +49,7 @@ def _run_flow(var_dir: Path, known: Known, **config: Any) -> None:
         assert_terminal_flow(terminal_flow(mesh, known.merchant_id))
         updater = metrics_url(mesh, "updater")
         wait_for(
-            lambda: metric(updater, "fraudmesh_updater_records_total", kind="outcome") >= 1,
+            lambda: metric(updater, catalogue.UPDATER_RECORDS, kind="outcome") >= 1,
             "the outcome at the updater",
         )
     finally:

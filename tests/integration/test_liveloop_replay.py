@@ -17,6 +17,8 @@ import pandas as pd
 import pytest
 
 from fraud.v1 import events_pb2
+from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.common.settings import to_env
 from services.eventlog import EventLogSettings, open_producer
 from services.featurestore import admin, layout
@@ -125,7 +127,7 @@ class Updater:
 
     @property
     def metrics(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return scrape.url("127.0.0.1", self.metrics_port)
 
     def start(self) -> None:
         self.process.start()
@@ -196,8 +198,8 @@ def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(
         third = len(replay.events) / 3
         wait_for(
             lambda: (
-                metric(updater.metrics, "fraudmesh_updater_records_total") >= third
-                and metric(updater.metrics, "fraudmesh_updater_checkpoint_seconds_count") >= 1
+                metric(updater.metrics, catalogue.UPDATER_RECORDS) >= third
+                and metric(updater.metrics, catalogue.UPDATER_CHECKPOINT.count) >= 1
             ),
             "a third of the stream applied and checkpointed",
         )

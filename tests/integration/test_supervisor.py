@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import pytest
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services import client
+from services.domain import metrics
 from services.mesh import free_port, grpc_serving
 
 from .conftest import Known
@@ -161,12 +161,11 @@ def _kill_and_wait_back(
 
 
 def _report(traffic: Traffic, label: str, seconds: float, without: int) -> None:
-    latencies = sorted(ms for _, _, ms in traffic.answers)
-    p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1000
+    p50, p99 = metrics.percentiles([s for _, _, s in traffic.answers], (50, 99))
     print(
         f"\n{label}: back {seconds:.1f} s after SIGKILL; {without} answers without it; "
         f"{len(traffic.answers)} calls, {len(traffic.errors)} errors, "
-        f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99:.1f} ms"
+        f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fraud.v1 import events_pb2, outcomes_pb2
+from services.common import metric_catalogue as catalogue
 from services.common.errors import Unavailable
 from services.domain import aggregation as agg
 from services.domain import featurespec
@@ -592,7 +593,7 @@ def test_terminal_rows_are_counted_and_fresh_per_view(frame: pd.DataFrame, tmp_p
     loop, metrics = _loop(tmp_path, consumer, writer, registry=registry)
 
     def freshness(view: str) -> float | None:
-        return registry.get_sample_value("fraudmesh_feature_freshness_seconds", {"view": view})
+        return registry.get_sample_value(catalogue.FEATURE_FRESHNESS.name, {"view": view})
 
     applied = metrics.changes.labels("terminal", "applied")
     before = applied._value.get()

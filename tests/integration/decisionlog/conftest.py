@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import signal
 import sys
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadtest.brokers import wait_until
+from services.common import scrape
 from services.common.settings import to_env
 from services.decisionlog import layout
 from services.decisionlog.settings import DecisionLogSettings
@@ -110,16 +110,9 @@ class Sink:
         """SIGTERM and wait; returns the exit status."""
         return self.process.stop(timeout_s) if self.process is not None else None
 
-    def metric(self, name: str) -> float:
+    def metric(self, metric: scrape.Metric) -> float:
         """The sum of a metric's samples from /metrics (0 if absent)."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            text = reply.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and (line[len(name)] in " {"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return scrape.fetch(scrape.url("127.0.0.1", self.metrics_port)).sum(metric)
 
     def written(self, kind: layout.Kind = "decisions") -> collections.Counter[str]:
         """How often each event id was written to a part of one table."""

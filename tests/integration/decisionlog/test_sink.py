@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from loadtest.brokers import RedisServer, wait_until
+from services.common import metric_catalogue as catalogue
 from services.eventlog import EventLogMetrics, EventLogSettings, Producer, open_producer
 from services.pipelines import decisions as reader
 from tests.integration.decisionlog.conftest import LogFactory, Sink, wait_written
@@ -40,9 +41,9 @@ def test_events_land_in_parquet(log_settings: LogFactory, sink_factory: SinkFact
     producer.close()
     wait_written(sink.root, {f"d{i}" for i in range(300)})
     wait_written(sink.root, {f"o{i}" for i in range(0, 300, 3)}, "outcomes")
-    assert wait_until(lambda: sink.metric("fraudmesh_decisionlog_pending_events") == 0, 30)
-    assert sink.metric("fraudmesh_decisionlog_events_written_total") == 400
-    assert sink.metric("fraudmesh_decisionlog_parts_written_total") >= 2
+    assert wait_until(lambda: sink.metric(catalogue.DECISIONLOG_PENDING) == 0, 30)
+    assert sink.metric(catalogue.DECISIONLOG_EVENTS_WRITTEN) == 400
+    assert sink.metric(catalogue.DECISIONLOG_PARTS_WRITTEN) >= 2
     assert sink.stop() == 0
     assert max(sink.written().values()) == 1
     table, summary = reader.joined(sink.root)
@@ -81,11 +82,11 @@ def test_kill_9_under_a_steady_stream_loses_and_duplicates_nothing(
     try:
         for _ in range(3):
             # Kill it once it has written something since it (re)started.
-            before = sink.metric("fraudmesh_decisionlog_parts_written_total")
+            before = sink.metric(catalogue.DECISIONLOG_PARTS_WRITTEN)
             # Generous: a restarted consumer rejoins its group, which on a starved machine
             # has taken over a minute once (Kafka).
             assert wait_until(
-                lambda b=before: sink.metric("fraudmesh_decisionlog_parts_written_total") > b, 150
+                lambda b=before: sink.metric(catalogue.DECISIONLOG_PARTS_WRITTEN) > b, 150
             ), (sink.logs / f"sink-{sink.starts}.log").read_text()[-3000:]
             sink.kill()
             sink.start()
@@ -112,7 +113,7 @@ def test_sigterm_writes_what_was_read(tmp_path: Path, sink_factory: SinkFactory)
     for i in range(500):
         producer.append(decision(i))
     producer.close()
-    assert wait_until(lambda: sink.metric("fraudmesh_decisionlog_pending_events") == 500, 60)
+    assert wait_until(lambda: sink.metric(catalogue.DECISIONLOG_PENDING) == 500, 60)
     assert not sink.written()
     assert sink.stop() == 0
     assert sink.written() == {f"d{i}": 1 for i in range(500)}
@@ -142,7 +143,7 @@ def test_redis_briefly_down_loses_nothing(
         for i in range(200, 500):
             producer.append(decision(i))
         assert wait_until(lambda: producer.stats.spilled >= 300, 60)
-        assert wait_until(lambda: sink.metric("fraudmesh_decisionlog_backend_up") == 0, 60)
+        assert wait_until(lambda: sink.metric(catalogue.DECISIONLOG_BACKEND_UP) == 0, 60)
     finally:
         redis_server.start()
     for i in range(500, 600):
@@ -150,6 +151,6 @@ def test_redis_briefly_down_loses_nothing(
     assert producer.flush(120), producer.stats
     producer.close()
     wait_written(sink.root, {f"d{i}" for i in range(600)})
-    assert sink.metric("fraudmesh_decisionlog_backend_up") == 1
+    assert sink.metric(catalogue.DECISIONLOG_BACKEND_UP) == 1
     assert sink.stop() == 0
     assert max(sink.written().values()) == 1
