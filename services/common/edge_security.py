@@ -285,6 +285,14 @@ def _limit_request_size(hcm: dict[str, Any], max_bytes: int) -> None:
 
 def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
     """Verifies bearer tokens on every route but health; one token bucket per subject."""
+    filters: list[dict[str, Any]] = hcm["http_filters"]
+    # After the edge's shared bucket (shed before spending CPU on signatures).
+    first = 1 if filters and filters[0]["name"] == "envoy.filters.http.local_ratelimit" else 0
+    filters[first:first] = [_jwt_filter(s), _subject_rate_limit(s)]
+
+
+def _jwt_filter(s: EdgeSettings) -> dict[str, Any]:
+    """jwt_authn with the local JWKS: every route but health requires a valid token."""
     provider = {
         "issuer": s.jwt_issuer,
         "audiences": [s.jwt_audience],
@@ -296,7 +304,7 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
         # A client reuses its token for many calls: verify the signature once per token.
         "jwt_cache_config": {"jwt_cache_size": s.max_subjects},
     }
-    jwt_filter = {
+    return {
         "name": "envoy.filters.http.jwt_authn",
         "typed_config": {
             "@type": _TYPES["jwt"],
@@ -307,9 +315,13 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
             ],
         },
     }
+
+
+def _subject_rate_limit(s: EdgeSettings) -> dict[str, Any]:
+    """A token bucket per token subject."""
     # Per subject, from the verified payload (dynamic metadata), never from a header a
     # client could set. Calls without a subject (health) only meet the shared bucket.
-    subject_limit = {
+    return {
         "name": "envoy.filters.http.local_ratelimit",
         "typed_config": {
             "@type": _TYPES["ratelimit"],
@@ -362,10 +374,6 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
             ],
         },
     }
-    filters: list[dict[str, Any]] = hcm["http_filters"]
-    # After the edge's shared bucket (shed before spending CPU on signatures).
-    first = 1 if filters and filters[0]["name"] == "envoy.filters.http.local_ratelimit" else 0
-    filters[first:first] = [jwt_filter, subject_limit]
 
 
 def _tls_socket(s: EdgeSettings) -> dict[str, Any]:
