@@ -7,23 +7,7 @@ dumping it again (``apply``). It finds its way in the template by names: the lis
 ``grpc_edge``, its connection manager's routes ``reflection_v1``, ``reflection_v1alpha``,
 ``health`` and ``grpc``, the cluster ``gateway`` and the first filter, the edge's local rate
 limit. ``tests/unit/test_edge_security.py`` renders the template and checks every addition.
-
-What ``apply`` adds, always:
-
-* a bound on the request body of every call (the buffer filter), sized for the API; a larger
-  one is answered RESOURCE_EXHAUSTED before it reaches the gateway. Reflection is a
-  bidirectional stream and is never buffered; it keeps the gateway's own limit.
-
-and, as the settings ask:
-
-* TLS on the listener only (ALPN h2, TLS 1.2 at least); with ``mtls`` a client certificate
-  signed by the configured CA is required as well;
-* JWT verification (``jwt_authn``, a local JWKS file) on every route but health, so probes
-  keep working; a call without a valid token is answered UNAUTHENTICATED. The token is not
-  forwarded to the gateway;
-* a token bucket per token subject (``sub``), on top of the edge's shared bucket;
-* a plaintext listener that routes only grpc.health.v1.Health, for probes that cannot speak
-  TLS (Kubernetes' gRPC probes, load balancers).
+What ``apply`` adds, and why: ``docs/security.md``, "What the edge adds".
 """
 
 from __future__ import annotations
