@@ -51,7 +51,7 @@ from services.domain import featurespec
 from services.eventlog import EventLogSettings, open_producer
 from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Decision, Outcome, ScoredBy, Source
+from services.gateway.pipeline import Decision, ScoredBy, ScoreResult, Source
 from services.mesh import Process, free_port, grpc_serving
 
 STRATEGIES = ("off", "inline", "call_soon", "done_callback")
@@ -70,7 +70,7 @@ class BenchServicer(scoring_pb2_grpc.FraudScoringServicer):
         self._strategy = strategy
         self._emitter = emitter
         self._extra_us = extra_us
-        self._outcome = Outcome(
+        self._result = ScoreResult(
             Decision.APPROVE,
             0.01,
             ["model score 0.010 < review threshold 0.095"],
@@ -83,7 +83,7 @@ class BenchServicer(scoring_pb2_grpc.FraudScoringServicer):
 
     def _emit(self, request: scoring_pb2.ScoreRequest, response: scoring_pb2.ScoreResponse,
               decided_at_s: float, _context: object = None) -> None:  # fmt: skip
-        self._emitter.decision(request, True, self._outcome, response, decided_at_s)
+        self._emitter.decision(request, True, self._result, response, decided_at_s)
         if self._extra_us:
             _spin(self._extra_us)
 
@@ -94,7 +94,7 @@ class BenchServicer(scoring_pb2_grpc.FraudScoringServicer):
             transaction_id=request.transaction_id,
             decision=scoring_pb2.DECISION_APPROVE,
             score=0.01,
-            reasons=self._outcome.reasons,
+            reasons=self._result.reasons,
             model_version="1",
             scored_by=scoring_pb2.SCORED_BY_MODEL,
             feature_source=scoring_pb2.FEATURE_SOURCE_ONLINE,

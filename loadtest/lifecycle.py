@@ -40,7 +40,7 @@ from loadtest import data, ghz
 from loadtest.runner import RESULTS_DIR, start_mesh
 from services.mesh import Mesh
 from services.models import repository
-from services.models.lifecycle import ModelLifecycle, State
+from services.models.lifecycle import ModelLifecycle, VersionState
 
 BUDGET_MS = 42.0
 
@@ -268,7 +268,7 @@ def transitions(
             lifecycle.canary(bad, 20, by="lifecycle-benchmark")
             started = time.monotonic()
             begin(f"v{bad} (declines all) canary 20%")
-            while lifecycle.read().versions[bad].state is not State.RETIRED:
+            while lifecycle.read().versions[bad].state is not VersionState.RETIRED:
                 if time.monotonic() - started > 30:
                     raise RuntimeError("the bad canary was not rolled back within 30 s")
                 time.sleep(0.05)

@@ -18,7 +18,7 @@ from rich.table import Table
 from services.common.errors import FraudmeshError
 from services.featurestore.settings import from_env
 from services.models import repository
-from services.models.lifecycle import Change, LifecycleState, ModelLifecycle, Routing
+from services.models.lifecycle import LifecycleChange, LifecycleState, ModelLifecycle, Routing
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 console = Console()
@@ -50,7 +50,7 @@ def _routing_text(routing: Routing) -> str:
     return ", ".join(parts)
 
 
-def _print_change(change: Change) -> None:
+def _print_change(change: LifecycleChange) -> None:
     for note in change.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
     if not change.changed:
@@ -63,7 +63,7 @@ def _print_change(change: Change) -> None:
     console.print("gateways and scorers follow within a second; no restart needed")
 
 
-def _run(action: str, call: Callable[[], Change]) -> None:
+def _run(action: str, call: Callable[[], LifecycleChange]) -> None:
     """Runs a lifecycle call, printing its change or why it was refused."""
     try:
         change = call()

@@ -36,11 +36,12 @@ from services.gateway.dependencies import (
 )
 from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import FeatureClient, Pipeline
-from services.gateway.rollout import ModelProvider, Rollout
+from services.gateway.pipeline import Pipeline
+from services.gateway.ports import FeatureClient, ModelProvider
+from services.gateway.rollout import Rollout
 from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
-from services.gateway.shadow import ShadowQueue
+from services.gateway.shadow import ShadowQueue, ShadowScorer
 from services.gateway.streams import StreamFeatureClient, StreamPool, stream_pools
 from services.gateway.validate import Transaction
 from services.models import repository
@@ -68,7 +69,10 @@ class GatewayApp:
         # The producer connects lazily: a log backend that is down only means spilling.
         producer = open_producer(events) if events is not None and settings.emit_events else None
         self.emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, self.metrics)
+        self.pipeline: Pipeline | None = None
+        """The scoring pipeline, once ``start`` has built and warmed it."""
         self.servicer = FraudScoringServicer(
+            lambda: self.pipeline,
             settings.budget_policy,
             settings.limits,
             self.metrics,
@@ -96,54 +100,17 @@ class GatewayApp:
         version, then follows the lifecycle."""
         s = self.settings
         lifecycle = ModelLifecycle(s.models_path, s.model_name)
-        state = lifecycle.read()
-        live_version = s.model_version or state.routing.live
-        try:
-            metadata, _ = repository.load(s.models_path, s.model_name, live_version)
-        except FileNotFoundError as error:
-            raise FailedPrecondition(str(error)) from error
-        if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
-            raise FailedPrecondition(
-                f"model {metadata.name} v{metadata.version} expects features "
-                f"{metadata.feature_order}, this gateway computes {featurespec.MODEL_FEATURES}"
-            )
+        metadata = self._live_metadata(lifecycle)
         rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, metadata.feature_order)
-        features: FeatureClient
-        provider: ModelProvider
-        if s.in_process:
-            features, provider = await self._in_process()
-        else:
-            features_channel = insecure_channel(s.features_target)
-            scorer_channel = insecure_channel(s.scorer_target)
-            self.channels = [features_channel, scorer_channel]
-            await self._wait_ready([features_channel, scorer_channel])
-            if s.transport == "stream":
-                # Streams get channels of their own, without per-call tracing: the traced
-                # channels above serve the requests being traced, one call each, so their
-                # traces stay whole across the services (``dependencies.Sampled*``).
-                features_streams = insecure_channel(s.features_target, traced=False)
-                scorer_streams = insecure_channel(s.scorer_target, traced=False)
-                self.channels += [features_streams, scorer_streams]
-                features_pool, scorer_pool = stream_pools(
-                    features_streams, scorer_streams, self.metrics, s.stream_settings
-                )
-                self._pools = [features_pool, scorer_pool]
-                await self._wait_open(self._pools)
-                features = StreamFeatureClient(features_pool)
-                if telemetry.enabled():
-                    features = SampledFeatureClient(features, GrpcFeatureClient(features_channel))
-                provider = GrpcModelProvider(
-                    scorer_channel,
-                    s.model_load_timeout_s,
-                    stream=scorer_pool,
-                    traced_unary=telemetry.enabled(),
-                )
-            else:
-                features = GrpcFeatureClient(features_channel)
-                provider = GrpcModelProvider(scorer_channel, s.model_load_timeout_s)
+        features, provider = await self._dependencies()
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
         live_model = await provider.prepare(metadata, load=s.in_process)
+        self._shadow = ShadowQueue(
+            ShadowScorer(self.metrics, s.shadow_policy).score,
+            self.metrics.shadow_dropped.inc,
+            s.shadow_policy,
+        )
         pipeline = Pipeline(
             metadata,
             rules,
@@ -153,7 +120,7 @@ class GatewayApp:
             self._breaker("features", s.features_slow_ms),
             self._breaker("scorer", s.scorer_slow_ms),
             canary_cap_s=s.canary_cap_ms / 1000,
-            shadow_timeout_s=s.shadow_timeout_ms / 1000,
+            shadow_queue=self._shadow,
         )
         self.rollout = Rollout(
             lifecycle,
@@ -167,18 +134,9 @@ class GatewayApp:
             pinned_version=s.model_version,
         )
         await self.rollout.apply(self.rollout.read())
-        self._shadow = ShadowQueue(
-            pipeline.score_shadow,
-            self.metrics.shadow_dropped.inc,
-            size=s.shadow_queue_size,
-            workers=s.shadow_workers,
-            max_batch=s.shadow_max_batch,
-            linger_s=s.shadow_linger_ms / 1000,
-        )
-        pipeline.shadow_queue = self._shadow
         await self._warm_up(pipeline)
         self._shadow.start()
-        self.servicer.pipeline = pipeline
+        self.pipeline = pipeline
         self._tasks.append(asyncio.create_task(self.rollout.follow()))
         routes = pipeline.routes
         log.info(
@@ -192,6 +150,68 @@ class GatewayApp:
                 "in_process": s.in_process,
             },
         )
+
+    def _live_metadata(self, lifecycle: ModelLifecycle) -> repository.ModelMetadata:
+        """The metadata of the version that answers first (pinned, else live); refuses one
+        whose features this gateway does not compute."""
+        s = self.settings
+        live_version = s.model_version or lifecycle.read().routing.live
+        try:
+            metadata, _ = repository.load(s.models_path, s.model_name, live_version)
+        except FileNotFoundError as error:
+            raise FailedPrecondition(str(error)) from error
+        if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
+            raise FailedPrecondition(
+                f"model {metadata.name} v{metadata.version} expects features "
+                f"{metadata.feature_order}, this gateway computes {featurespec.MODEL_FEATURES}"
+            )
+        return metadata
+
+    async def _dependencies(self) -> tuple[FeatureClient, ModelProvider]:
+        """The feature client and the model provider: in process, or over gRPC (unary calls
+        or persistent streams, as the settings say)."""
+        s = self.settings
+        if s.in_process:
+            return await self._in_process()
+        features_channel = insecure_channel(s.features_target)
+        scorer_channel = insecure_channel(s.scorer_target)
+        self.channels = [features_channel, scorer_channel]
+        await self._wait_ready([features_channel, scorer_channel])
+        if s.transport == "stream":
+            return await self._streams(features_channel, scorer_channel)
+        return (
+            GrpcFeatureClient(features_channel),
+            GrpcModelProvider(scorer_channel, s.model_load_timeout_s),
+        )
+
+    async def _streams(
+        self, features_channel: grpc.aio.Channel, scorer_channel: grpc.aio.Channel
+    ) -> tuple[FeatureClient, ModelProvider]:
+        """Clients over persistent streams; with tracing on, traced requests go unary on the
+        traced channels instead."""
+        s = self.settings
+        # Streams get channels of their own, without per-call tracing: the traced channels
+        # serve the requests being traced, one call each, so their traces stay whole across
+        # the services (``dependencies.Sampled*``).
+        features_streams = insecure_channel(s.features_target, traced=False)
+        scorer_streams = insecure_channel(s.scorer_target, traced=False)
+        self.channels += [features_streams, scorer_streams]
+        features_pool, scorer_pool = stream_pools(
+            features_streams, scorer_streams, self.metrics, s.stream_settings
+        )
+        self._pools = [features_pool, scorer_pool]
+        await self._wait_open(self._pools)
+        streamed = StreamFeatureClient(features_pool)
+        features: FeatureClient = streamed
+        if telemetry.enabled():
+            features = SampledFeatureClient(streamed, GrpcFeatureClient(features_channel))
+        provider = GrpcModelProvider(
+            scorer_channel,
+            s.model_load_timeout_s,
+            stream=scorer_pool,
+            traced_unary=telemetry.enabled(),
+        )
+        return features, provider
 
     async def _in_process(self) -> tuple[FeatureClient, ModelProvider]:
         """Opens the online store; model versions are loaded in this process."""

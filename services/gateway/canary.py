@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.gateway.routing import Route
+from services.gateway.ports import Arm
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class ArmFigures:
     decline_rate: float
 
 
-class _Arm:
+class _Window:
     """A sliding window of one arm's calls: (time, ok, latency, declined)."""
 
     __slots__ = ("calls",)
@@ -105,23 +105,23 @@ class CanaryWatch:
         self.limits = limits
         self._cap_s = math.inf if cap_s is None else cap_s
         self._clock = clock
-        self._arms = {route: _Arm(limits.window_calls) for route in Route}
+        self._windows = {arm: _Window(limits.window_calls) for arm in Arm}
 
-    def record(self, route: Route, ok: bool, latency_s: float, declined: bool) -> None:
-        """One model call of ``route``: succeeded or not, its duration, declined or not."""
+    def record(self, arm: Arm, ok: bool, latency_s: float, declined: bool) -> None:
+        """One model call of ``arm``: succeeded or not, its duration, declined or not."""
         # Slower than the canary's cut-off is a failure whichever arm it happens to.
         ok = ok and latency_s <= self._cap_s
-        self._arms[route].calls.append((self._clock(), ok, latency_s, declined))
+        self._windows[arm].calls.append((self._clock(), ok, latency_s, declined))
 
-    def figures(self) -> dict[Route, ArmFigures]:
+    def figures(self) -> dict[Arm, ArmFigures]:
         """Both arms' current figures."""
         since = self._clock() - self.limits.window_s
-        return {route: arm.figures(since) for route, arm in self._arms.items()}
+        return {arm: window.figures(since) for arm, window in self._windows.items()}
 
     def breach(self) -> str | None:
         """Why the canary must be rolled back, or None while it behaves (or is not judged)."""
         figures = self.figures()
-        live, canary = figures[Route.LIVE], figures[Route.CANARY]
+        live, canary = figures[Arm.LIVE], figures[Arm.CANARY]
         lim = self.limits
         if min(live.calls, canary.calls) < lim.min_calls:
             return None

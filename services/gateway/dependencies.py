@@ -12,7 +12,7 @@ from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.common import telemetry
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError, status_reason
 from services.gateway.streams import (
     ModelRow,
     StreamFeatureClient,
@@ -25,10 +25,7 @@ from services.models.v2 import BadResponse, RowRequests, fraud_probabilities, fr
 
 
 def _reason(error: grpc.aio.AioRpcError) -> str:
-    code = error.code()
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return "timeout"
-    return code.name.lower()
+    return status_reason(error.code().name)
 
 
 class GrpcFeatureClient:

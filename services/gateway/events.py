@@ -21,8 +21,8 @@ from fraud.v1 import scoring_pb2 as pb
 from services.eventlog import Producer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Outcome
-from services.gateway.routing import Route
+from services.gateway.pipeline import ScoreResult
+from services.gateway.ports import Arm
 from services.gateway.validate import OutcomeReport, Reporter, Verdict
 
 log = logging.getLogger(__name__)
@@ -53,14 +53,14 @@ def set_time(stamp: Any, seconds: float) -> None:
     stamp.seconds, stamp.nanos = divmod(round(seconds * _NANOS), _NANOS)
 
 
-_ROUTE = {Route.LIVE: events_pb2.ROUTE_LIVE, Route.CANARY: events_pb2.ROUTE_CANARY}
+_ROUTE = {Arm.LIVE: events_pb2.ROUTE_LIVE, Arm.CANARY: events_pb2.ROUTE_CANARY}
 
 
-def _model_slot(event: events_pb2.DecisionEvent, outcome: Outcome) -> None:
+def _model_slot(event: events_pb2.DecisionEvent, result: ScoreResult) -> None:
     """Which arm answered (live, also when the rules stood in for it, or canary) and the
     shadow version's score of the same transaction, when one was scored in time."""
-    event.route = _ROUTE[outcome.route]
-    shadow = outcome.shadow.result() if outcome.shadow is not None else None
+    event.route = _ROUTE[result.arm]
+    shadow = result.shadow.result() if result.shadow is not None else None
     if shadow is not None:
         event.shadow_score = shadow.score
         event.shadow_model_version = shadow.version
@@ -69,7 +69,7 @@ def _model_slot(event: events_pb2.DecisionEvent, outcome: Outcome) -> None:
 def decision_event(
     request: pb.ScoreRequest,
     card_not_present: bool,
-    outcome: Outcome,
+    result: ScoreResult,
     response: pb.ScoreResponse,
     decided_at_s: float,
     feature_schema: str,
@@ -88,7 +88,7 @@ def decision_event(
     event.timestamp.CopyFrom(request.timestamp)
     event.terminal_id = request.terminal_id
     event.card_not_present = card_not_present
-    event.features.extend(outcome.features)
+    event.features.extend(result.features)
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source
@@ -96,7 +96,7 @@ def decision_event(
     event.decision = response.decision
     event.scored_by = response.scored_by
     event.model_version = response.model_version
-    _model_slot(event, outcome)
+    _model_slot(event, result)
     event.reasons.extend(response.reasons)
     event.elapsed_ms = response.elapsed_ms
     set_time(event.decided_at, decided_at_s)
@@ -150,7 +150,7 @@ class EventEmitter:
         self,
         request: pb.ScoreRequest,
         card_not_present: bool,
-        outcome: Outcome,
+        result: ScoreResult,
         response: pb.ScoreResponse,
         decided_at_s: float,
         _context: object = None,
@@ -161,10 +161,10 @@ class EventEmitter:
         if producer is None:
             return
         try:
-            schema, names = self._schema_of(outcome.feature_order)
+            schema, names = self._schema_of(result.feature_order)
             producer.append(
                 decision_event(
-                    request, card_not_present, outcome, response, decided_at_s, schema, names
+                    request, card_not_present, result, response, decided_at_s, schema, names
                 )
             )
         except Exception:

@@ -27,7 +27,7 @@ from services.common.errors import Unavailable
 from services.domain import featurespec
 from services.domain.featurespec import FeatureStatus
 from services.featurestore.online import OnlineFeatureReader
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError
 from services.models.onnx import OnnxModel
 from services.models.repository import ModelMetadata
 

@@ -1,7 +1,7 @@
 """The scoring pipeline: features, then model, then decision, each inside the budget.
 
 Transport-free: the feature and model clients are injected, so the pipeline is tested
-without servers. Whatever fails behind it, ``score`` returns an on-time outcome.
+without servers. Whatever fails behind it, ``score`` returns an on-time result.
 
 Which model version answers comes from the route table (``routing.py``), swapped whole
 when the lifecycle changes: the live version, or the canary for its share of cards. The
@@ -18,7 +18,7 @@ import enum
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar
 
 from services.domain import featurespec
 from services.domain.rules import RulesEngine
@@ -26,29 +26,31 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.decision import Decision, decide
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.routing import (
-    BatchModelClient,
+from services.gateway.ports import (
+    Arm,
+    DependencyError,
+    FeatureClient,
     ModelClient,
-    ModelRoute,
-    Route,
-    RouteTable,
 )
+from services.gateway.routing import ModelRoute, RouteTable
 from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
 
 __all__ = [
+    "CANARY_CAP_S",
     "Decision",
-    "DependencyError",
-    "FeatureClient",
-    "ModelClient",
-    "Outcome",
     "Pipeline",
-    "Route",
+    "ScoreResult",
     "ScoredBy",
     "Source",
     "guarded",
 ]
+
+
+CANARY_CAP_S = 0.008
+"""Longest a canary model call may take by default; after it the live version answers, with
+the rest of the budget."""
 
 
 class ScoredBy(enum.Enum):
@@ -66,20 +68,11 @@ class Source(enum.Enum):
     DEFAULT = "default"
 
 
-class DependencyError(Exception):
-    """A downstream call failed; ``reason`` is a short label (timeout, unavailable, …)."""
-
-    def __init__(self, dependency: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"{dependency}: {reason} {detail}".strip())
-        self.dependency = dependency
-        self.reason = reason
-
-
 T = TypeVar("T")
 
 
 async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> T:
-    """Runs ``call`` under ``breaker``: refused while open, outcome and duration recorded."""
+    """Runs ``call`` under ``breaker``: refused while open, success or failure and duration recorded."""
     if not breaker.try_acquire():
         raise DependencyError(breaker.name, "breaker_open")
     start = time.perf_counter()
@@ -89,32 +82,16 @@ async def guarded(breaker: CircuitBreaker, call: Callable[[], Awaitable[T]]) -> 
         breaker.on_error(time.perf_counter() - start)
         raise
     except asyncio.CancelledError:
-        # The caller went away: no outcome to judge the dependency by.
+        # The caller went away: nothing to judge the dependency by.
         breaker.release()
         raise
     breaker.on_success(time.perf_counter() - start)
     return result
 
 
-class FeatureClient(Protocol):
-    """Reads store features; None marks a missing or stale value."""
-
-    async def get(
-        self,
-        card_id: str,
-        merchant_id: str,
-        as_of_s: float,
-        timeout_s: float,
-        terminal_id: str = "",
-    ) -> Mapping[str, float | None]:
-        """Raises DependencyError when the feature service cannot answer in time; the
-        terminal's features are missing when ``terminal_id`` is empty."""
-        ...
-
-
 @dataclass(slots=True)
-class Outcome:
-    """The decision and how it was reached."""
+class ScoreResult:
+    """What scoring one transaction gave: the decision and how it was reached."""
 
     decision: Decision
     score: float
@@ -123,7 +100,7 @@ class Outcome:
     """The version that answered (``rules-…`` when the rules did)."""
     scored_by: ScoredBy = ScoredBy.MODEL
     feature_source: Source = Source.ONLINE
-    route: Route = Route.LIVE
+    arm: Arm = Arm.LIVE
     """The arm that answered: the canary, or live (also when the rules answered)."""
     shadow: ShadowJob | None = None
     """The shadow version's scoring of this transaction, run after the answer is sent
@@ -157,8 +134,8 @@ class Pipeline:
         features_breaker: CircuitBreaker,
         scorer_breaker: CircuitBreaker,
         *,
-        canary_cap_s: float = 0.008,
-        shadow_timeout_s: float = 0.05,
+        canary_cap_s: float = CANARY_CAP_S,
+        shadow_queue: ShadowQueue | None = None,
     ) -> None:
         self.routes = RouteTable(live=ModelRoute(metadata, model))
         """What answers now; replaced whole when the lifecycle changes."""
@@ -168,13 +145,13 @@ class Pipeline:
         self.features = features
         self.metrics = metrics
         self.canary_cap_s = canary_cap_s
-        self.shadow_timeout_s = shadow_timeout_s
-        self.shadow_queue: ShadowQueue | None = None
-        """Where shadow jobs go after the answer; None scores no shadow."""
+        self.shadow_queue = shadow_queue
+        """Where shadow jobs go after the answer (``ShadowScorer`` scores them); None scores
+        no shadow."""
         self._store_names = featurespec.STORE_FEATURES
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
-        self._answer_counters: dict[tuple[Route, str], Any] = {}
+        self._answer_counters: dict[tuple[Arm, str], Any] = {}
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -211,31 +188,18 @@ class Pipeline:
             return store, Source.DEFAULT
         return store, Source.PARTIAL
 
-    @staticmethod
-    def _vector(
-        route: ModelRoute, tx: Transaction, store: Mapping[str, float | None]
-    ) -> list[float]:
-        return featurespec.model_vector(
-            store,
-            amount_minor=tx.amount_minor,
-            currency=tx.currency,
-            timestamp_s=tx.timestamp_s,
-            card_not_present=tx.card_not_present,
-            defaults=route.defaults,
-        )
-
-    async def score(self, tx: Transaction, budget: Budget) -> Outcome:
+    async def score(self, tx: Transaction, budget: Budget) -> ScoreResult:
         """Scores ``tx``; always returns before the budget's reserve is spent."""
         table = self.routes
         route, arm = table.pick(tx.card_id)
         store, source = await self._read_features(tx, budget)
         notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
-        if arm is Route.CANARY:
+        if arm is Arm.CANARY:
             answered = await self._score_canary(table, route, tx, store, source, notes, budget)
             if answered is not None:
                 return self._with_shadow(table, answered, tx, store)
             route = table.live
-        vector = self._vector(route, tx, store)
+        vector = route.vector(tx, store)
         named = dict(zip(route.order, vector, strict=True))
         verdict = self.rules.evaluate(named)
         rule_reasons = verdict.reasons(named)
@@ -253,19 +217,19 @@ class Pipeline:
                 self.metrics.dependency_error("scorer", error.reason)
                 fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
                 if watch is not None and error.reason != "breaker_open":
-                    watch.record(Route.LIVE, False, time.perf_counter() - started, False)
+                    watch.record(Arm.LIVE, False, time.perf_counter() - started, False)
             else:
                 elapsed = time.perf_counter() - started
-                outcome = self._model_outcome(
-                    route, Route.LIVE, score, rule_reasons, notes, source, vector
+                result = self._model_result(
+                    route, Arm.LIVE, score, rule_reasons, notes, source, vector
                 )
                 if watch is not None:
-                    watch.record(Route.LIVE, True, elapsed, outcome.decision is Decision.DECLINE)
-                return self._with_shadow(table, outcome, tx, store)
+                    watch.record(Arm.LIVE, True, elapsed, result.decision is Decision.DECLINE)
+                return self._with_shadow(table, result, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
         decision = decide(verdict.score, self.rules.review, self.rules.decline)
-        return Outcome(
+        return ScoreResult(
             decision=decision,
             score=verdict.score,
             reasons=[
@@ -289,13 +253,13 @@ class Pipeline:
         source: Source,
         notes: list[str],
         budget: Budget,
-    ) -> Outcome | None:
+    ) -> ScoreResult | None:
         """The canary's answer, or None when it cannot give one (live answers then)."""
         breaker, watch = table.canary_breaker, table.watch
         timeout = min(budget.scorer_timeout(), self.canary_cap_s)
         if breaker is None or timeout <= 0:
             return None
-        vector = self._vector(route, tx, store)
+        vector = route.vector(tx, store)
         started = time.perf_counter()
         try:
             score = await guarded(breaker, lambda: route.client.score(vector, timeout))
@@ -306,29 +270,27 @@ class Pipeline:
                 # opens on failures, and the watch must still reach its verdict.
                 opened = error.reason == "breaker_open"
                 watch.record(
-                    Route.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
+                    Arm.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
                 )
             return None
         elapsed = time.perf_counter() - started
         named = dict(zip(route.order, vector, strict=True))
         rule_reasons = self.rules.evaluate(named).reasons(named)
-        outcome = self._model_outcome(
-            route, Route.CANARY, score, rule_reasons, notes, source, vector
-        )
+        result = self._model_result(route, Arm.CANARY, score, rule_reasons, notes, source, vector)
         if watch is not None:
-            watch.record(Route.CANARY, True, elapsed, outcome.decision is Decision.DECLINE)
-        return outcome
+            watch.record(Arm.CANARY, True, elapsed, result.decision is Decision.DECLINE)
+        return result
 
-    def _model_outcome(
+    def _model_result(
         self,
         route: ModelRoute,
-        arm: Route,
+        arm: Arm,
         score: float,
         rule_reasons: list[str],
         notes: list[str],
         source: Source,
         vector: list[float],
-    ) -> Outcome:
+    ) -> ScoreResult:
         t = route.thresholds
         decision = decide(score, t.review, t.decline)
         key = (arm, route.version)
@@ -338,14 +300,14 @@ class Pipeline:
                 arm.value, route.version
             )
         counter.inc()
-        return Outcome(
+        return ScoreResult(
             decision=decision,
             score=score,
             reasons=[_model_reason(score, decision, t.review, t.decline), *rule_reasons, *notes],
             model_version=route.version,
             scored_by=ScoredBy.MODEL,
             feature_source=source,
-            route=arm,
+            arm=arm,
             features=vector,
             feature_order=route.order,
         )
@@ -353,59 +315,21 @@ class Pipeline:
     def _with_shadow(
         self,
         table: RouteTable,
-        outcome: Outcome,
+        result: ScoreResult,
         tx: Transaction,
         store: Mapping[str, float | None],
-    ) -> Outcome:
+    ) -> ScoreResult:
         shadow = table.shadow
         if shadow is not None and self.shadow_queue is not None:
-            outcome.shadow = ShadowJob(shadow, tx, store, outcome.score, outcome.decision)
-        return outcome
+            result.shadow = ShadowJob(shadow, tx, store, result.score, result.decision)
+        return result
 
-    def after_answer(self, outcome: Outcome) -> None:
-        """Hands the outcome's shadow job (if any) to the shadow workers; call it once the
+    def after_answer(self, result: ScoreResult) -> None:
+        """Hands the result's shadow job (if any) to the shadow workers; call it once the
         answer has been sent."""
-        job, queue = outcome.shadow, self.shadow_queue
+        job, queue = result.shadow, self.shadow_queue
         if job is not None and queue is not None:
             queue.submit(job)
-
-    async def score_shadow(self, jobs: list[ShadowJob]) -> None:
-        """Scores shadow jobs (one model call per shadow version when its client takes
-        batches) and records how the shadow compares with each answer."""
-        by_route: dict[int, list[ShadowJob]] = {}
-        for job in jobs:
-            by_route.setdefault(id(job.route), []).append(job)
-        for group in by_route.values():
-            await self._score_shadow_group(group[0].route, group)
-
-    async def _score_shadow_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
-        vectors = [self._vector(route, job.tx, job.store) for job in jobs]
-        m = self.metrics
-        client = route.client
-        batch = getattr(client, "score_batch", None)
-        started = time.perf_counter()
-        try:
-            if batch is not None and len(vectors) > 1:
-                scores = await cast(BatchModelClient, client).score_batch(
-                    vectors, self.shadow_timeout_s
-                )
-            else:
-                scores = [await client.score(v, self.shadow_timeout_s) for v in vectors]
-        except DependencyError as error:
-            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
-            for job in jobs:
-                job.resolve(None)
-            return
-        latency = time.perf_counter() - started
-        t = route.thresholds
-        for job, score in zip(jobs, scores, strict=True):
-            decision = decide(score, t.review, t.decline)
-            m.shadow_latency.labels(route.version).observe(latency)
-            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
-            m.shadow_decisions.labels(
-                route.version, job.answer_decision.value, decision.value
-            ).inc()
-            job.resolve(ShadowResult(route.version, score, decision, latency))
 
 
 _REASON_TEXT = {

@@ -23,27 +23,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline
-from services.gateway.routing import ModelClient, ModelRoute, RouteTable
+from services.gateway.ports import ModelProvider
+from services.gateway.routing import ModelRoute, RouteTable
 from services.models import repository
 from services.models.lifecycle import FileKey, LifecycleState, ModelLifecycle
 
 log = logging.getLogger(__name__)
-
-
-class ModelProvider(Protocol):
-    """Makes a model version ready to score and returns a client for it."""
-
-    async def prepare(self, metadata: repository.ModelMetadata, load: bool = True) -> ModelClient:
-        """A client scoring with this version; with ``load``, returns once the version is
-        loaded where it runs. Raises when it cannot be made ready."""
-        ...
 
 
 class Rollout:
@@ -58,7 +49,7 @@ class Rollout:
         *,
         limits: CanaryLimits,
         new_breaker: Callable[[str], CircuitBreaker],
-        poll_s: float = 0.2,
+        poll_s: float,
         retry_s: float = 1.0,
         warmup_calls: int = 5,
         actor: str = "gateway",

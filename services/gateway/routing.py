@@ -12,41 +12,17 @@ only adds cards to the canary.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
+from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
+from services.gateway.canary import CanaryWatch
+from services.gateway.ports import Arm, ModelClient
+from services.gateway.validate import Transaction
 from services.models.lifecycle import CANARY_BUCKETS
 from services.models.repository import ModelMetadata, Thresholds
-
-if TYPE_CHECKING:
-    from services.gateway.canary import CanaryWatch
-
-
-class Route(enum.Enum):
-    """Which arm of the routing answered."""
-
-    LIVE = "live"
-    CANARY = "canary"
-
-
-class ModelClient(Protocol):
-    """Scores one model feature vector."""
-
-    async def score(self, vector: list[float], timeout_s: float) -> float:
-        """Fraud probability; raises DependencyError when the model cannot answer in time."""
-        ...
-
-
-class BatchModelClient(ModelClient, Protocol):
-    """A model client that can also score several vectors in one call."""
-
-    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
-        """Fraud probability of each vector; raises DependencyError like ``score``."""
-        ...
 
 
 def card_bucket(card_id: str) -> int:
@@ -78,6 +54,18 @@ class ModelRoute:
         """Its decision thresholds."""
         return self.metadata.thresholds
 
+    def vector(self, tx: Transaction, store: Mapping[str, float | None]) -> list[float]:
+        """This version's input for ``tx``: the store's features (its defaults for the missing
+        ones) and the request-time features."""
+        return featurespec.model_vector(
+            store,
+            amount_minor=tx.amount_minor,
+            currency=tx.currency,
+            timestamp_s=tx.timestamp_s,
+            card_not_present=tx.card_not_present,
+            defaults=self.defaults,
+        )
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RouteTable:
@@ -95,12 +83,12 @@ class RouteTable:
     generation: int = 0
     """Generation of the lifecycle file this table follows."""
 
-    def pick(self, card_id: str) -> tuple[ModelRoute, Route]:
+    def pick(self, card_id: str) -> tuple[ModelRoute, Arm]:
         """The version that answers for ``card_id``, and its arm."""
         canary = self.canary
         if canary is not None and card_bucket(card_id) < self.canary_buckets:
-            return canary, Route.CANARY
-        return self.live, Route.LIVE
+            return canary, Arm.CANARY
+        return self.live, Arm.LIVE
 
     def versions(self) -> dict[str, ModelRoute]:
         """Every version in the table by version."""

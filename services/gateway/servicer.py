@@ -38,13 +38,16 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
 
     def __init__(
         self,
+        pipeline: Callable[[], Pipeline | None],
         policy: BudgetPolicy,
         limits: Limits,
         metrics: GatewayMetrics,
         max_in_flight: int,
         emitter: EventEmitter | None = None,
     ) -> None:
-        self.pipeline: Pipeline | None = None
+        # The servicer is registered before the gateway starts (the server reports
+        # NOT_SERVING meanwhile); the pipeline exists once the start has built and warmed it.
+        self._pipeline = pipeline
         self._emitter = emitter
         self._policy = policy
         self._limits = limits
@@ -57,7 +60,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext
     ) -> pb.ScoreResponse:
         budget = Budget(self._policy, context.time_remaining())
-        pipeline = self.pipeline
+        pipeline = self._pipeline()
         if pipeline is None:
             raise Unavailable("gateway is still starting")
         if self._in_flight >= self._max_in_flight:
@@ -102,38 +105,38 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         except InvalidArgument as error:
             self._metrics.invalid.labels(error.field).inc()
             raise
-        outcome = await pipeline.score(tx, budget)
+        result = await pipeline.score(tx, budget)
         elapsed = budget.elapsed()
         m = self._metrics
         m.latency.observe(elapsed)
         m.decisions.labels(
-            outcome.decision.value, outcome.scored_by.value, outcome.feature_source.value
+            result.decision.value, result.scored_by.value, result.feature_source.value
         ).inc()
-        m.scores.labels(outcome.scored_by.value).observe(outcome.score)
+        m.scores.labels(result.scored_by.value).observe(result.score)
         response = pb.ScoreResponse(
             transaction_id=tx.transaction_id,
-            decision=_DECISION[outcome.decision],
-            score=outcome.score,
-            reasons=outcome.reasons,
-            model_version=outcome.model_version,
-            scored_by=_SCORED_BY[outcome.scored_by],
-            feature_source=_SOURCE[outcome.feature_source],
+            decision=_DECISION[result.decision],
+            score=result.score,
+            reasons=result.reasons,
+            model_version=result.model_version,
+            scored_by=_SCORED_BY[result.scored_by],
+            feature_source=_SOURCE[result.feature_source],
             elapsed_ms=elapsed * 1000.0,
         )
         emitter = self._emitter
         emit = None
         if emitter is not None and emitter.enabled:
             emit = functools.partial(
-                emitter.decision, request, tx.card_not_present, outcome, response, time.time()
+                emitter.decision, request, tx.card_not_present, result, response, time.time()
             )
-        shadow = outcome.shadow
+        shadow = result.shadow
         if shadow is None:
             return response, emit
 
         def after_answer(_context: object = None) -> None:
             # Shadow scoring starts once the answer has been sent, never before; the decision
             # event waits for the shadow's score (or its end without one) to carry it.
-            pipeline.after_answer(outcome)
+            pipeline.after_answer(result)
             if emit is not None:
                 shadow.when_done(emit)
 

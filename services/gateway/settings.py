@@ -1,4 +1,8 @@
-"""Settings of the gateway (env prefix ``FRAUD_GATEWAY_``)."""
+"""Settings of the gateway (env prefix ``FRAUD_GATEWAY_``).
+
+A setting that configures a domain object takes its default from that object's dataclass
+(``BudgetPolicy``, ``BreakerConfig``, ``CanaryLimits``, ``StreamSettings``, ``Limits``,
+``ShadowPolicy``): each default is written once, where it is used."""
 
 from __future__ import annotations
 
@@ -11,9 +15,24 @@ from pydantic_settings import SettingsConfigDict
 from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
 from services.gateway.canary import CanaryLimits
+from services.gateway.pipeline import CANARY_CAP_S
+from services.gateway.shadow import ShadowPolicy
 from services.gateway.streams import StreamSettings
 from services.gateway.validate import Limits
 from services.models.settings import ModelServerSettings
+
+_BUDGET = BudgetPolicy()
+_BREAKER = BreakerConfig()
+_CANARY = CanaryLimits()
+_STREAMS = StreamSettings()
+_LIMITS = Limits()
+_SHADOW = ShadowPolicy()
+_DAY_S = 86_400.0
+
+
+def _ms(seconds: float) -> float:
+    """Seconds in milliseconds, without the conversion's float error (0.042 s is 42.0 ms)."""
+    return round(seconds * 1000, 6)
 
 
 class GatewaySettings(ModelServerSettings):
@@ -41,10 +60,13 @@ class GatewaySettings(ModelServerSettings):
         "ModelStreamInfer), 'unary' makes one call per request (GetFeatures, ModelInfer).",
     )
     streams: int = Field(
-        2, ge=1, le=64, description="Persistent streams per dependency (transport 'stream')."
+        _STREAMS.streams,
+        ge=1,
+        le=64,
+        description="Persistent streams per dependency (transport 'stream').",
     )
     stream_max_batch: int = Field(
-        16,
+        _STREAMS.max_batch,
         ge=1,
         le=256,
         description="Most requests one stream message may carry: above 1, requests waiting "
@@ -53,7 +75,7 @@ class GatewaySettings(ModelServerSettings):
         "(docs/performance.md, side by side).",
     )
     stream_max_queue_delay_us: int = Field(
-        0,
+        round(_STREAMS.max_queue_delay_s * 1e6),
         ge=0,
         le=10_000,
         description="With stream_max_batch above 1: how long (µs) a stream may hold a request "
@@ -63,7 +85,7 @@ class GatewaySettings(ModelServerSettings):
         "the median from 3.4 to 7.1 ms (docs/performance.md).",
     )
     stream_max_age_s: float = Field(
-        8.0,
+        _STREAMS.max_age_s,
         ge=0,
         description="A stream older than this (less up to 20 % jitter) is replaced "
         "gracefully, so streams follow replicas added since; keep it below the servers' "
@@ -76,23 +98,39 @@ class GatewaySettings(ModelServerSettings):
         None, description="Rules fallback file; unset uses the rules shipped with fraudmesh."
     )
     budget_ms: float = Field(
-        42.0, gt=0, description="End-to-end budget when the client's deadline is not shorter."
+        _ms(_BUDGET.default_s),
+        gt=0,
+        description="End-to-end budget when the client's deadline is not shorter.",
     )
     reserve_ms: float = Field(
-        4.0, ge=0, description="Budget kept back for the rules fallback and the reply."
+        _ms(_BUDGET.reserve_s),
+        ge=0,
+        description="Budget kept back for the rules fallback and the reply.",
     )
-    features_cap_ms: float = Field(12.0, gt=0, description="Longest the feature call may take.")
+    features_cap_ms: float = Field(
+        _ms(_BUDGET.features_cap_s), gt=0, description="Longest the feature call may take."
+    )
     scorer_cap_ms: float = Field(
-        20.0, gt=0, description="Longest the model call may take before the rules answer."
+        _ms(_BUDGET.scorer_cap_s),
+        gt=0,
+        description="Longest the model call may take before the rules answer.",
     )
     scorer_min_ms: float = Field(
-        2.0, ge=0, description="Below this much time left the model is skipped for the rules."
+        _ms(_BUDGET.scorer_min_s),
+        ge=0,
+        description="Below this much time left the model is skipped for the rules.",
     )
-    max_future_s: float = Field(300.0, ge=0, description="Tolerated clock skew ahead.")
-    max_age_s: float = Field(7 * 86_400.0, gt=0, description="Oldest transaction scored.")
-    max_amount_eur: float = Field(1_000_000.0, gt=0, description="Largest plausible amount.")
+    max_future_s: float = Field(
+        _LIMITS.max_future_s, ge=0, description="Tolerated clock skew ahead."
+    )
+    max_age_s: float = Field(_LIMITS.max_age_s, gt=0, description="Oldest transaction scored.")
+    max_amount_eur: float = Field(
+        _LIMITS.max_amount_eur, gt=0, description="Largest plausible amount."
+    )
     max_outcome_age_days: float = Field(
-        540.0, gt=0, description="Oldest reported_at an outcome report may carry."
+        _LIMITS.max_outcome_age_s / _DAY_S,
+        gt=0,
+        description="Oldest reported_at an outcome report may carry.",
     )
     emit_events: bool = Field(
         True,
@@ -123,20 +161,36 @@ class GatewaySettings(ModelServerSettings):
         description="Score calls handled at once; beyond it calls are shed with "
         "RESOURCE_EXHAUSTED at once rather than queued past their budget.",
     )
-    breaker_window: int = Field(50, ge=1, description="Calls in each breaker's sliding window.")
+    breaker_window: int = Field(
+        _BREAKER.sliding_window_size, ge=1, description="Calls in each breaker's sliding window."
+    )
     breaker_minimum_calls: int = Field(
-        20, ge=1, description="Calls in the window before a breaker judges the rates."
+        _BREAKER.minimum_number_of_calls,
+        ge=1,
+        description="Calls in the window before a breaker judges the rates.",
     )
     breaker_failure_rate: float = Field(
-        50.0, gt=0, le=100, description="Failure rate (percent) that opens a breaker."
+        _BREAKER.failure_rate_threshold,
+        gt=0,
+        le=100,
+        description="Failure rate (percent) that opens a breaker.",
     )
     breaker_slow_rate: float = Field(
-        50.0, gt=0, le=100, description="Slow-call rate (percent) that opens a breaker."
+        _BREAKER.slow_call_rate_threshold,
+        gt=0,
+        le=100,
+        description="Slow-call rate (percent) that opens a breaker.",
     )
     breaker_wait_s: float = Field(
-        2.0, gt=0, description="Time a breaker stays open before half-open probes."
+        _BREAKER.wait_duration_in_open_state_s,
+        gt=0,
+        description="Time a breaker stays open before half-open probes.",
     )
-    breaker_half_open_calls: int = Field(5, ge=1, description="Probe calls when half-open.")
+    breaker_half_open_calls: int = Field(
+        _BREAKER.permitted_number_of_calls_in_half_open_state,
+        ge=1,
+        description="Probe calls when half-open.",
+    )
     features_slow_ms: float = Field(
         8.0, gt=0, description="A feature call slower than this counts as slow."
     )
@@ -152,46 +206,60 @@ class GatewaySettings(ModelServerSettings):
         30.0, gt=0, description="Longest the scorer may take to load a newly routed version."
     )
     canary_cap_ms: float = Field(
-        8.0,
+        _ms(CANARY_CAP_S),
         gt=0,
         description="Longest a canary model call may take; after it the live version answers, "
         "with the rest of the budget.",
     )
     canary_window_calls: int = Field(
-        500, ge=1, description="Recent model calls per arm the canary watch compares."
+        _CANARY.window_calls,
+        ge=1,
+        description="Recent model calls per arm the canary watch compares.",
     )
     canary_window_s: float = Field(
-        120.0, gt=0, description="Calls older than this leave the canary watch's window."
+        _CANARY.window_s, gt=0, description="Calls older than this leave the canary watch's window."
     )
     canary_min_calls: int = Field(
-        100, ge=1, description="Calls each arm needs before the canary is judged."
+        _CANARY.min_calls, ge=1, description="Calls each arm needs before the canary is judged."
     )
     canary_max_error_rate_increase: float = Field(
-        0.05, ge=0, le=1, description="Canary error rate may exceed live's by this (0..1)."
+        _CANARY.max_error_rate_increase,
+        ge=0,
+        le=1,
+        description="Canary error rate may exceed live's by this (0..1).",
     )
     canary_p99_ratio: float = Field(
-        2.0, gt=0, description="Canary model-call p99 may be this multiple of live's …"
+        _CANARY.p99_ratio,
+        gt=0,
+        description="Canary model-call p99 may be this multiple of live's …",
     )
-    canary_p99_slack_ms: float = Field(2.0, ge=0, description="… plus this many milliseconds.")
+    canary_p99_slack_ms: float = Field(
+        _ms(_CANARY.p99_slack_s), ge=0, description="… plus this many milliseconds."
+    )
     canary_max_decline_rate_increase: float = Field(
-        0.05, ge=0, le=1, description="Canary decline rate may exceed live's by this (0..1)."
+        _CANARY.max_decline_rate_increase,
+        ge=0,
+        le=1,
+        description="Canary decline rate may exceed live's by this (0..1).",
     )
     shadow_queue_size: int = Field(
-        1000, ge=1, description="Shadow jobs waiting at most; beyond it they are dropped."
+        _SHADOW.size, ge=1, description="Shadow jobs waiting at most; beyond it they are dropped."
     )
     shadow_workers: int = Field(
-        1, ge=1, description="Shadow worker tasks, each scoring one batch at a time."
+        _SHADOW.workers, ge=1, description="Shadow worker tasks, each scoring one batch at a time."
     )
     shadow_max_batch: int = Field(
-        32, ge=1, description="Most shadow jobs a worker scores in one model call."
+        _SHADOW.max_batch, ge=1, description="Most shadow jobs a worker scores in one model call."
     )
     shadow_linger_ms: float = Field(
-        50.0,
+        _ms(_SHADOW.linger_s),
         ge=0,
         description="How long shadow jobs gather before a batch is scored (fewer, larger "
         "model calls; nobody waits for a shadow result).",
     )
-    shadow_timeout_ms: float = Field(50.0, gt=0, description="Deadline of a shadow model call.")
+    shadow_timeout_ms: float = Field(
+        _ms(_SHADOW.timeout_s), gt=0, description="Deadline of a shadow model call."
+    )
 
     @property
     def stream_settings(self) -> StreamSettings:
@@ -201,6 +269,17 @@ class GatewaySettings(ModelServerSettings):
             max_batch=self.stream_max_batch,
             max_queue_delay_s=self.stream_max_queue_delay_us / 1e6,
             max_age_s=self.stream_max_age_s,
+        )
+
+    @property
+    def shadow_policy(self) -> ShadowPolicy:
+        """How much shadow scoring may take."""
+        return ShadowPolicy(
+            size=self.shadow_queue_size,
+            workers=self.shadow_workers,
+            max_batch=self.shadow_max_batch,
+            linger_s=self.shadow_linger_ms / 1000,
+            timeout_s=self.shadow_timeout_ms / 1000,
         )
 
     @property
@@ -246,5 +325,5 @@ class GatewaySettings(ModelServerSettings):
             max_future_s=self.max_future_s,
             max_age_s=self.max_age_s,
             max_amount_eur=self.max_amount_eur,
-            max_outcome_age_s=self.max_outcome_age_days * 86_400,
+            max_outcome_age_s=self.max_outcome_age_days * _DAY_S,
         )

@@ -2,13 +2,13 @@
 
 The pipeline prepares a ``ShadowJob`` with each model answer while a shadow version is
 routed; the servicer hands it to the ``ShadowQueue`` once the answer has gone out (the
-RPC's done callback). A bounded queue and a worker task do the scoring; the worker lets
-jobs gather for ``linger_s`` after the first, then scores every job waiting (up to
-``max_batch``) in one model call, so shadowing costs one extra call per batch rather than
-per answer. When the queue is full the job is
-dropped and counted, so shadow work can never back up into the request path. Whatever
-happens to it, a job ends with a result or None, and the answer it shadows has long been
-sent.
+RPC's done callback). A bounded queue and a worker task do the scoring (``ShadowScorer``,
+which also records how the shadow compares with each answer); the worker lets jobs gather
+for ``linger_s`` after the first, then scores every job waiting (up to ``max_batch``) in
+one model call (``ShadowPolicy``), so shadowing costs one extra call per batch rather than
+per answer. When the queue is full the job is dropped and counted, so shadow work can
+never back up into the request path. Whatever happens to it, a job ends with a result or
+None, and the answer it shadows has long been sent.
 """
 
 from __future__ import annotations
@@ -16,14 +16,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
-from services.gateway.decision import Decision
+from services.gateway.decision import Decision, decide
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.ports import BatchModelClient, DependencyError
 from services.gateway.routing import ModelRoute
 from services.gateway.validate import Transaction
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPolicy:
+    """How much shadow scoring may take: queue, workers, batches, the model call's deadline."""
+
+    size: int = 1000
+    """Shadow jobs waiting at most; beyond it they are dropped."""
+    workers: int = 1
+    """Worker tasks, each scoring one batch at a time."""
+    max_batch: int = 32
+    """Most jobs a worker scores in one model call."""
+    linger_s: float = 0.05
+    """How long jobs gather before a batch is scored (fewer, larger model calls; nobody
+    waits for a shadow result)."""
+    timeout_s: float = 0.05
+    """Deadline of a shadow model call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +111,14 @@ class ShadowQueue:
         self,
         score: Callable[[list[ShadowJob]], Awaitable[None]],
         on_drop: Callable[[], None],
-        size: int = 1000,
-        workers: int = 1,
-        max_batch: int = 32,
-        linger_s: float = 0.05,
+        policy: ShadowPolicy = ShadowPolicy(),
     ) -> None:
         self._score = score
         self._on_drop = on_drop
-        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=size)
-        self._workers = workers
-        self._max_batch = max_batch
-        self._linger_s = linger_s
+        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=policy.size)
+        self._workers = policy.workers
+        self._max_batch = policy.max_batch
+        self._linger_s = policy.linger_s
         self._tasks: list[asyncio.Task[None]] = []
 
     def submit(self, job: ShadowJob) -> bool:
@@ -149,3 +167,47 @@ class ShadowQueue:
         self._tasks = []
         while not self._queue.empty():
             self._queue.get_nowait().resolve(None)
+
+
+class ShadowScorer:
+    """Scores shadow jobs, one model call per shadow version when its client takes batches,
+    and records how the shadow compares with each answer."""
+
+    def __init__(self, metrics: GatewayMetrics, policy: ShadowPolicy = ShadowPolicy()) -> None:
+        self.metrics = metrics
+        self.timeout_s = policy.timeout_s
+
+    async def score(self, jobs: list[ShadowJob]) -> None:
+        """Scores ``jobs`` and resolves each with its result (None when the call failed)."""
+        by_route: dict[int, list[ShadowJob]] = {}
+        for job in jobs:
+            by_route.setdefault(id(job.route), []).append(job)
+        for group in by_route.values():
+            await self._score_group(group[0].route, group)
+
+    async def _score_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
+        vectors = [route.vector(job.tx, job.store) for job in jobs]
+        m = self.metrics
+        client = route.client
+        batch = getattr(client, "score_batch", None)
+        started = time.perf_counter()
+        try:
+            if batch is not None and len(vectors) > 1:
+                scores = await cast(BatchModelClient, client).score_batch(vectors, self.timeout_s)
+            else:
+                scores = [await client.score(v, self.timeout_s) for v in vectors]
+        except DependencyError as error:
+            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
+            for job in jobs:
+                job.resolve(None)
+            return
+        latency = time.perf_counter() - started
+        t = route.thresholds
+        for job, score in zip(jobs, scores, strict=True):
+            decision = decide(score, t.review, t.decline)
+            m.shadow_latency.labels(route.version).observe(latency)
+            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
+            m.shadow_decisions.labels(
+                route.version, job.answer_decision.value, decision.value
+            ).inc()
+            job.resolve(ShadowResult(route.version, score, decision, latency))

@@ -42,13 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
-from google.rpc import code_pb2
 
 from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError, status_reason
 from services.models.repository import ModelMetadata
 from services.models.v2 import BadResponse, RowRequests, fraud_probabilities
 
@@ -60,15 +59,6 @@ ItemIn = TypeVar("ItemIn", contravariant=True)
 ResultOut = TypeVar("ResultOut", covariant=True)
 
 _PRESENT = features_pb2.FEATURE_STATUS_PRESENT
-_CODE_REASON = {
-    code_pb2.DEADLINE_EXCEEDED: "timeout",
-    code_pb2.UNAVAILABLE: "unavailable",
-    code_pb2.INVALID_ARGUMENT: "invalid_argument",
-    code_pb2.NOT_FOUND: "not_found",
-    code_pb2.RESOURCE_EXHAUSTED: "resource_exhausted",
-}
-_NAME_REASON = {code_pb2.Code.Name(code): reason for code, reason in _CODE_REASON.items()}
-"""The same by status name: the scorer's stream errors read "NAME: message", as Triton's."""
 
 
 class StreamCodec(Protocol[ItemIn, ResultOut]):
@@ -540,7 +530,7 @@ class FeatureCodec:
         self, reply: features_pb2.StreamFeaturesResponse
     ) -> tuple[int, Sequence[FeatureValues] | DependencyError]:
         if reply.error_code:
-            reason = _CODE_REASON.get(reply.error_code, "error")
+            reason = status_reason(reply.error_code)
             return reply.id, DependencyError(self.dependency, reason, reply.error_message)
         return reply.id, [feature_values(result) for result in reply.results]
 
@@ -601,8 +591,9 @@ class ModelCodec:
         except ValueError:
             request_id = -1
         if reply.error_message:
+            # The scorer's stream errors read "STATUS_NAME: message", as Triton's.
             name, _, _ = reply.error_message.partition(":")
-            reason = _NAME_REASON.get(name, "error")
+            reason = status_reason(name.strip())
             return request_id, DependencyError(self.dependency, reason, reply.error_message)
         rows = response.outputs[0].shape[0] if response.outputs else 0
         try:

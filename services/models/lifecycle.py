@@ -38,7 +38,7 @@ CANARY_BUCKETS = 10_000
 """Cards are hashed into this many buckets; a canary at P percent takes P * 100 of them."""
 
 
-class State(enum.StrEnum):
+class VersionState(enum.StrEnum):
     """Where a version is in its lifecycle."""
 
     CANDIDATE = "candidate"
@@ -89,8 +89,8 @@ class Transition(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     version: str
-    from_state: State | None = Field(description="None when the version was first recorded.")
-    to_state: State
+    from_state: VersionState | None = Field(description="None when the version was first recorded.")
+    to_state: VersionState
     at: datetime
     by: str = Field(description="Who made the change: user@host, or the gateway that did.")
     reason: str = ""
@@ -101,7 +101,7 @@ class VersionRecord(BaseModel):
     """A published version's state and promotion gates."""
 
     version: str
-    state: State
+    state: VersionState
     since: datetime = Field(description="When it entered this state.")
     gates: GateReport | None = Field(None, description="None: published without gates.")
     reason: str = Field("", description="Why it is in this state (e.g. an automatic rollback).")
@@ -188,7 +188,7 @@ class LifecycleState(BaseModel):
 
 
 @dataclass(frozen=True)
-class Change:
+class LifecycleChange:
     """What one lifecycle operation did, for the caller to print."""
 
     before: Routing
@@ -262,7 +262,7 @@ class ModelLifecycle:
             if version not in state.versions:
                 state.versions[version] = VersionRecord(
                     version=version,
-                    state=State.CANDIDATE,
+                    state=VersionState.CANDIDATE,
                     since=self._published_at(version),
                     reason="published without a lifecycle record",
                 )
@@ -283,7 +283,7 @@ class ModelLifecycle:
             live = version == published[-1]
             state.versions[version] = VersionRecord(
                 version=version,
-                state=State.LIVE if live else State.RETIRED,
+                state=VersionState.LIVE if live else VersionState.RETIRED,
                 since=self._published_at(version),
                 reason="highest published version" if live else "superseded before records",
             )
@@ -329,7 +329,7 @@ class ModelLifecycle:
         mutate: Callable[[_Editor], None],
         by: str | None,
         expected_generation: int | None = None,
-    ) -> Change | None:
+    ) -> LifecycleChange | None:
         """Applies ``mutate`` under the lock; None when ``expected_generation`` is stale."""
         with self._locked():
             state = self.read()
@@ -339,7 +339,7 @@ class ModelLifecycle:
             before = state.routing
             mutate(editor)
             if not editor.transitions and state.routing == before:
-                return Change(before, before, state.generation, notes=editor.notes)
+                return LifecycleChange(before, before, state.generation, notes=editor.notes)
             state.generation += 1
             state.updated_at = editor.at
             stamped = [
@@ -347,7 +347,7 @@ class ModelLifecycle:
             ]
             state.history.extend(stamped)
             self._write(state)
-            return Change(before, state.routing, state.generation, stamped, editor.notes)
+            return LifecycleChange(before, state.routing, state.generation, stamped, editor.notes)
 
     # Operations ------------------------------------------------------------------------
 
@@ -357,7 +357,7 @@ class ModelLifecycle:
         files: Mapping[str, Path],
         gates: GateReport | None = None,
         by: str | None = None,
-    ) -> tuple[repository.ModelMetadata, Path, Change]:
+    ) -> tuple[repository.ModelMetadata, Path, LifecycleChange]:
         """Publishes ``files`` as the next version and records it as a candidate with its
         gate report; returns the published metadata, its folder and the change.
 
@@ -371,7 +371,7 @@ class ModelLifecycle:
 
         def mutate(e: _Editor) -> None:
             e.state.versions.pop(folder.name, None)
-            e.add(folder.name, State.CANDIDATE, gates, "published")
+            e.add(folder.name, VersionState.CANDIDATE, gates, "published")
 
         change = self._change(mutate, by)
         assert change is not None
@@ -404,7 +404,9 @@ class ModelLifecycle:
             ]
             self._write(state)
 
-    def record_gates(self, version: str, gates: GateReport, by: str | None = None) -> Change:
+    def record_gates(
+        self, version: str, gates: GateReport, by: str | None = None
+    ) -> LifecycleChange:
         """Records (or replaces) the gate report of a published version."""
 
         def mutate(e: _Editor) -> None:
@@ -417,32 +419,34 @@ class ModelLifecycle:
 
         return self._require(self._change(mutate, by))
 
-    def shadow(self, version: str, by: str | None = None) -> Change:
+    def shadow(self, version: str, by: str | None = None) -> LifecycleChange:
         """``version`` scores live traffic in shadow (replacing any other shadow)."""
 
         def mutate(e: _Editor) -> None:
             record = e.state.record(version)
-            e.refuse_if(record.state is State.LIVE, f"v{version} is live; shadow a candidate")
             e.refuse_if(
-                record.state is State.RETIRED,
+                record.state is VersionState.LIVE, f"v{version} is live; shadow a candidate"
+            )
+            e.refuse_if(
+                record.state is VersionState.RETIRED,
                 f"v{version} is retired; publish a new version to try it again",
             )
-            if record.state is State.SHADOW:
+            if record.state is VersionState.SHADOW:
                 e.note(f"v{version} is already in shadow")
                 return
             routing = e.state.routing
             if routing.shadow and routing.shadow != version:
-                e.move(routing.shadow, State.CANDIDATE, f"shadow replaced by v{version}")
+                e.move(routing.shadow, VersionState.CANDIDATE, f"shadow replaced by v{version}")
             canary = routing.canary
             if canary and canary.version == version:
                 e.note(f"v{version} leaves its {canary.percent:g}% canary")
                 canary = None
             e.state.routing = routing.model_copy(update={"shadow": version, "canary": canary})
-            e.move(version, State.SHADOW, "shadow")
+            e.move(version, VersionState.SHADOW, "shadow")
 
         return self._require(self._change(mutate, by))
 
-    def canary(self, version: str, percent: float, by: str | None = None) -> Change:
+    def canary(self, version: str, percent: float, by: str | None = None) -> LifecycleChange:
         """``version`` answers ``percent`` % of the cards (or changes its share)."""
         if not 0 < percent <= 100:
             raise InvalidArgument("percent", f"must be in (0, 100], got {percent:g}")
@@ -451,9 +455,9 @@ class ModelLifecycle:
         def mutate(e: _Editor) -> None:
             record = e.state.record(version)
             routing = e.state.routing
-            e.refuse_if(record.state is State.LIVE, f"v{version} is already live")
+            e.refuse_if(record.state is VersionState.LIVE, f"v{version} is already live")
             e.refuse_if(
-                record.state is State.RETIRED,
+                record.state is VersionState.RETIRED,
                 f"v{version} is retired; publish a new version to try it again",
             )
             e.refuse_if(routing.live is None, "no live version to compare a canary with")
@@ -469,28 +473,32 @@ class ModelLifecycle:
                     e.note(f"v{version} already answers {share.percent:g}% of cards")
                     return
                 e.state.routing = routing.model_copy(update={"canary": share})
-                e.move(version, State.CANARY, f"canary {current.percent:g}% → {share.percent:g}%")
+                e.move(
+                    version,
+                    VersionState.CANARY,
+                    f"canary {current.percent:g}% → {share.percent:g}%",
+                )
                 return
             shadow = None if routing.shadow == version else routing.shadow
             e.state.routing = routing.model_copy(update={"canary": share, "shadow": shadow})
-            e.move(version, State.CANARY, f"canary at {share.percent:g}%")
+            e.move(version, VersionState.CANARY, f"canary at {share.percent:g}%")
 
         return self._require(self._change(mutate, by))
 
-    def promote(self, version: str, by: str | None = None) -> Change:
+    def promote(self, version: str, by: str | None = None) -> LifecycleChange:
         """``version`` answers all traffic at once; the replaced live version stays loaded
         as the rollback target."""
 
         def mutate(e: _Editor) -> None:
             record = e.state.record(version)
             routing = e.state.routing
-            e.refuse_if(record.state is State.LIVE, f"v{version} is already live")
+            e.refuse_if(record.state is VersionState.LIVE, f"v{version} is already live")
             e.refuse_if(
-                record.state is State.RETIRED and version == routing.previous,
+                record.state is VersionState.RETIRED and version == routing.previous,
                 f"v{version} is the previous live version: use `fraudmesh model rollback`",
             )
             e.refuse_if(
-                record.state is State.RETIRED,
+                record.state is VersionState.RETIRED,
                 f"v{version} is retired; publish a new version to try it again",
             )
             e.refuse_failed_gates(record, "promote")
@@ -507,12 +515,12 @@ class ModelLifecycle:
             shadow = routing.shadow if routing.shadow != version else None
             e.state.routing = Routing(live=version, canary=canary, shadow=shadow, previous=old)
             if old is not None:
-                e.move(old, State.RETIRED, f"replaced by v{version}; kept for rollback")
-            e.move(version, State.LIVE, "promoted")
+                e.move(old, VersionState.RETIRED, f"replaced by v{version}; kept for rollback")
+            e.move(version, VersionState.LIVE, "promoted")
 
         return self._require(self._change(mutate, by))
 
-    def rollback(self, by: str | None = None, reason: str = "") -> Change:
+    def rollback(self, by: str | None = None, reason: str = "") -> LifecycleChange:
         """The previous live version answers all traffic again; the current one retires."""
 
         def mutate(e: _Editor) -> None:
@@ -527,22 +535,22 @@ class ModelLifecycle:
             old = routing.live
             e.state.routing = routing.model_copy(update={"live": target, "previous": None})
             if old is not None:
-                e.move(old, State.RETIRED, reason or f"rolled back to v{target}")
-            e.move(target, State.LIVE, reason or f"rollback from v{old}")
+                e.move(old, VersionState.RETIRED, reason or f"rolled back to v{target}")
+            e.move(target, VersionState.LIVE, reason or f"rollback from v{old}")
 
         return self._require(self._change(mutate, by))
 
-    def retire(self, version: str, by: str | None = None) -> Change:
+    def retire(self, version: str, by: str | None = None) -> LifecycleChange:
         """Takes ``version`` out of service (candidate, shadow, canary or rollback target)."""
 
         def mutate(e: _Editor) -> None:
             record = e.state.record(version)
             routing = e.state.routing
             e.refuse_if(
-                record.state is State.LIVE,
+                record.state is VersionState.LIVE,
                 f"v{version} is live: promote another version or roll back first",
             )
-            if record.state is State.RETIRED:
+            if record.state is VersionState.RETIRED:
                 if routing.previous == version:
                     e.state.routing = routing.model_copy(update={"previous": None})
                     e.note(f"v{version} is no longer kept for rollback")
@@ -555,13 +563,13 @@ class ModelLifecycle:
             if routing.canary and routing.canary.version == version:
                 updates["canary"] = None
             e.state.routing = routing.model_copy(update=updates)
-            e.move(version, State.RETIRED, "retired")
+            e.move(version, VersionState.RETIRED, "retired")
 
         return self._require(self._change(mutate, by))
 
     def abort_canary(
         self, version: str, expected_generation: int, reason: str, by: str | None = None
-    ) -> Change | None:
+    ) -> LifecycleChange | None:
         """Automatic rollback: the canary ``version`` retires with ``reason``, but only if
         the file is still at ``expected_generation`` (else None: another writer won, or the
         routing changed since the breach was seen)."""
@@ -571,13 +579,13 @@ class ModelLifecycle:
             if canary is None or canary.version != version:
                 return
             e.state.routing = e.state.routing.model_copy(update={"canary": None})
-            e.move(version, State.RETIRED, f"automatic rollback: {reason}")
+            e.move(version, VersionState.RETIRED, f"automatic rollback: {reason}")
 
         change = self._change(mutate, by, expected_generation)
         return change if change is not None and change.changed else None
 
     @staticmethod
-    def _require(change: Change | None) -> Change:
+    def _require(change: LifecycleChange | None) -> LifecycleChange:
         assert change is not None  # only conditional changes return None
         return change
 
@@ -592,7 +600,9 @@ class _Editor:
         self.transitions: list[Transition] = []
         self.notes: list[str] = []
 
-    def transition(self, version: str, old: State | None, new: State, reason: str) -> Transition:
+    def transition(
+        self, version: str, old: VersionState | None, new: VersionState, reason: str
+    ) -> Transition:
         return Transition(
             version=version,
             from_state=old,
@@ -603,13 +613,13 @@ class _Editor:
             generation=0,  # stamped when written
         )
 
-    def add(self, version: str, state: State, gates: GateReport | None, reason: str) -> None:
+    def add(self, version: str, state: VersionState, gates: GateReport | None, reason: str) -> None:
         self.state.versions[version] = VersionRecord(
             version=version, state=state, since=self.at, gates=gates, reason=reason
         )
         self.transitions.append(self.transition(version, None, state, reason))
 
-    def move(self, version: str, new: State, reason: str) -> None:
+    def move(self, version: str, new: VersionState, reason: str) -> None:
         record = self.state.record(version)
         self.transitions.append(self.transition(version, record.state, new, reason))
         if record.state is not new:

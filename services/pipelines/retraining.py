@@ -85,7 +85,7 @@ Progress = Callable[[str, int, int], None]
 """Called with (step, done, total), as training's progress."""
 
 
-class Label(enum.StrEnum):
+class Labelling(enum.StrEnum):
     """How a decision was labelled (see the module's table)."""
 
     FRAUD = "outcome_fraud"
@@ -135,19 +135,19 @@ def decision_transactions(
     label = np.select(
         [outcome == "fraud", outcome == "legitimate", pd.notna(outcome), old],
         [
-            Label.FRAUD.value,
-            Label.LEGITIMATE.value,
-            Label.DISPUTED.value,
-            Label.PRESUMED_GENUINE.value,
+            Labelling.FRAUD.value,
+            Labelling.LEGITIMATE.value,
+            Labelling.DISPUTED.value,
+            Labelling.PRESUMED_GENUINE.value,
         ],
-        Label.RECENT.value,
+        Labelling.RECENT.value,
     ).astype(object)
-    unknown = np.isin(label, [Label.DISPUTED.value, Label.RECENT.value])
-    is_fraud = pd.arrays.BooleanArray(label == Label.FRAUD.value, unknown)
+    unknown = np.isin(label, [Labelling.DISPUTED.value, Labelling.RECENT.value])
+    is_fraud = pd.arrays.BooleanArray(label == Labelling.FRAUD.value, unknown)
     reported = _times(decided["outcome_reported_at"])[keep].reset_index(drop=True)
     received = _times(decided["outcome_received_at"])[keep].reset_index(drop=True)
     reported = reported.where(reported.notna(), received)
-    fraud = label == Label.FRAUD.value
+    fraud = label == Labelling.FRAUD.value
     frame = pd.DataFrame(
         {
             "transaction_id": ids[keep].to_numpy(dtype=object),
@@ -229,7 +229,7 @@ def merge(history: pd.DataFrame, converted: pd.DataFrame) -> tuple[pd.DataFrame,
         history["fraud_reported_at"] = pd.Series(pd.NaT, index=history.index, dtype=_TIME)
     labels = converted["label"]
     in_history = converted["transaction_id"].isin(history["transaction_id"]).to_numpy()
-    definitive = labels.isin([Label.FRAUD.value, Label.LEGITIMATE.value]).to_numpy()
+    definitive = labels.isin([Labelling.FRAUD.value, Labelling.LEGITIMATE.value]).to_numpy()
     reported = converted.loc[in_history & definitive].set_index("transaction_id")
     relabelled = 0
     if len(reported):
@@ -272,12 +272,12 @@ def merge(history: pd.DataFrame, converted: pd.DataFrame) -> tuple[pd.DataFrame,
         "history_rows": len(history),
         "decisions_in_history": int(in_history.sum()),
         "decision_rows": len(added),
-        "outcome_frauds": int(by_label.get(Label.FRAUD.value, 0)),
-        "outcome_legitimate": int(by_label.get(Label.LEGITIMATE.value, 0)),
+        "outcome_frauds": int(by_label.get(Labelling.FRAUD.value, 0)),
+        "outcome_legitimate": int(by_label.get(Labelling.LEGITIMATE.value, 0)),
         "labelled_by_outcome": int(definitive.sum()),
-        "disputed": int(added_by_label.get(Label.DISPUTED.value, 0)),
-        "presumed_genuine": int(added_by_label.get(Label.PRESUMED_GENUINE.value, 0)),
-        "unlabelled_recent": int(added_by_label.get(Label.RECENT.value, 0)),
+        "disputed": int(added_by_label.get(Labelling.DISPUTED.value, 0)),
+        "presumed_genuine": int(added_by_label.get(Labelling.PRESUMED_GENUINE.value, 0)),
+        "unlabelled_recent": int(added_by_label.get(Labelling.RECENT.value, 0)),
         "relabelled_history": relabelled,
         "rows": len(combined),
         "frauds": int(combined["is_fraud"].fillna(False).sum()),

@@ -28,7 +28,7 @@ from services.domain.rules_quality import rules_scores
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import gates as promotion_gates
 from services.models import repository
-from services.models.lifecycle import GateReport, ModelLifecycle, State
+from services.models.lifecycle import GateReport, ModelLifecycle, VersionState
 from services.pipelines import evaluate
 from services.pipelines.training.export import (
     INPUT_NAME,
@@ -78,7 +78,7 @@ class TrainResult:
     """Each candidate's validation average precision and best number of trees."""
     gates: GateReport | None = None
     """The promotion gates, judged against the live version on the same test period."""
-    state: State = State.CANDIDATE
+    state: VersionState = VersionState.CANDIDATE
     """The version's lifecycle state after the run: a candidate, or live once promoted."""
     lifecycle_notes: list[str] = field(default_factory=list)
     """Why the version was or was not promoted."""
@@ -421,23 +421,23 @@ def _promote_if_asked(
     gates: GateReport,
     promote: bool,
     live: str | None,
-) -> tuple[State, list[str]]:
+) -> tuple[VersionState, list[str]]:
     """Promotes a published candidate when asked and its gates passed, or when no version
     is live (a store's first model: nothing else could answer)."""
     if live is None:
         lifecycle.promote(version, by="fraudmesh train (first version)")
-        return State.LIVE, [f"v{version} is live: no version was live before it"]
+        return VersionState.LIVE, [f"v{version} is live: no version was live before it"]
     if not promote:
-        return State.CANDIDATE, [
+        return VersionState.CANDIDATE, [
             f"v{version} is a candidate; v{live} stays live. Compare it in shadow or canary "
             f"(fraudmesh model shadow|canary {version}) or promote it "
             f"(fraudmesh model promote {version})"
         ]
     if not gates.passed:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in gates.failures())
-        return State.CANDIDATE, [f"v{version} not promoted, its gates failed: {failed}"]
+        return VersionState.CANDIDATE, [f"v{version} not promoted, its gates failed: {failed}"]
     lifecycle.promote(version, by="fraudmesh train --promote")
-    return State.LIVE, [f"v{version} promoted: its gates passed against v{live}"]
+    return VersionState.LIVE, [f"v{version} promoted: its gates passed against v{live}"]
 
 
 def write_scores(scores: pd.DataFrame, path: Path) -> Path:

@@ -38,7 +38,7 @@ from services.eventlog import EventLogSettings, open_consumer
 from services.gateway.routing import card_bucket
 from services.mesh import Mesh, MeshConfig, free_port
 from services.models import repository
-from services.models.lifecycle import CANARY_BUCKETS, ModelLifecycle, State
+from services.models.lifecycle import CANARY_BUCKETS, ModelLifecycle, VersionState
 
 pytestmark = pytest.mark.integration
 
@@ -199,7 +199,7 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
             live,
             thresholds=repository.Thresholds(review=t.review * 0.9, decline=t.decline),
         )
-        assert lifecycle.read().versions[new].state is State.CANDIDATE
+        assert lifecycle.read().versions[new].state is VersionState.CANDIDATE
         time.sleep(3)
         marks["shadow"] = time.monotonic()
         lifecycle.shadow(new)
@@ -272,14 +272,14 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
 
     state = lifecycle.read()
     assert state.routing.live == live and state.routing.previous is None
-    assert state.versions[new].state is State.RETIRED
+    assert state.versions[new].state is VersionState.RETIRED
     moves = [(h.from_state, h.to_state) for h in state.history if h.version == new]
     assert moves == [
-        (None, State.CANDIDATE),
-        (State.CANDIDATE, State.SHADOW),
-        (State.SHADOW, State.CANARY),
-        (State.CANARY, State.LIVE),
-        (State.LIVE, State.RETIRED),
+        (None, VersionState.CANDIDATE),
+        (VersionState.CANDIDATE, VersionState.SHADOW),
+        (VersionState.SHADOW, VersionState.CANARY),
+        (VersionState.CANARY, VersionState.LIVE),
+        (VersionState.LIVE, VersionState.RETIRED),
     ]
 
 
@@ -297,7 +297,7 @@ def test_bad_canary_is_rolled_back_automatically(stage: Stage, version: str, sym
         time.sleep(1)
         started = time.monotonic()
         lifecycle.canary(version, 20)
-        assert _wait(lambda: lifecycle.read().versions[version].state is State.RETIRED, 30)
+        assert _wait(lambda: lifecycle.read().versions[version].state is VersionState.RETIRED, 30)
         rolled_back = time.monotonic()
         time.sleep(2)
         ended = time.monotonic()
@@ -314,7 +314,9 @@ def test_bad_canary_is_rolled_back_automatically(stage: Stage, version: str, sym
     assert state.routing.canary is None and state.routing.live == live
     record = state.versions[version]
     assert record.reason.startswith("automatic rollback:") and symptom in record.reason
-    writes = [h for h in state.history if h.version == version and h.to_state is State.RETIRED]
+    writes = [
+        h for h in state.history if h.version == version and h.to_state is VersionState.RETIRED
+    ]
     assert len(writes) == 1, writes
     assert writes[0].by.startswith("gateway:")
     assert rolled_back - started < 20

@@ -19,7 +19,7 @@ from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
 from services.common.channels import insecure_channel
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import DependencyError
+from services.gateway.ports import DependencyError
 from services.gateway.streams import (
     FeatureCodec,
     StreamFeatureClient,

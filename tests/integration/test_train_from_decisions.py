@@ -26,7 +26,7 @@ from services.domain import featurespec
 from services.eventlog import EventLogSettings, events, open_producer
 from services.featurestore import layout
 from services.models import repository
-from services.models.lifecycle import ModelLifecycle, State
+from services.models.lifecycle import ModelLifecycle, VersionState
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +200,7 @@ def test_train_from_decisions_publishes_a_candidate_and_leaves_serving_alone(
     assert candidate is not None and candidate != live
     state = lifecycle.read()
     assert state.routing.live == live, "a retrained version went live without --promote"
-    assert state.versions[candidate].state is State.CANDIDATE
+    assert state.versions[candidate].state is VersionState.CANDIDATE
     assert state.history[-1].by == "fraudmesh train --from-decisions"
     assert f"v{candidate} is candidate" in output
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from services.cli.main import app
 from services.models import repository
-from services.models.lifecycle import ModelLifecycle, State
+from services.models.lifecycle import ModelLifecycle, VersionState
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def test_train_publishes_a_candidate_and_promotes_only_through_its_gates(
     state = lifecycle.read()
     assert state.routing.live == live, "a trained version went live without --promote"
     record = state.versions[candidate]
-    assert record.state is State.CANDIDATE
+    assert record.state is VersionState.CANDIDATE
     assert record.gates is not None and record.gates.against == live
     assert {c.name for c in record.gates.checks} == {"parity", "average_precision", "latency_p99"}
     assert f"v{candidate} is candidate" in output
@@ -51,7 +51,7 @@ def test_train_publishes_a_candidate_and_promotes_only_through_its_gates(
     output = _train(prepared_env, models, "--promote", "--latency-ratio", "0.1")
     refused = repository.latest_version(models)
     state = lifecycle.read()
-    assert state.routing.live == live and state.versions[refused].state is State.CANDIDATE
+    assert state.routing.live == live and state.versions[refused].state is VersionState.CANDIDATE
     assert "not promoted, its gates failed: latency_p99" in output
 
     # Same data and seed: the same model, so average precision matches live's exactly. The
@@ -61,5 +61,5 @@ def test_train_publishes_a_candidate_and_promotes_only_through_its_gates(
     promoted = repository.latest_version(models)
     state = lifecycle.read()
     assert state.routing.live == promoted and state.routing.previous == live
-    assert state.versions[promoted].state is State.LIVE
+    assert state.versions[promoted].state is VersionState.LIVE
     assert f"v{promoted} promoted" in output

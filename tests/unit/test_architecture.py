@@ -1,7 +1,9 @@
-"""The dependency rules in pyproject.toml hold, and breaking one is caught."""
+"""The dependency rules in pyproject.toml hold, breaking one is caught, and no import cycle
+exists anywhere in the product."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -56,6 +58,7 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("services/gateway/app.py", "import services.pipelines.simulate", "Serving code"),
         ("services/app_less.py", "import loadtest.runner", "Top level"),
         ("services/domain/money.py", "import grpc", "never import the transport"),
+        ("services/gateway/canary.py", "import services.gateway.routing", "No import cycles"),
     ],
 )
 def test_breaking_a_rule_fails(tmp_path: Path, module: str, line: str, contract: str) -> None:
@@ -67,3 +70,116 @@ def test_breaking_a_rule_fails(tmp_path: Path, module: str, line: str, contract:
     assert result.returncode != 0, result.stdout
     broken = [line for line in result.stdout.splitlines() if line.endswith(" BROKEN")]
     assert any(contract in b for b in broken), result.stdout
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Every module under ``root/services`` by dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted((root / "services").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imported(name: str, modules: dict[str, Path]) -> str | None:
+    """The module of ours that importing ``name`` runs: itself, or the nearest package."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Which of our modules each module imports: every import statement, at any depth (in
+    functions and ``if TYPE_CHECKING`` blocks too: a deferred import still closes a cycle)."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(_imported(alias.name, modules) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    # ``from package import module`` imports the module, else the name's home.
+                    targets.add(_imported(f"{base}.{alias.name}", modules))
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_anywhere_in_the_product() -> None:
+    graph = _import_graph(REPO)
+    assert "services.gateway.ports" in graph["services.gateway.pipeline"]
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "cycle"),
+    [
+        (
+            "services/gateway/canary.py",
+            "from services.gateway import routing",
+            ["services.gateway.canary", "services.gateway.routing"],
+        ),
+        (
+            "services/domain/money.py",
+            "if TYPE_CHECKING:\n    from ..domain.featurespec import MODEL_FEATURES",
+            ["services.domain.featurespec", "services.domain.money"],
+        ),
+        (
+            "services/models/repository.py",
+            "def later() -> None:\n    import services.gateway.pipeline",
+            ["services.gateway.pipeline", "services.gateway.ports", "services.models.repository"],
+        ),
+    ],
+)
+def test_the_scan_finds_a_planted_cycle(
+    tmp_path: Path, module: str, line: str, cycle: list[str]
+) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "services", root / "services", ignore=shutil.ignore_patterns("*.pyc"))
+    path = root / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    # The planted import closes a cycle through (at least) these modules.
+    assert any(set(cycle) <= set(found) for found in _cycles(_import_graph(root)))

@@ -23,8 +23,8 @@ from services.gateway.events import (
     outcome_event,
 )
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Decision, Outcome, ScoredBy, Source
-from services.gateway.routing import Route
+from services.gateway.pipeline import Decision, ScoredBy, ScoreResult, Source
+from services.gateway.ports import Arm
 from services.gateway.shadow import ShadowJob, ShadowResult
 from services.gateway.validate import (
     Limits,
@@ -51,8 +51,8 @@ def _request() -> pb.ScoreRequest:
     return request
 
 
-def _outcome() -> Outcome:
-    return Outcome(
+def _outcome() -> ScoreResult:
+    return ScoreResult(
         Decision.REVIEW,
         0.42,
         ["model score 0.420 >= review threshold 0.300", "card not present"],
@@ -116,7 +116,7 @@ def test_a_canary_answer_carries_its_route_the_shadow_score_and_its_feature_name
         metrics = GatewayMetrics(CollectorRegistry())
         emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, metrics)  # type: ignore[arg-type]
         outcome = _outcome()
-        outcome.route = Route.CANARY
+        outcome.arm = Arm.CANARY
         # A version trained on another feature order: its names travel with the event.
         outcome.feature_order = tuple(reversed(featurespec.MODEL_FEATURES))
         shadow_route = SimpleNamespace(version="9")

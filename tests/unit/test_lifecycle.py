@@ -19,8 +19,8 @@ from services.models.lifecycle import (
     LifecycleError,
     LifecycleState,
     ModelLifecycle,
-    State,
     UnknownVersionError,
+    VersionState,
 )
 
 from .tiny_models import metadata
@@ -66,9 +66,9 @@ def test_without_a_file_the_highest_version_is_live(root: Path, model_file: Path
     assert state.generation == 0
     assert state.routing.live == "3"
     assert [state.versions[v].state for v in ("1", "2", "3")] == [
-        State.RETIRED,
-        State.RETIRED,
-        State.LIVE,
+        VersionState.RETIRED,
+        VersionState.RETIRED,
+        VersionState.LIVE,
     ]
     assert not (root / NAME / ROUTING_FILE).exists()
 
@@ -79,12 +79,12 @@ def test_a_published_candidate_does_not_go_live(root: Path, model_file: Path) ->
     state = ModelLifecycle(root).read()
     assert version == "2"
     assert state.routing.live == "1"
-    assert state.versions["2"].state is State.CANDIDATE
+    assert state.versions["2"].state is VersionState.CANDIDATE
     assert state.versions["2"].gates == _gates(True)
     # The migrated view was written first, then the candidate recorded.
     assert [(t.version, t.from_state, t.to_state) for t in state.history] == [
-        ("1", None, State.LIVE),
-        ("2", None, State.CANDIDATE),
+        ("1", None, VersionState.LIVE),
+        ("2", None, VersionState.CANDIDATE),
     ]
     assert state.history[-1].by == "trainer@ci"
     assert state.generation == 2
@@ -96,7 +96,7 @@ def test_a_folder_published_without_a_record_is_a_candidate(root: Path, model_fi
     _old_publish(root, model_file)
     state = ModelLifecycle(root).read()
     assert state.routing.live == "1"
-    assert state.versions["2"].state is State.CANDIDATE
+    assert state.versions["2"].state is VersionState.CANDIDATE
     assert state.versions["2"].gates is None
 
 
@@ -108,7 +108,7 @@ def test_shadow_canary_promote_rollback(root: Path, model_file: Path) -> None:
     change = lc.shadow(new, by="ops")
     assert change.after.shadow == new and change.after.live == "1"
     assert [(t.from_state, t.to_state) for t in change.transitions] == [
-        (State.CANDIDATE, State.SHADOW)
+        (VersionState.CANDIDATE, VersionState.SHADOW)
     ]
 
     change = lc.canary(new, 20, by="ops")
@@ -124,17 +124,17 @@ def test_shadow_canary_promote_rollback(root: Path, model_file: Path) -> None:
     assert change.after.live == new and change.after.previous == "1"
     assert change.after.canary is None
     state = lc.read()
-    assert state.versions["1"].state is State.RETIRED
+    assert state.versions["1"].state is VersionState.RETIRED
     assert state.traffic("1") == "standby" and state.traffic(new) == "100%"
 
     change = lc.rollback(by="ops", reason="complaints")
     assert change.after.live == "1" and change.after.previous is None
     state = lc.read()
-    assert state.versions[new].state is State.RETIRED
+    assert state.versions[new].state is VersionState.RETIRED
     assert state.versions[new].reason == "complaints"
     assert [(t.version, t.to_state) for t in state.history[-2:]] == [
-        (new, State.RETIRED),
-        ("1", State.LIVE),
+        (new, VersionState.RETIRED),
+        ("1", VersionState.LIVE),
     ]
     generations = [t.generation for t in state.history]
     assert generations == sorted(generations) and generations[-1] == state.generation
@@ -167,7 +167,7 @@ def test_refusals_say_why(root: Path, model_file: Path) -> None:
     with pytest.raises(LifecycleError, match="retired"):
         lc.canary(good, 10)
     # Refused changes leave no trace.
-    assert lc.read().history[-1].to_state is State.RETIRED
+    assert lc.read().history[-1].to_state is VersionState.RETIRED
 
 
 def test_shadow_is_allowed_for_a_version_that_failed_its_gates(
@@ -217,7 +217,7 @@ def test_automatic_rollback_is_conditional_on_the_generation(root: Path, model_f
     assert change is not None
     state = lc.read()
     assert state.routing.canary is None and state.routing.live == "1"
-    assert state.versions[new].state is State.RETIRED
+    assert state.versions[new].state is VersionState.RETIRED
     assert state.versions[new].reason == "automatic rollback: decline rate 90% vs 1%"
     assert state.history[-1].by == "gateway:1"
     assert lc.abort_canary(new, state.generation, "again") is None
@@ -239,7 +239,7 @@ def test_exactly_one_of_several_processes_writes_the_rollback(root: Path, model_
         won = pool.map(_abort, jobs)
     assert sum(won) == 1
     state = ModelLifecycle(root).read()
-    retired = [t for t in state.history if t.version == new and t.to_state is State.RETIRED]
+    retired = [t for t in state.history if t.version == new and t.to_state is VersionState.RETIRED]
     assert len(retired) == 1
     assert state.generation == generation + 1
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.model import app
-from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle, State
+from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle, VersionState
 
 from .tiny_models import publish
 
@@ -68,7 +68,7 @@ def test_canary_promote_rollback_retire_print_what_changed(root: Path) -> None:
     assert code == 0 and "v1: retired → live (spike in declines)" in out
     code, out = _run(root, "retire", "2")
     assert code == 0 and "already retired" in out and "unchanged" in out
-    assert ModelLifecycle(root).read().versions["2"].state is State.RETIRED
+    assert ModelLifecycle(root).read().versions["2"].state is VersionState.RETIRED
 
 
 def test_shadow(root: Path) -> None:

@@ -16,11 +16,11 @@ from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import (
     Decision,
-    DependencyError,
     Pipeline,
     ScoredBy,
     Source,
 )
+from services.gateway.ports import DependencyError
 from services.gateway.validate import Transaction
 from services.models import repository
 

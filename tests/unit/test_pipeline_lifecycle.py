@@ -16,13 +16,12 @@ from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import (
     Decision,
-    DependencyError,
     Pipeline,
-    Route,
     ScoredBy,
 )
+from services.gateway.ports import Arm, DependencyError
 from services.gateway.routing import ModelRoute, RouteTable, card_bucket
-from services.gateway.shadow import ShadowQueue
+from services.gateway.shadow import ShadowPolicy, ShadowQueue, ShadowScorer
 from services.gateway.validate import Transaction
 from services.models import repository
 
@@ -100,14 +99,31 @@ def _sample(metrics: GatewayMetrics, name: str, labels: dict[str, str] | None = 
 
 
 def _pipeline(
-    live: Model, canary: Model | None = None, shadow: Model | None = None
+    live: Model,
+    canary: Model | None = None,
+    shadow: Model | None = None,
+    queue: dict[str, int] | None = None,
 ) -> tuple[Pipeline, GatewayMetrics]:
+    """A pipeline over ``live`` (a canary, a shadow); with ``queue``, a shadow queue with
+    those ``ShadowPolicy`` fields (not started)."""
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     REGISTRIES[id(metrics)] = registry
     rules = RulesEngine.load(DEFAULT_RULES, LIVE.feature_order)
+    shadow_queue = (
+        ShadowQueue(ShadowScorer(metrics).score, metrics.shadow_dropped.inc, ShadowPolicy(**queue))
+        if queue is not None
+        else None
+    )
     pipeline = Pipeline(
-        LIVE, rules, Features(), live, metrics, _breaker("features"), _breaker("scorer")
+        LIVE,
+        rules,
+        Features(),
+        live,
+        metrics,
+        _breaker("features"),
+        _breaker("scorer"),
+        shadow_queue=shadow_queue,
     )
     base = pipeline.routes
     pipeline.routes = RouteTable(
@@ -125,7 +141,7 @@ async def test_canary_cards_get_the_canarys_answer_thresholds_and_defaults() -> 
     live, canary = Model(0.2), Model(0.2)
     pipeline, metrics = _pipeline(live, canary)
     outcome = await pipeline.score(_tx(CANARY_CARD), Budget(POLICY, None))
-    assert outcome.model_version == "2" and outcome.route is Route.CANARY
+    assert outcome.model_version == "2" and outcome.arm is Arm.CANARY
     # 0.2 is below live's review threshold but at the canary's decline-less review band.
     assert outcome.decision is Decision.REVIEW
     assert "review threshold 0.100" in outcome.reasons[0]
@@ -138,7 +154,7 @@ async def test_canary_cards_get_the_canarys_answer_thresholds_and_defaults() -> 
     )
 
     outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
-    assert outcome.model_version == "1" and outcome.route is Route.LIVE
+    assert outcome.model_version == "1" and outcome.arm is Arm.LIVE
     assert outcome.decision is Decision.APPROVE
     assert live.vectors[0][index] == 1.0
 
@@ -149,24 +165,24 @@ async def test_a_failing_canary_is_answered_by_live_not_the_rules() -> None:
     for _ in range(6):
         outcome = await pipeline.score(_tx(CANARY_CARD), Budget(POLICY, None))
         assert outcome.scored_by is ScoredBy.MODEL
-        assert outcome.model_version == "1" and outcome.route is Route.LIVE
+        assert outcome.model_version == "1" and outcome.arm is Arm.LIVE
     # The canary's breaker opened after four failures; live's never saw them.
     assert len(canary.vectors) == 4
     assert pipeline.scorer_breaker.failed_calls == 0
     watch = pipeline.routes.watch
     assert watch is not None
     figures = watch.figures()
-    assert figures[Route.CANARY].calls == 6 and figures[Route.CANARY].error_rate == 1.0
-    assert figures[Route.LIVE].calls == 6 and figures[Route.LIVE].error_rate == 0.0
+    assert figures[Arm.CANARY].calls == 6 and figures[Arm.CANARY].error_rate == 1.0
+    assert figures[Arm.LIVE].calls == 6 and figures[Arm.LIVE].error_rate == 0.0
     labels = {"dependency": "scorer-canary", "reason": "timeout"}
     assert _sample(metrics, "fraudmesh_dependency_errors_total", labels) == 4
 
 
 async def test_shadow_scores_after_the_answer_and_never_changes_it() -> None:
     live, shadow = Model(0.95), Model(0.2)
-    pipeline, metrics = _pipeline(live, shadow=shadow)
-    queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc, size=10, workers=1)
-    pipeline.shadow_queue = queue
+    pipeline, metrics = _pipeline(live, shadow=shadow, queue={"size": 10, "workers": 1})
+    queue = pipeline.shadow_queue
+    assert queue is not None
     queue.start()
     try:
         outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
@@ -191,9 +207,9 @@ async def test_shadow_scores_after_the_answer_and_never_changes_it() -> None:
 
 async def test_a_full_shadow_queue_drops_and_counts() -> None:
     live, shadow = Model(0.5), Model(0.5)
-    pipeline, metrics = _pipeline(live, shadow=shadow)
-    queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc, size=2, workers=1)
-    pipeline.shadow_queue = queue  # not started: nothing drains it
+    pipeline, metrics = _pipeline(live, shadow=shadow, queue={"size": 2, "workers": 1})
+    queue = pipeline.shadow_queue  # not started: nothing drains it
+    assert queue is not None
     outcomes = [await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None)) for _ in range(3)]
     for outcome in outcomes:
         pipeline.after_answer(outcome)
@@ -207,9 +223,9 @@ async def test_a_full_shadow_queue_drops_and_counts() -> None:
 
 async def test_a_failing_shadow_is_counted_and_resolves_to_nothing() -> None:
     live, shadow = Model(0.5), Model(None)
-    pipeline, metrics = _pipeline(live, shadow=shadow)
-    queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc, workers=1)
-    pipeline.shadow_queue = queue
+    pipeline, metrics = _pipeline(live, shadow=shadow, queue={"workers": 1})
+    queue = pipeline.shadow_queue
+    assert queue is not None
     queue.start()
     try:
         outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
@@ -222,8 +238,7 @@ async def test_a_failing_shadow_is_counted_and_resolves_to_nothing() -> None:
 
 
 async def test_rules_answers_carry_no_shadow() -> None:
-    pipeline, metrics = _pipeline(Model(None), shadow=Model(0.5))
-    pipeline.shadow_queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc)
+    pipeline, _ = _pipeline(Model(None), shadow=Model(0.5), queue={})
     outcome = await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None))
     assert outcome.scored_by is ScoredBy.RULES and outcome.shadow is None
 
@@ -240,9 +255,9 @@ class BatchModel(Model):
 
 async def test_waiting_shadow_jobs_are_scored_in_one_call() -> None:
     live, shadow = Model(0.5), BatchModel(0.1)
-    pipeline, metrics = _pipeline(live, shadow=shadow)
-    queue = ShadowQueue(pipeline.score_shadow, metrics.shadow_dropped.inc, max_batch=4)
-    pipeline.shadow_queue = queue
+    pipeline, metrics = _pipeline(live, shadow=shadow, queue={"max_batch": 4})
+    queue = pipeline.shadow_queue
+    assert queue is not None
     outcomes = [await pipeline.score(_tx(LIVE_CARD), Budget(POLICY, None)) for _ in range(6)]
     for outcome in outcomes:
         pipeline.after_answer(outcome)

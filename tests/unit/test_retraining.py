@@ -14,7 +14,7 @@ from services.common.errors import FailedPrecondition
 from services.domain import aggregation, featurespec
 from services.featurestore.settings import FeatureStoreSettings
 from services.pipelines import retraining, train
-from services.pipelines.retraining import Label
+from services.pipelines.retraining import Labelling
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 DELAY = aggregation.LABEL_DELAY
@@ -84,14 +84,14 @@ def test_outcomes_label_decisions_and_silence_counts_as_genuine_only_after_the_d
     assert converted.skipped == {}
     tx = converted.transactions.set_index("transaction_id")
     assert tx["label"].to_dict() == {
-        "fraud": Label.FRAUD,
-        "legit": Label.LEGITIMATE,
-        "disputed": Label.DISPUTED,
-        "newer-enum": Label.DISPUTED,
-        "old": Label.PRESUMED_GENUINE,
-        "at-the-delay": Label.PRESUMED_GENUINE,
-        "young": Label.RECENT,
-        "young-fraud": Label.FRAUD,
+        "fraud": Labelling.FRAUD,
+        "legit": Labelling.LEGITIMATE,
+        "disputed": Labelling.DISPUTED,
+        "newer-enum": Labelling.DISPUTED,
+        "old": Labelling.PRESUMED_GENUINE,
+        "at-the-delay": Labelling.PRESUMED_GENUINE,
+        "young": Labelling.RECENT,
+        "young-fraud": Labelling.FRAUD,
     }
     labels = tx["is_fraud"]
     assert str(labels.dtype) == "boolean"

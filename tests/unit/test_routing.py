@@ -7,7 +7,8 @@ import random
 import pytest
 
 from services.gateway.canary import CanaryLimits, CanaryWatch
-from services.gateway.routing import ModelRoute, Route, RouteTable, card_bucket
+from services.gateway.ports import Arm
+from services.gateway.routing import ModelRoute, RouteTable, card_bucket
 from services.models.lifecycle import CANARY_BUCKETS, Canary
 
 from .tiny_models import metadata
@@ -50,10 +51,10 @@ def test_route_table_picks_canary_for_its_cards() -> None:
     table = RouteTable(live=live, canary=canary, canary_buckets=2000)
     for card in _cards(2000):
         route, arm = table.pick(card)
-        expected = Route.CANARY if card_bucket(card) < 2000 else Route.LIVE
+        expected = Arm.CANARY if card_bucket(card) < 2000 else Arm.LIVE
         assert arm is expected
-        assert route is (canary if expected is Route.CANARY else live)
-    assert RouteTable(live=live).pick("any")[1] is Route.LIVE
+        assert route is (canary if expected is Arm.CANARY else live)
+    assert RouteTable(live=live).pick("any")[1] is Arm.LIVE
     assert set(table.versions()) == {"1", "2"}
 
 
@@ -73,7 +74,7 @@ def _watch(**limits: float) -> tuple[CanaryWatch, _Clock]:
 
 def _feed(
     watch: CanaryWatch,
-    route: Route,
+    route: Arm,
     n: int,
     *,
     latency_s: float = 0.002,
@@ -88,24 +89,24 @@ def _feed(
 
 def test_a_canary_like_live_does_not_breach() -> None:
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400, decline_every=50, fail_every=200)
-    _feed(watch, Route.CANARY, 100, decline_every=40, fail_every=100)
+    _feed(watch, Arm.LIVE, 400, decline_every=50, fail_every=200)
+    _feed(watch, Arm.CANARY, 100, decline_every=40, fail_every=100)
     assert watch.breach() is None
 
 
 def test_nothing_is_judged_before_enough_calls() -> None:
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400)
-    _feed(watch, Route.CANARY, 49, decline_every=1)
+    _feed(watch, Arm.LIVE, 400)
+    _feed(watch, Arm.CANARY, 49, decline_every=1)
     assert watch.breach() is None
-    _feed(watch, Route.CANARY, 1, decline_every=1)
+    _feed(watch, Arm.CANARY, 1, decline_every=1)
     assert watch.breach() is not None
 
 
 def test_a_declining_canary_breaches_on_decision_mix() -> None:
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400, decline_every=100)
-    _feed(watch, Route.CANARY, 60, decline_every=2)
+    _feed(watch, Arm.LIVE, 400, decline_every=100)
+    _feed(watch, Arm.CANARY, 60, decline_every=2)
     reason = watch.breach()
     assert reason is not None and "decline rate 50.0% vs live 1.0%" in reason
     assert reason.startswith("canary v2 over 60 calls")
@@ -113,8 +114,8 @@ def test_a_declining_canary_breaches_on_decision_mix() -> None:
 
 def test_a_failing_canary_breaches_on_error_rate() -> None:
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400)
-    _feed(watch, Route.CANARY, 60, fail_every=3)
+    _feed(watch, Arm.LIVE, 400)
+    _feed(watch, Arm.CANARY, 60, fail_every=3)
     reason = watch.breach()
     assert reason is not None and "error rate 33.3% vs live 0.0%" in reason
 
@@ -123,19 +124,19 @@ def test_a_few_unlucky_calls_in_a_small_window_are_noise() -> None:
     # 3 declines in 50 calls against 1% in live: 6% is above +5 points, but not beyond
     # three standard errors of the difference.
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400, decline_every=100)
-    _feed(watch, Route.CANARY, 50)
+    _feed(watch, Arm.LIVE, 400, decline_every=100)
+    _feed(watch, Arm.CANARY, 50)
     for _ in range(3):
-        watch.record(Route.CANARY, True, 0.002, True)
+        watch.record(Arm.CANARY, True, 0.002, True)
     assert watch.breach() is None
 
 
 def test_a_slow_canary_breaches_on_p99_once_both_arms_have_enough_calls() -> None:
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400, latency_s=0.002)
-    _feed(watch, Route.CANARY, 60, latency_s=0.007)
+    _feed(watch, Arm.LIVE, 400, latency_s=0.002)
+    _feed(watch, Arm.CANARY, 60, latency_s=0.007)
     assert watch.breach() is None  # p99 is not judged on 60 calls
-    _feed(watch, Route.CANARY, 60, latency_s=0.007)
+    _feed(watch, Arm.CANARY, 60, latency_s=0.007)
     reason = watch.breach()
     assert reason is not None and "model p99 7.0 ms vs live 2.0 ms (limit 6.0 ms)" in reason
 
@@ -144,19 +145,19 @@ def test_live_calls_beyond_the_canary_cut_off_count_as_failures() -> None:
     # A machine slow for everyone: the canary's calls are cut off at 8 ms and fail, live's
     # merely take as long. Judged by the same yardstick, the canary is no worse.
     watch, _ = _watch()
-    _feed(watch, Route.LIVE, 400, latency_s=0.002)
-    _feed(watch, Route.LIVE, 100, latency_s=0.012)
-    _feed(watch, Route.CANARY, 80, latency_s=0.002)
-    _feed(watch, Route.CANARY, 20, latency_s=0.008, fail_every=1)
+    _feed(watch, Arm.LIVE, 400, latency_s=0.002)
+    _feed(watch, Arm.LIVE, 100, latency_s=0.012)
+    _feed(watch, Arm.CANARY, 80, latency_s=0.002)
+    _feed(watch, Arm.CANARY, 20, latency_s=0.008, fail_every=1)
     figures = watch.figures()
-    assert figures[Route.LIVE].error_rate == pytest.approx(0.2)
+    assert figures[Arm.LIVE].error_rate == pytest.approx(0.2)
     assert watch.breach() is None
 
 
 def test_old_calls_leave_the_window() -> None:
     watch, clock = _watch()
-    _feed(watch, Route.LIVE, 400)
-    _feed(watch, Route.CANARY, 60, decline_every=1)
+    _feed(watch, Arm.LIVE, 400)
+    _feed(watch, Arm.CANARY, 60, decline_every=1)
     clock.now = 61.0
-    assert watch.figures()[Route.CANARY].calls == 0
+    assert watch.figures()[Arm.CANARY].calls == 0
     assert watch.breach() is None
