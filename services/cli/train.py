@@ -6,8 +6,10 @@ that mounting this command costs the other ``fraudmesh`` commands nothing.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -31,8 +33,10 @@ from services.featurestore.settings import from_env
 from services.models import repository
 
 if TYPE_CHECKING:
+    from services.featurestore.settings import FeatureStoreSettings
+    from services.models.gates import GatePolicy
     from services.pipelines.retraining import TrainingData
-    from services.pipelines.train import TrainResult
+    from services.pipelines.train import Periods, TrainParams, TrainResult
 
 console = Console()
 
@@ -52,124 +56,141 @@ _STEP_LABELS = {
 }
 
 
+_ModelRoot = Annotated[
+    Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
+]
+_Seed = Annotated[
+    int | None, typer.Option(help="LightGBM seed (default: the training default, 7).")
+]
+_VarDir = Annotated[
+    Path | None,
+    typer.Option(help="State folder (data, Feast, models); default FRAUD_FEATURES_VAR_DIR or var."),
+]
+_IfMissing = Annotated[
+    bool, typer.Option(help="Do nothing when a model version is already published.")
+]
+_TrainFrom = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=["%Y-%m-%d"],
+        help="First day of the training window (UTC); default: 7 days after the data starts.",
+    ),
+]
+_TrainUntil = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=["%Y-%m-%d"],
+        help="End of the training window (UTC, exclusive); default: --test-from. Leave "
+        "the label delay (7 days) before --test-from to train as production would.",
+    ),
+]
+_TestFrom = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=["%Y-%m-%d"],
+        help="First day of the test period (UTC); default: the latest 20% of the days.",
+    ),
+]
+_TestUntil = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=["%Y-%m-%d"],
+        help="End of the test period (UTC, exclusive); default: the end of the data.",
+    ),
+]
+_ScoresOut = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write every test-period transaction's score here (Parquet: transaction_id "
+        "as imported, timestamp, card_id, score, is_fraud)."
+    ),
+]
+_ReportDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="Also write the evaluation report (evaluation.json, .md, .png) here; it is "
+        "always in the published version's folder."
+    ),
+]
+_CardPrecisionK = Annotated[
+    int, typer.Option(min=1, help="k of card precision at k (cards per day).")
+]
+_Promote = Annotated[
+    bool,
+    typer.Option(
+        help="Promote the new version to live if its gates pass (parity, average "
+        "precision against live on the same test period, single-row p99). Without it "
+        "the version is a candidate (docs/lifecycle.md); a store's first version is "
+        "always live."
+    ),
+]
+_ApTolerance = Annotated[
+    float,
+    typer.Option(min=0.0, help="How far below live's average precision the new version may be."),
+]
+_LatencyRatio = Annotated[
+    float,
+    typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
+]
+_FromDecisions = Annotated[
+    bool,
+    typer.Option(
+        help="Train on the history plus the decision log joined with reported outcomes "
+        "(fraud → fraud, legitimate → genuine, no outcome after the 7-day label delay → "
+        "genuine; recent or disputed → no label yet), built as a dataset of its own "
+        "under --work-dir; the serving dataset and online store are left alone."
+    ),
+]
+_DecisionsRoot = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --from-decisions: the decision log's folder; default "
+        "FRAUD_DECISIONLOG_ROOT or <var-dir>/decisions."
+    ),
+]
+_DecisionsSince = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=_TIME_FORMATS,
+        help="With --from-decisions: first decided_at read (UTC, inclusive); default all.",
+    ),
+]
+_DecisionsUntil = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=_TIME_FORMATS,
+        help="With --from-decisions: end of the decisions read (UTC, exclusive).",
+    ),
+]
+_WorkDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --from-decisions: where the training dataset and its Feast registry "
+        "are built (replaced on every run); default <var-dir>/training/from-decisions."
+    ),
+]
+
+
 def train_command(
-    model_root: Annotated[
-        Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="LightGBM seed (default: the training default, 7).")
-    ] = None,
-    var_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="State folder (data, Feast, models); default FRAUD_FEATURES_VAR_DIR or var."
-        ),
-    ] = None,
-    if_missing: Annotated[
-        bool, typer.Option(help="Do nothing when a model version is already published.")
-    ] = False,
-    train_from: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=["%Y-%m-%d"],
-            help="First day of the training window (UTC); default: 7 days after the data starts.",
-        ),
-    ] = None,
-    train_until: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=["%Y-%m-%d"],
-            help="End of the training window (UTC, exclusive); default: --test-from. Leave "
-            "the label delay (7 days) before --test-from to train as production would.",
-        ),
-    ] = None,
-    test_from: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=["%Y-%m-%d"],
-            help="First day of the test period (UTC); default: the latest 20% of the days.",
-        ),
-    ] = None,
-    test_until: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=["%Y-%m-%d"],
-            help="End of the test period (UTC, exclusive); default: the end of the data.",
-        ),
-    ] = None,
-    scores_out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write every test-period transaction's score here (Parquet: transaction_id "
-            "as imported, timestamp, card_id, score, is_fraud)."
-        ),
-    ] = None,
-    report_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="Also write the evaluation report (evaluation.json, .md, .png) here; it is "
-            "always in the published version's folder."
-        ),
-    ] = None,
-    card_precision_k: Annotated[
-        int, typer.Option(min=1, help="k of card precision at k (cards per day).")
-    ] = 100,
-    promote: Annotated[
-        bool,
-        typer.Option(
-            help="Promote the new version to live if its gates pass (parity, average "
-            "precision against live on the same test period, single-row p99). Without it "
-            "the version is a candidate (docs/lifecycle.md); a store's first version is "
-            "always live."
-        ),
-    ] = False,
-    ap_tolerance: Annotated[
-        float,
-        typer.Option(
-            min=0.0, help="How far below live's average precision the new version may be."
-        ),
-    ] = 0.01,
-    latency_ratio: Annotated[
-        float,
-        typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
-    ] = 2.0,
-    from_decisions: Annotated[
-        bool,
-        typer.Option(
-            help="Train on the history plus the decision log joined with reported outcomes "
-            "(fraud → fraud, legitimate → genuine, no outcome after the 7-day label delay → "
-            "genuine; recent or disputed → no label yet), built as a dataset of its own "
-            "under --work-dir; the serving dataset and online store are left alone."
-        ),
-    ] = False,
-    decisions_root: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --from-decisions: the decision log's folder; default "
-            "FRAUD_DECISIONLOG_ROOT or <var-dir>/decisions."
-        ),
-    ] = None,
-    decisions_since: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=_TIME_FORMATS,
-            help="With --from-decisions: first decided_at read (UTC, inclusive); default all.",
-        ),
-    ] = None,
-    decisions_until: Annotated[
-        datetime | None,
-        typer.Option(
-            formats=_TIME_FORMATS,
-            help="With --from-decisions: end of the decisions read (UTC, exclusive).",
-        ),
-    ] = None,
-    work_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --from-decisions: where the training dataset and its Feast registry "
-            "are built (replaced on every run); default <var-dir>/training/from-decisions."
-        ),
-    ] = None,
+    model_root: _ModelRoot = None,
+    seed: _Seed = None,
+    var_dir: _VarDir = None,
+    if_missing: _IfMissing = False,
+    train_from: _TrainFrom = None,
+    train_until: _TrainUntil = None,
+    test_from: _TestFrom = None,
+    test_until: _TestUntil = None,
+    scores_out: _ScoresOut = None,
+    report_dir: _ReportDir = None,
+    card_precision_k: _CardPrecisionK = 100,
+    promote: _Promote = False,
+    ap_tolerance: _ApTolerance = 0.01,
+    latency_ratio: _LatencyRatio = 2.0,
+    from_decisions: _FromDecisions = False,
+    decisions_root: _DecisionsRoot = None,
+    decisions_since: _DecisionsSince = None,
+    decisions_until: _DecisionsUntil = None,
+    work_dir: _WorkDir = None,
 ) -> None:
     """Train on Feast's point-in-time features, pick the model on a validation period carved
     from the end of the training window, judge it on the test period, export to ONNX and
@@ -178,8 +199,114 @@ def train_command(
     data is the history plus the decision log and its outcomes, and the default periods end
     one label delay ago."""
     from services.models.gates import GatePolicy
+    from services.pipelines import train
+
+    if not from_decisions:
+        _refuse_decision_options(decisions_root, decisions_since, decisions_until, work_dir)
+    settings = from_env(var_dir=var_dir)
+    root = model_root or settings.var_dir / "models"
+    existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
+    if if_missing and existing is not None:
+        console.print(f"{repository.DEFAULT_MODEL_NAME} v{existing} is already published in {root}")
+        return
+    periods = train.Periods(
+        train_from=_utc(train_from),
+        train_until=_utc(train_until),
+        test_from=_utc(test_from),
+        test_until=_utc(test_until),
+    )
+    params = train.TrainParams(card_precision_k=card_precision_k)
+    if seed is not None:
+        params = replace(params, seed=seed)
+    policy = GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio)
+    decisions = (
+        _DecisionLog.of(settings, decisions_root, decisions_since, decisions_until, work_dir)
+        if from_decisions
+        else None
+    )
+    result, data = _run(settings, root, params, periods, policy, promote, decisions)
+    if data is not None:
+        _print_source(data)
+    _write_outputs(result, scores_out, report_dir)
+    _print_result(result, report_dir)
+
+
+def _run(
+    settings: FeatureStoreSettings,
+    root: Path,
+    params: TrainParams,
+    periods: Periods,
+    policy: GatePolicy,
+    promote: bool,
+    decisions: _DecisionLog | None,
+) -> tuple[TrainResult, TrainingData | None]:
+    """Trains (on the decision log too, when given) with a progress bar; exits 1 with the
+    reason when the data or the parity check does not allow a version."""
     from services.pipelines import retraining, train
 
+    try:
+        with _progress_bar() as report:
+            if decisions is not None:
+                retrained = retraining.train_from_decisions(
+                    settings,
+                    root,
+                    decisions.root,
+                    work_dir=decisions.work_dir,
+                    since=decisions.since,
+                    until=decisions.until,
+                    params=params,
+                    progress=report,
+                    periods=periods,
+                    promote=promote,
+                    gate_policy=policy,
+                )
+                return retrained.training, retrained.data
+            result = train.train(
+                settings,
+                root,
+                params,
+                progress=report,
+                periods=periods,
+                promote=promote,
+                gate_policy=policy,
+            )
+            return result, None
+    except (FailedPrecondition, train.ParityError) as error:
+        console.print(f"[red]training failed:[/red] {error}")
+        raise typer.Exit(1) from error
+
+
+@dataclass(frozen=True)
+class _DecisionLog:
+    """Where ``--from-decisions`` reads the decision log and builds its dataset."""
+
+    root: Path
+    since: datetime | None
+    until: datetime | None
+    work_dir: Path | None
+
+    @classmethod
+    def of(
+        cls,
+        settings: FeatureStoreSettings,
+        root: Path | None,
+        since: datetime | None,
+        until: datetime | None,
+        work_dir: Path | None,
+    ) -> _DecisionLog:
+        """The options as given; the sink's settings (FRAUD_DECISIONLOG_ROOT) name the log
+        unless told."""
+        log_root = root or DecisionLogSettings(var_dir=settings.var_dir).root_path
+        return cls(log_root, _utc_time(since), _utc_time(until), work_dir)
+
+
+def _refuse_decision_options(
+    decisions_root: Path | None,
+    decisions_since: datetime | None,
+    decisions_until: datetime | None,
+    work_dir: Path | None,
+) -> None:
+    """Options that only mean something with --from-decisions are refused without it."""
     given = [
         name
         for name, value in (
@@ -190,14 +317,13 @@ def train_command(
         )
         if value is not None
     ]
-    if given and not from_decisions:
+    if given:
         raise typer.BadParameter(f"{', '.join(given)} only apply with --from-decisions")
-    settings = from_env(var_dir=var_dir)
-    root = model_root or settings.var_dir / "models"
-    existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
-    if if_missing and existing is not None:
-        console.print(f"{repository.DEFAULT_MODEL_NAME} v{existing} is already published in {root}")
-        return
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback that shows each training step as a bar of its own."""
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -205,57 +331,21 @@ def train_command(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    periods = train.Periods(
-        train_from=_utc(train_from),
-        train_until=_utc(train_until),
-        test_from=_utc(test_from),
-        test_until=_utc(test_until),
-    )
-    params = train.TrainParams(card_precision_k=card_precision_k)
-    if seed is not None:
-        params = replace(params, seed=seed)
-    try:
-        with Progress(*columns, console=console) as bar:
-            tasks: dict[str, TaskID] = {}
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[str, TaskID] = {}
 
-            def report(step: str, done: int, total: int) -> None:
-                if step not in tasks:
-                    tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
-                bar.update(tasks[step], completed=done, total=total)
+        def report(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = bar.add_task(_STEP_LABELS.get(step, step), total=total)
+            bar.update(tasks[step], completed=done, total=total)
 
-            policy = GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio)
-            if from_decisions:
-                # The sink's settings (FRAUD_DECISIONLOG_ROOT) name the log unless told.
-                log_root = decisions_root or DecisionLogSettings(var_dir=settings.var_dir).root_path
-                retrained = retraining.train_from_decisions(
-                    settings,
-                    root,
-                    log_root,
-                    work_dir=work_dir,
-                    since=_utc_time(decisions_since),
-                    until=_utc_time(decisions_until),
-                    params=params,
-                    progress=report,
-                    periods=periods,
-                    promote=promote,
-                    gate_policy=policy,
-                )
-                result = retrained.training
-            else:
-                result = train.train(
-                    settings,
-                    root,
-                    params,
-                    progress=report,
-                    periods=periods,
-                    promote=promote,
-                    gate_policy=policy,
-                )
-    except (FailedPrecondition, train.ParityError) as error:
-        console.print(f"[red]training failed:[/red] {error}")
-        raise typer.Exit(1) from error
-    if from_decisions:
-        _print_source(retrained.data)
+        yield report
+
+
+def _write_outputs(result: TrainResult, scores_out: Path | None, report_dir: Path | None) -> None:
+    """The test scores and a copy of the evaluation report, where asked."""
+    from services.pipelines import train
+
     if scores_out is not None:
         train.write_scores(result.test_scores, scores_out)
         console.print(f"[bold]scores[/bold]: {len(result.test_scores):,} rows in {scores_out}")
@@ -263,7 +353,6 @@ def train_command(
         report_dir.mkdir(parents=True, exist_ok=True)
         for name in ("evaluation.json", "evaluation.md", "evaluation.png"):
             shutil.copyfile(result.folder / name, report_dir / name)
-    _print_result(result, report_dir)
 
 
 def _utc(day: datetime | None) -> datetime | None:

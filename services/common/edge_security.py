@@ -7,23 +7,7 @@ dumping it again (``apply``). It finds its way in the template by names: the lis
 ``grpc_edge``, its connection manager's routes ``reflection_v1``, ``reflection_v1alpha``,
 ``health`` and ``grpc``, the cluster ``gateway`` and the first filter, the edge's local rate
 limit. ``tests/unit/test_edge_security.py`` renders the template and checks every addition.
-
-What ``apply`` adds, always:
-
-* a bound on the request body of every call (the buffer filter), sized for the API; a larger
-  one is answered RESOURCE_EXHAUSTED before it reaches the gateway. Reflection is a
-  bidirectional stream and is never buffered; it keeps the gateway's own limit.
-
-and, as the settings ask:
-
-* TLS on the listener only (ALPN h2, TLS 1.2 at least); with ``mtls`` a client certificate
-  signed by the configured CA is required as well;
-* JWT verification (``jwt_authn``, a local JWKS file) on every route but health, so probes
-  keep working; a call without a valid token is answered UNAUTHENTICATED. The token is not
-  forwarded to the gateway;
-* a token bucket per token subject (``sub``), on top of the edge's shared bucket;
-* a plaintext listener that routes only grpc.health.v1.Health, for probes that cannot speak
-  TLS (Kubernetes' gRPC probes, load balancers).
+What ``apply`` adds, and why: ``docs/security.md``, "What the edge adds".
 """
 
 from __future__ import annotations
@@ -285,6 +269,14 @@ def _limit_request_size(hcm: dict[str, Any], max_bytes: int) -> None:
 
 def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
     """Verifies bearer tokens on every route but health; one token bucket per subject."""
+    filters: list[dict[str, Any]] = hcm["http_filters"]
+    # After the edge's shared bucket (shed before spending CPU on signatures).
+    first = 1 if filters and filters[0]["name"] == "envoy.filters.http.local_ratelimit" else 0
+    filters[first:first] = [_jwt_filter(s), _subject_rate_limit(s)]
+
+
+def _jwt_filter(s: EdgeSettings) -> dict[str, Any]:
+    """jwt_authn with the local JWKS: every route but health requires a valid token."""
     provider = {
         "issuer": s.jwt_issuer,
         "audiences": [s.jwt_audience],
@@ -296,7 +288,7 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
         # A client reuses its token for many calls: verify the signature once per token.
         "jwt_cache_config": {"jwt_cache_size": s.max_subjects},
     }
-    jwt_filter = {
+    return {
         "name": "envoy.filters.http.jwt_authn",
         "typed_config": {
             "@type": _TYPES["jwt"],
@@ -307,9 +299,13 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
             ],
         },
     }
+
+
+def _subject_rate_limit(s: EdgeSettings) -> dict[str, Any]:
+    """A token bucket per token subject."""
     # Per subject, from the verified payload (dynamic metadata), never from a header a
     # client could set. Calls without a subject (health) only meet the shared bucket.
-    subject_limit = {
+    return {
         "name": "envoy.filters.http.local_ratelimit",
         "typed_config": {
             "@type": _TYPES["ratelimit"],
@@ -362,10 +358,6 @@ def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:
             ],
         },
     }
-    filters: list[dict[str, Any]] = hcm["http_filters"]
-    # After the edge's shared bucket (shed before spending CPU on signatures).
-    first = 1 if filters and filters[0]["name"] == "envoy.filters.http.local_ratelimit" else 0
-    filters[first:first] = [jwt_filter, subject_limit]
 
 
 def _tls_socket(s: EdgeSettings) -> dict[str, Any]:

@@ -79,6 +79,54 @@ def render_config(
     Service, whose every address is a gateway replica: the cluster becomes strict DNS,
     re-resolved every ``DNS_REFRESH_S`` seconds, each address health-checked on its own.
     """
+    _check_arguments(
+        listen_port=listen_port,
+        admin_port=admin_port,
+        gateway_port=gateway_port,
+        extra_gateway_ports=extra_gateway_ports,
+        rate_limit_rps=rate_limit_rps,
+        access_log_path=access_log_path,
+        listen_address=listen_address,
+        gateway_dns=gateway_dns,
+    )
+    text = _read_template(template or TEMPLATE)
+    # A JSON string is a valid YAML double-quoted scalar, whatever the path contains.
+    log_path = json.dumps(access_log_path or STDOUT)
+    hosts = (
+        [(gateway_dns, gateway_port)]
+        if gateway_dns is not None
+        else [("127.0.0.1", port) for port in (gateway_port, *extra_gateway_ports)]
+    )
+    endpoints = "\n".join(
+        f"              - endpoint: {{ address: {{ socket_address: "
+        f"{{ address: {host}, port_value: {port} }} }} }}"
+        for host, port in hosts
+    )
+    # The bucket refills every 100 ms, so bursts of a tenth of a second are absorbed.
+    tokens_per_fill = max(1, rate_limit_rps // 10)
+    return Template(text).substitute(
+        listen_address=listen_address,
+        listen_port=listen_port,
+        admin_port=admin_port,
+        gateway_discovery=_gateway_discovery(gateway_dns),
+        gateway_endpoints=endpoints,
+        rate_limit_tokens=tokens_per_fill,
+        access_log_path=log_path,
+    )
+
+
+def _check_arguments(
+    *,
+    listen_port: int,
+    admin_port: int,
+    gateway_port: int,
+    extra_gateway_ports: Sequence[int],
+    rate_limit_rps: int,
+    access_log_path: str | None,
+    listen_address: str,
+    gateway_dns: str | None,
+) -> None:
+    """Raises ValueError naming the first argument ``render_config`` cannot use."""
     ports = {"listen_port": listen_port, "admin_port": admin_port, "gateway_port": gateway_port}
     ports |= {f"extra_gateway_port_{i}": p for i, p in enumerate(extra_gateway_ports)}
     for name, port in ports.items():
@@ -103,7 +151,10 @@ def render_config(
         raise ValueError(
             f"access_log_path must be a non-empty single line, got {access_log_path!r}"
         )
-    source = template or TEMPLATE
+
+
+def _read_template(source: Path) -> str:
+    """The bootstrap template's text; a missing one says how to get it back."""
     try:
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -111,47 +162,28 @@ def render_config(
             f"Envoy bootstrap template not found at {source}; it ships inside the fraudmesh "
             "package (services/common/envoy.yaml.tmpl): reinstall fraudmesh or pass template="
         ) from None
-    # A JSON string is a valid YAML double-quoted scalar, whatever the path contains.
-    log_path = json.dumps(access_log_path or STDOUT)
-    hosts = (
-        [(gateway_dns, gateway_port)]
-        if gateway_dns is not None
-        else [("127.0.0.1", port) for port in (gateway_port, *extra_gateway_ports)]
-    )
-    endpoints = "\n".join(
-        f"              - endpoint: {{ address: {{ socket_address: "
-        f"{{ address: {host}, port_value: {port} }} }} }}"
-        for host, port in hosts
-    )
+    return text
+
+
+def _gateway_discovery(gateway_dns: str | None) -> str:
+    """How the gateway cluster finds its hosts: the static loopback list, or strict DNS."""
     if gateway_dns is None:
-        discovery = "      type: STATIC"
-    else:
-        # Kubernetes lists only ready pods in a headless Service's records, and Envoy keeps
-        # a host that left them until its health check fails, so a draining gateway is
-        # routed around either way.
-        # The DNS cluster extension is strict DNS (every address its own host); its refresh
-        # fields replace the Cluster ones that Envoy 1.40 deprecates.
-        discovery = "\n".join(
-            (
-                "      cluster_type:",
-                "        name: envoy.cluster.dns",
-                "        typed_config:",
-                '          "@type": type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster',
-                "          dns_lookup_family: V4_PREFERRED",
-                f"          dns_refresh_rate: {DNS_REFRESH_S}s",
-                "          dns_failure_refresh_rate: { base_interval: 1s, max_interval: 10s }",
-            )
+        return "      type: STATIC"
+    # Kubernetes lists only ready pods in a headless Service's records, and Envoy keeps
+    # a host that left them until its health check fails, so a draining gateway is
+    # routed around either way.
+    # The DNS cluster extension is strict DNS (every address its own host); its refresh
+    # fields replace the Cluster ones that Envoy 1.40 deprecates.
+    return "\n".join(
+        (
+            "      cluster_type:",
+            "        name: envoy.cluster.dns",
+            "        typed_config:",
+            '          "@type": type.googleapis.com/envoy.extensions.clusters.dns.v3.DnsCluster',
+            "          dns_lookup_family: V4_PREFERRED",
+            f"          dns_refresh_rate: {DNS_REFRESH_S}s",
+            "          dns_failure_refresh_rate: { base_interval: 1s, max_interval: 10s }",
         )
-    # The bucket refills every 100 ms, so bursts of a tenth of a second are absorbed.
-    tokens_per_fill = max(1, rate_limit_rps // 10)
-    return Template(text).substitute(
-        listen_address=listen_address,
-        listen_port=listen_port,
-        admin_port=admin_port,
-        gateway_discovery=discovery,
-        gateway_endpoints=endpoints,
-        rate_limit_tokens=tokens_per_fill,
-        access_log_path=log_path,
     )
 
 

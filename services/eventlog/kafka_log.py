@@ -86,7 +86,7 @@ class KafkaWriter:
                 # The caller already batches; librdkafka only needs to pack one batch.
                 "linger.ms": 1,
                 # Events are small and mostly floats: compression costs more CPU per batch
-                # than it saves (measured); kafka_config can turn it on.
+                # than it saves (docs/eventlog.md); kafka_config can turn it on.
                 "compression.type": "none",
                 # A message the cluster has not taken within this time fails, and its
                 # batch goes to the spill file instead of waiting in librdkafka.

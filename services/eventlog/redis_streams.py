@@ -108,7 +108,7 @@ class RedisStreamWriter:
 
     The commands are packed and their replies read on the connection directly rather than
     through a redis-py pipeline: the sender thread writes a small batch every few ms, and
-    the pipeline's machinery cost about twice the CPU per batch (measured).
+    the pipeline's machinery cost more CPU per batch (measured: docs/eventlog.md).
     """
 
     def __init__(self, settings: EventLogSettings) -> None:

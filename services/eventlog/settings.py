@@ -58,7 +58,7 @@ class EventLogSettings(BaseSettings):
         "interval",
         description="When appends and committed offsets are forced to disk. Every policy "
         "survives a killed process (the data is in the page cache). batch also survives a "
-        "power loss for every acknowledged append, at about 70 µs more CPU per batch; "
+        "power loss for every acknowledged append, at more CPU per batch (docs/eventlog.md); "
         "interval loses at most the last file_fsync_interval_ms to a power loss.",
     )
     file_fsync_interval_ms: float = Field(

@@ -29,7 +29,8 @@ class FeaturesSettings(ServerSettings):
     read_in_thread: bool = Field(
         False,
         description="Run each online read in a worker thread instead of on the event loop: "
-        "protects health checks from a store that hangs, at ~1-4 ms more per read.",
+        "protects health checks from a store that hangs, at the cost of a thread hop per "
+        "read (docs/performance.md).",
     )
     read_threads: int = Field(
         default=1,

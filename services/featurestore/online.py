@@ -78,14 +78,13 @@ class OnlineFeatureReader:
 
     Feast owns the definitions, the keys and the stored layout; on the request path the
     reader skips ``FeatureStore.get_online_features`` (request normalisation, registry
-    lookups, response building and type conversions, 0.5-0.7 ms of CPU a read here) and
-    goes to the online store with everything resolved once at start:
+    lookups, response building and type conversions: most of a read's CPU, figures in
+    docs/performance.md) and goes to the online store with everything resolved once at start:
 
-    - SQLite: the store's own ``online_read`` for each view (about 0.11 ms a read);
+    - SQLite: the store's own ``online_read`` for each view;
     - Redis: one pipelined ``HMGET`` of the entities' hashes in a single round trip, with
-      the keys and hashed field names computed by Feast's Redis store (about 0.15 ms),
-      over a connection whose socket timeout (``redis_timeout_ms``, no retries) bounds a
-      hung server.
+      the keys and hashed field names computed by Feast's Redis store, over a connection
+      whose socket timeout (``redis_timeout_ms``, no retries) bounds a hung server.
 
     ``read_generic`` is the same read through ``get_online_features``; tests hold the two
     equal. Freshness is judged here, from each view's event timestamp against ``as_of_s``

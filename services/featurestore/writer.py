@@ -17,10 +17,10 @@ newest transaction).
   batch rows, on either store, until the updater rewrites them (it does at start).
 - The SQLite file is switched to write-ahead logging, so that the feature service's reads
   never wait for the updater's commits (in the default rollback-journal mode a reader
-  that meets a commit sleeps in SQLite's busy handler for a millisecond or more), and the
-  writer's commits do not wait for the disk (``synchronous=NORMAL``: a commit survives a
-  killed process, and the rows are derived data the updater writes again from its states
-  after a power loss, so the fsync per commit, about half a millisecond here, buys nothing).
+  that meets a commit sleeps in SQLite's busy handler), and the writer's commits do not
+  wait for the disk (``synchronous=NORMAL``: a commit survives a killed process, and the
+  rows are derived data the updater writes again from its states after a power loss, so
+  the fsync per commit buys nothing; figures in docs/performance.md).
 """
 
 from __future__ import annotations

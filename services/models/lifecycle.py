@@ -6,25 +6,9 @@ Every version of a model is in one state::
         │            │          │                   ▲
         └────────────┴──────────┴── retire ─────────┘
 
-A candidate serves nothing; a shadow version scores live traffic after the answer is sent,
-for comparison only; a canary answers a share of the cards; the live version answers the
-rest; a retired version serves nothing and is unloaded. ``promote`` makes a version live
-at once (blue-green) and keeps the version it replaces loaded as the rollback target;
-``rollback`` swaps back to it at once.
-
-The states, the routing every gateway follows and the history of every change live in one
-file with the models, ``<model_root>/<name>/routing.json``. A change takes an exclusive
-lock (``flock`` on a lock file beside it), reads the file, checks the change is allowed,
-bumps the ``generation`` and replaces the file atomically (write, fsync, rename), so
-readers never see a partial file and several processes (the CLI, training, every gateway)
-can change it safely. Readers take no lock: they poll the file's identity (``os.stat``)
-and read it when it changes. Automatic rollbacks are conditional on the generation the
-detector saw (compare and swap), so when several gateways detect the same breach exactly
-one rollback is written.
-
-Versions published before this file existed keep working: without the file the highest
-published version is live and the others retired (the file is written on the first
-change). A version folder published without a record (by an older trainer) is a candidate.
+States, routing and history live in ``<model_root>/<name>/routing.json``, changed under a lock
+and replaced atomically; readers poll it without a lock. What each state serves, how changes
+are made safe across processes and how older folders are read: ``docs/lifecycle.md``.
 """
 
 from __future__ import annotations

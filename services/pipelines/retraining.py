@@ -19,22 +19,9 @@ delay                                              how chargebacks arrive), as i
 none, payment younger than the delay    none       its chargeback may still come
 ======================================  =========  ==========================================
 
-A payment without a label stays in the dataset (``is_fraud`` missing): it happened, so it
-counts in the card's, merchant's and terminal's features of the payments after it, as it did
-when the mesh served them; training leaves it out of its periods. After the label horizon
-(now − the label delay) only payments with an outcome are labelled, mostly frauds, so the
-default periods end on the horizon's day (``train.DataSource``).
-
-A transaction in both the history and the decision log (the history replayed through the
-mesh, an import that overlaps the log) is taken once: the history's row, which may carry
-more (countries, category, scenario); a fraud or legitimate outcome reported for it replaces
-its label, being newer than the history.
-
-The combined transactions become a dataset of their own (default
-``<var>/training/from-decisions``: ``data`` with its own Feast registry under ``feast``),
-computed with the same aggregation (``pipelines.dataset``) and published there atomically.
-The serving dataset, its registry and the online store are only read, never written. A lock
-on the work folder keeps two such runs from sharing it.
+How unlabelled payments count, how a transaction in both the history and the log is taken
+once, and where the dataset is built (its own folder and Feast registry; the serving ones are
+only read): ``docs/lifecycle.md``, "Retraining from the loop".
 """
 
 from __future__ import annotations
@@ -137,26 +124,7 @@ def decision_transactions(
     terminals = _text(decided["terminal_id"])
     currency = _text(decided["currency"])
     amount = pd.to_numeric(decided["amount_minor"], errors="coerce")
-
-    reason = np.full(n, None, dtype=object)
-
-    def flag(bad: np.ndarray, why: str) -> None:
-        reason[bad & pd.isna(reason)] = why
-
-    flag((ids == "").to_numpy(), "no transaction_id")
-    for name, values, required in (
-        ("card_id", cards, True),
-        ("merchant_id", merchants, True),
-        ("terminal_id", terminals, False),
-    ):
-        found = {v: id_problem(v, required) for v in values.unique()}
-        problems = values.map(found)
-        for problem in problems.dropna().unique():
-            flag((problems == problem).to_numpy(), f"{name} {problem}")
-    flag((amount.isna() | (amount < 0)).to_numpy(), "amount_minor missing or negative")
-    known = {c: money.is_known(c) for c in currency.unique()}
-    flag(~currency.map(known).to_numpy(dtype=bool), "unknown currency")
-    flag(when.isna().to_numpy(), "no time")
+    reason = _skip_reasons(n, ids, cards, merchants, terminals, currency, amount, when)
     keep = pd.isna(reason)
     skipped = pd.Series(reason[~keep]).value_counts().to_dict()
 
@@ -204,6 +172,39 @@ def decision_transactions(
         }
     )
     return Converted(frame, {str(k): int(v) for k, v in skipped.items()})
+
+
+def _skip_reasons(
+    n: int,
+    ids: pd.Series,
+    cards: pd.Series,
+    merchants: pd.Series,
+    terminals: pd.Series,
+    currency: pd.Series,
+    amount: pd.Series,
+    when: pd.Series,
+) -> np.ndarray:
+    """Per decision: why no payment can come from it (the first reason found), or None."""
+    reason = np.full(n, None, dtype=object)
+
+    def flag(bad: np.ndarray, why: str) -> None:
+        reason[bad & pd.isna(reason)] = why
+
+    flag((ids == "").to_numpy(), "no transaction_id")
+    for name, values, required in (
+        ("card_id", cards, True),
+        ("merchant_id", merchants, True),
+        ("terminal_id", terminals, False),
+    ):
+        found = {v: id_problem(v, required) for v in values.unique()}
+        problems = values.map(found)
+        for problem in problems.dropna().unique():
+            flag((problems == problem).to_numpy(), f"{name} {problem}")
+    flag((amount.isna() | (amount < 0)).to_numpy(), "amount_minor missing or negative")
+    known = {c: money.is_known(c) for c in currency.unique()}
+    flag(~currency.map(known).to_numpy(dtype=bool), "unknown currency")
+    flag(when.isna().to_numpy(), "no time")
+    return reason
 
 
 def merge(history: pd.DataFrame, converted: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -335,6 +336,51 @@ def build(
     report = progress or (lambda step, done, total: None)
     now = now or datetime.now(UTC)
     target = work_settings(settings, work_dir)
+    _check_sources(settings, target, decisions_root)
+    history_dir = settings.data_path
+    report("decisions", 0, 1)
+    combined, counts, skipped, summary = _read_and_merge(
+        history_dir, decisions_root, since, until, now, label_delay
+    )
+    report("decisions", 1, 1)
+
+    horizon = now - label_delay
+
+    def manifest() -> dict[str, object]:
+        return {
+            "source": "history + decision log",
+            "history": str(history_dir.resolve()),
+            "decision_log": str(decisions_root.resolve()),
+            "decisions_since": since.isoformat() if since else None,
+            "decisions_until": until.isoformat() if until else None,
+            "label_delay_days": label_delay / timedelta(days=1),
+            "label_horizon": horizon.isoformat(),
+            "built_at": now.isoformat(),
+            "counts": counts,
+            "skipped": skipped,
+        }
+
+    _publish_dataset(target, combined, label_delay, manifest, report)
+    del combined
+    report("apply", 0, 1)
+    admin.apply(target)
+    report("apply", 1, 1)
+    return TrainingData(
+        target,
+        train.DataSource(
+            counts=counts,
+            label_horizon=horizon,
+            published_by=PUBLISHED_BY,
+            notes=tuple(_notes(counts, skipped, label_delay)),
+        ),
+        summary,
+    )
+
+
+def _check_sources(
+    settings: FeatureStoreSettings, target: FeatureStoreSettings, decisions_root: Path
+) -> None:
+    """Refuses a work folder on the serving paths, a missing history or decision log."""
     _check_apart(settings, target)
     history_dir = settings.data_path
     if not layout.data_present(history_dir):
@@ -348,7 +394,17 @@ def build(
             "decision sink writes one, or name the log's folder with --decisions-root"
         )
 
-    report("decisions", 0, 1)
+
+def _read_and_merge(
+    history_dir: Path,
+    decisions_root: Path,
+    since: datetime | None,
+    until: datetime | None,
+    now: datetime,
+    label_delay: timedelta,
+) -> tuple[pd.DataFrame, dict[str, int], dict[str, int], decisions.ExportSummary]:
+    """The history merged with the converted decisions; the counts, the decisions skipped by
+    reason, and what reading the log found."""
     joined, summary = decisions.joined(decisions_root, since, until)
     if joined.num_rows == 0:
         raise DecisionLogMissing(
@@ -370,48 +426,30 @@ def build(
         "decisions_skipped": sum(converted.skipped.values()),
         **counts,
     }
-    report("decisions", 1, 1)
+    return combined, counts, converted.skipped, summary
 
-    horizon = now - label_delay
-    dataset_frame = combined
+
+def _publish_dataset(
+    target: FeatureStoreSettings,
+    combined: pd.DataFrame,
+    label_delay: timedelta,
+    manifest: Callable[[], dict[str, object]],
+    report: Progress,
+) -> None:
+    """Publishes the merged transactions, their feature tables and the manifest (made once
+    they are written) atomically."""
     with dataset.staging(target.data_path) as folder:
         dataset.write_table(
-            pa.Table.from_pandas(dataset_frame, preserve_index=False),
+            pa.Table.from_pandas(combined, preserve_index=False),
             folder / layout.TRANSACTIONS_FILE,
         )
         dataset.write_feature_tables(
-            dataset_frame,
+            combined,
             folder,
             label_delay,
             progress=lambda done, total: report("dataset", done, total),
         )
-        manifest = {
-            "source": "history + decision log",
-            "history": str(history_dir.resolve()),
-            "decision_log": str(decisions_root.resolve()),
-            "decisions_since": since.isoformat() if since else None,
-            "decisions_until": until.isoformat() if until else None,
-            "label_delay_days": label_delay / timedelta(days=1),
-            "label_horizon": horizon.isoformat(),
-            "built_at": now.isoformat(),
-            "counts": counts,
-            "skipped": converted.skipped,
-        }
-        (folder / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-    del dataset_frame, combined
-    report("apply", 0, 1)
-    admin.apply(target)
-    report("apply", 1, 1)
-    return TrainingData(
-        target,
-        train.DataSource(
-            counts=counts,
-            label_horizon=horizon,
-            published_by=PUBLISHED_BY,
-            notes=tuple(_notes(counts, converted.skipped, label_delay)),
-        ),
-        summary,
-    )
+        (folder / layout.MANIFEST_FILE).write_text(json.dumps(manifest(), indent=2))
 
 
 @contextlib.contextmanager

@@ -137,7 +137,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers each request on the stream with its id; a failed request gets an error
         reply and the stream goes on. Requests are answered inline, in order (one row costs
-        ~10 µs); with an injected delay, concurrently, as unary calls would be."""
+        microseconds: docs/performance.md); with an injected delay, concurrently, as unary
+        calls would be."""
         # Headers first: the client knows the stream is open before it sends anything.
         await context.send_initial_metadata(())
         if not self._fault_delay_s:
@@ -236,7 +237,7 @@ def _infer(model: OnnxModel, request: pb.ModelInferRequest) -> pb.ModelInferResp
     for index, name in enumerate(wanted or ()):
         if name not in known:
             raise InvalidArgument(f"outputs[{index}].name", f"unknown output {shown(name)}")
-    # One row takes ~10 µs in ONNX Runtime: cheaper inline than a hop to a thread.
+    # One row in ONNX Runtime costs less than a hop to a thread (docs/performance.md).
     results = model.run(batch, wanted)
     specs = [known[n] for n in wanted] if wanted else model.outputs
     response = pb.ModelInferResponse(

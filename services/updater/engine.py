@@ -1,33 +1,10 @@
 """The live aggregation: decision and outcome events in, changed entity states and rows out.
 
-``LiveAggregator`` keeps the card, merchant and terminal states in memory (least recently
-used ones beyond ``cache_max`` per view are left to the state file), applies each event with
-the incremental functions of ``domain.aggregation`` and remembers which entities' rows must
-be written (``rows``, ``rows_written``). A terminal's state is a ``MerchantState`` with the
-same risk windows and label delay; a decision counts in its terminal only when it names one
-(``terminal_id`` is empty otherwise).
-
-Durability is a journal plus snapshots, both in the state file (``state.py``):
-
-* ``checkpoint`` appends the events applied since the previous one to the journal (a few
-  microseconds each) in one durable transaction; the loop commits the log position after it.
-* Entity snapshots (``to_bytes``; a merchant holds 35 days of transactions, tens of KB) are
-  written by the same transactions, oldest change first, within ``snapshot_budget_s`` of
-  serialization per checkpoint (more when the journal passes ``journal_max_events``). The
-  journal is truncated up to the oldest change no snapshot covers yet.
-* On start the journal is applied again to the snapshots. A snapshot taken after some of
-  those events already holds them: applying them again changes nothing (idempotent).
-
-So a checkpoint never stalls the loop for long (a full write of every changed merchant each
-second would cost hundreds of microseconds per event), and after a crash the states are those
-of the last checkpoint, from which the log resumes.
-
-Outcomes are keyed on the log by transaction, decisions by card: on a partitioned log an
-outcome can arrive before its decision. The aggregator finds an outcome's merchant and
-terminal through the transaction index; an outcome for a transaction it has not seen yet is
-held (at most ``max_pending_labels``, oldest report dropped first) and applied to both when
-the decision comes. A DISPUTED outcome is no label: the fraud rates wait for FRAUD or
-LEGITIMATE.
+``LiveAggregator`` keeps the card, merchant and terminal states in memory, applies each event
+with the incremental functions of ``domain.aggregation``, remembers which entities' rows must
+be written, and makes them durable as a journal plus snapshots in the state file
+(``state.py``). How checkpoints, snapshots, held outcomes and crash recovery work:
+``docs/liveloop.md``, "The feature updater".
 
 No I/O besides the state store, no clock reads besides the snapshot budget, no transport:
 tested without servers.
@@ -194,7 +171,7 @@ _MERCHANT_HORIZON_US = MerchantState().horizon_us
 
 
 class LiveAggregator:
-    """Applies events to the entity states; see the module docstring."""
+    """Applies events to the entity states (docs/liveloop.md, "The feature updater")."""
 
     def __init__(
         self,
@@ -368,7 +345,7 @@ class LiveAggregator:
         self._released.add(tid)
 
     def _replay_journal(self) -> int:
-        """Applies the journal again to the snapshots (at start; see the module doc)."""
+        """Applies the journal again to the snapshots (at start; docs/liveloop.md)."""
         n = 0
         for seq, raw in self._store.journal():
             envelope = events_pb2.EventEnvelope.FromString(raw)

@@ -1,23 +1,9 @@
 """The updater's consume loop: poll, apply, write the online rows, checkpoint, commit.
 
-Runs on its own thread (every call it makes blocks). One iteration:
-
-1. poll up to ``poll_max_records`` records;
-2. apply each to the entity states (``LiveAggregator``; undecodable records are counted
-   and skipped, so one bad record cannot stop the loop);
-3. write the rows of every entity reached to the online store, at once: the next
-   transaction of that card sees them;
-4. at most ``checkpoint_interval_s`` after the first uncheckpointed event (or after
-   ``checkpoint_max_events``): save the changed states durably, then commit the log
-   position. The commit comes after both the store write and the state save.
-
-At least once plus idempotent apply: after a crash the log gives again what was polled
-after the last commit; the states are those of the last checkpoint, so applying it again
-rebuilds exactly the states (and rows) the crashed process had, and nothing counts twice.
-
-Failures are retried after ``retry_backoff_s``: a log that cannot be reached (nothing is
-committed meanwhile), an online store that refuses a write (the rows are written again;
-nothing is committed before they are), a state file that cannot be written.
+Runs on its own thread (every call it makes blocks). The commit comes after both the store
+write and the state save: at least once plus idempotent apply, so after a crash nothing is
+lost and nothing counts twice. The iteration, its failures and recovery: ``docs/liveloop.md``,
+"The feature updater".
 """
 
 from __future__ import annotations
@@ -58,7 +44,7 @@ def _seconds(stamp: object) -> float:
 
 
 class UpdateLoop:
-    """Consumes the event log into the online store; see the module docstring."""
+    """Consumes the event log into the online store (poll, apply, write, checkpoint, commit)."""
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ import pytest
 
 from services.domain import aggregation as agg
 from services.domain import featurespec
-from services.domain.aggregation import Change, TransactionEvent
+from services.domain.aggregation import Change, TransactionEvent, incremental
 from services.pipelines import simulate
 
 END = date(2026, 1, 15)
@@ -615,7 +615,7 @@ def test_old_events_are_evicted_and_the_cap_is_counted(monkeypatch: pytest.Monke
     assert up.state.events.ids == ["new"]
     assert up.row is not None and up.row["card_txn_count_7d"] == 1
 
-    monkeypatch.setattr(agg, "MAX_CARD_EVENTS", 3)
+    monkeypatch.setattr(incremental, "MAX_CARD_EVENTS", 3)
     full: agg.CardState | None = None
     capped = 0
     for i in range(5):
@@ -707,7 +707,7 @@ def test_a_pending_label_keeps_the_latest_report() -> None:
 
 
 def test_pending_labels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agg, "MAX_PENDING_LABELS", 2)
+    monkeypatch.setattr(incremental, "MAX_PENDING_LABELS", 2)
     state = agg.apply_merchant(None, _event("a", T0)).state
     for i in range(4):
         state = agg.apply_label(state, f"p{i}", True, T0 + i).state

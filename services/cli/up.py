@@ -1,0 +1,295 @@
+"""``fraudmesh up``: start the mesh, show where each part listens, restart children until stopped.
+
+The mesh (``services.mesh``) and the demo are imported when the command runs, so that mounting
+it costs the other ``fraudmesh`` commands nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services import client
+from services.cli import certs as certs_cli
+from services.cli import features as features_cli
+from services.common.edge_security import DEV_FILES, EdgeSettings
+from services.common.settings import from_mapping
+from services.featurestore.settings import FeatureStoreSettings
+
+if TYPE_CHECKING:
+    from services.mesh import Mesh, MeshConfig, RestartPolicy
+
+console = Console()
+
+METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
+"""Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
+this order."""
+
+
+def metrics_ports(first: int) -> dict[str, int]:
+    """The /metrics port of each of ``METRICS_PROCESSES``, counting up from ``first``."""
+    return {name: first + i for i, name in enumerate(METRICS_PROCESSES)}
+
+
+_METRICS_HELP = (
+    f"Prometheus /metrics of the {METRICS_PROCESSES[0]}; "
+    + ", ".join(METRICS_PROCESSES[1:])
+    + " use "
+    + ", ".join(f"+{i}" for i in range(1, len(METRICS_PROCESSES)))
+    + "."
+)
+
+_Store = Annotated[str, typer.Option(help="Online store: sqlite (embedded) or redis.")]
+_VarDir = Annotated[Path, typer.Option(help="State folder: data, Feast, models, logs.")]
+_Demo = Annotated[bool, typer.Option(help="Send sample transactions once the mesh is up.")]
+_DecisionLogPort = Annotated[int, typer.Option(help="Health port of the decision sink.")]
+_MetricsPort = Annotated[int, typer.Option(help=_METRICS_HELP)]
+_GatewayInProcess = Annotated[
+    bool,
+    typer.Option(
+        help="The gateway reads the online store and runs the model itself instead of "
+        "calling the feature service and the scorer (both still run for other clients)."
+    ),
+]
+_Tls = Annotated[
+    bool | None, typer.Option("--tls", help="Serve the edge over TLS only (FRAUD_EDGE_TLS).")
+]
+_Mtls = Annotated[
+    bool | None,
+    typer.Option("--mtls", help="TLS and require client certificates (FRAUD_EDGE_MTLS)."),
+]
+_Auth = Annotated[
+    str | None, typer.Option(help="none, or jwt: every call but health needs a bearer token.")
+]
+_HealthPort = Annotated[
+    int | None,
+    typer.Option(help="Plaintext health-only edge listener for probes that cannot do TLS."),
+]
+_MaxRestarts = Annotated[
+    int, typer.Option(min=1, help="Crashes of one child within --restart-window that stop all.")
+]
+_RestartWindow = Annotated[
+    float, typer.Option(min=1, help="Seconds over which crashes are counted.")
+]
+_LiveLoop = Annotated[
+    bool,
+    typer.Option(
+        help="Decision events, the feature updater (velocity features move with "
+        "every transaction) and the decision log; off: no events, and the store "
+        "changes only by materialization."
+    ),
+]
+_EventLog = Annotated[
+    str | None,
+    typer.Option(
+        help="Event log backend: file, redis or kafka (default: redis with --store "
+        "redis, else the file log under the state folder)."
+    ),
+]
+_KafkaBootstrap = Annotated[
+    str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
+]
+
+
+def up(
+    store: _Store = "sqlite",
+    var_dir: _VarDir = Path("var"),
+    demo: _Demo = False,
+    envoy_port: int = 8080,
+    admin_port: int = 9901,
+    gateway_port: int = 50051,
+    features_port: int = 50052,
+    scorer_port: int = 50053,
+    redis_port: int = 6379,
+    decisionlog_port: _DecisionLogPort = 50055,
+    metrics_port: _MetricsPort = 9101,
+    gateway_in_process: _GatewayInProcess = False,
+    tls: _Tls = None,
+    mtls: _Mtls = None,
+    auth: _Auth = None,
+    health_port: _HealthPort = None,
+    max_restarts: _MaxRestarts = 5,
+    restart_window: _RestartWindow = 60.0,
+    live_loop: _LiveLoop = True,
+    eventlog: _EventLog = None,
+    kafka_bootstrap: _KafkaBootstrap = None,
+    updater_port: int = 50054,
+) -> None:
+    """Start redis-server (if configured), the services and Envoy; restart a child that dies;
+    stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
+    from services.mesh import Mesh, MeshConfig, RestartPolicy
+
+    if store not in ("sqlite", "redis"):
+        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if auth not in (None, "none", "jwt"):
+        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
+    flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
+    edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
+    _check_eventlog(store, eventlog, kafka_bootstrap)
+    config = MeshConfig(
+        var_dir=var_dir,
+        store=store,
+        envoy_port=envoy_port,
+        admin_port=admin_port,
+        gateway_port=gateway_port,
+        features_port=features_port,
+        scorer_port=scorer_port,
+        redis_port=redis_port,
+        decisionlog_port=decisionlog_port,
+        gateway_in_process=gateway_in_process,
+        metrics_ports=metrics_ports(metrics_port),
+        edge=edge,
+        live_loop=live_loop,
+        eventlog=eventlog,
+        kafka_bootstrap=kafka_bootstrap,
+        updater_port=updater_port,
+    )
+    try:
+        edge.check_files()
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from error
+    mesh = Mesh(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    ready = _on_ready(mesh)
+    with console.status("starting the mesh …"):
+        try:
+            mesh.start(on_ready=ready)
+        except RuntimeError as error:
+            console.print(f"[red]start failed:[/red] {error}")
+            raise typer.Exit(1) from error
+    console.print(_endpoints_table(mesh, edge))
+    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
+    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:
+    """Refuses an event log backend the other flags cannot serve."""
+    if eventlog not in (None, "file", "redis", "kafka"):
+        raise typer.BadParameter("eventlog must be file, redis or kafka", param_hint="--eventlog")
+    if eventlog == "redis" and store != "redis":
+        raise typer.BadParameter("the Redis event log needs --store redis", param_hint="--eventlog")
+    if eventlog == "kafka" and not kafka_bootstrap:
+        raise typer.BadParameter("--eventlog kafka needs --kafka-bootstrap")
+
+
+def _on_ready(mesh: Mesh) -> Callable[[str], None]:
+    """What runs when a child is ready, at start and after a restart: a line, and a fresh
+    redis-server gets the online store's rows again."""
+    config = mesh.config
+
+    def ready(name: str) -> None:
+        console.print(f"[green]ready[/green] {name} (pid {mesh.processes[name].pid})")
+        if name == "redis":
+            store = from_mapping(FeatureStoreSettings, config.service_env())
+            features_cli.materialize_into(store, console)
+
+    return ready
+
+
+def _endpoints_table(mesh: Mesh, edge: EdgeSettings) -> Table:
+    """Each process with where it listens and its PID."""
+    table = Table(title="fraudmesh is up", show_header=True)
+    table.add_column("component")
+    table.add_column("endpoint")
+    table.add_column("pid")
+    endpoints = _endpoints(mesh.config, edge)
+    for name, process in mesh.processes.items():
+        table.add_row(name, endpoints.get(name, ""), str(process.pid))
+    return table
+
+
+def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
+    """What each process serves, where, and its /metrics port."""
+    host, store, metrics = config.host, config.store, config.metrics_ports
+    scheme = "grpcs" if edge.tls else "grpc"
+    security = " ".join(
+        part
+        for part in (
+            "mutual TLS" if edge.mtls else "TLS" if edge.tls else "",
+            "JWT" if edge.auth == "jwt" else "",
+            f"health on :{edge.health_port}" if edge.health_port else "",
+        )
+        if part
+    )
+    return {
+        "envoy": f"{scheme}://{config.envoy_target}  (admin http://{host}:{config.admin_port})"
+        + (f"  {security}" if security else ""),
+        "gateway": f"grpc://{host}:{config.gateway_port}  fraud.v1.FraudScoring"
+        f"  (metrics http://{host}:{metrics['gateway']}/metrics)",
+        "features": f"grpc://{host}:{config.features_port}  fraud.v1.FeatureService ({store})"
+        f"  (metrics :{metrics['features']})",
+        "scorer": f"grpc://{host}:{config.scorer_port}  inference.GRPCInferenceService"
+        f"  (metrics :{metrics['scorer']})",
+        "redis": f"redis://{host}:{config.redis_port}",
+        "decisionlog": f"{config.var_dir / 'decisions'}  (health grpc://{host}:"
+        f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
+        "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
+        f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+    }
+
+
+def _supervise(
+    mesh: Mesh,
+    edge: EdgeSettings,
+    policy: RestartPolicy,
+    ready: Callable[[str], None],
+    stop: threading.Event,
+    demo: bool,
+) -> None:
+    """Runs the demo if asked, then restarts dying children until ``stop``; stops the mesh
+    on the way out, and exits 1 when a child keeps crashing."""
+    from services.cli import demo as demo_mod
+    from services.mesh import CrashLoop, Supervisor
+
+    supervisor = Supervisor(
+        mesh, policy, on_ready=ready, report=lambda line: console.print(f"[yellow]{line}[/yellow]")
+    )
+    try:
+        if demo:
+            demo_mod.run(mesh.config, console, _demo_credentials(edge))
+        console.print("serving; a child that dies is restarted; Ctrl-C stops everything")
+        supervisor.run(stop)
+    except CrashLoop as error:
+        console.print(f"[red]{error}; stopping everything[/red]")
+        # The child's own lines, unwrapped and uninterpreted (they are JSON, not markup).
+        console.print(error.log_tail, markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from error
+    finally:
+        with console.status("stopping …"):
+            mesh.stop()
+        console.print("stopped")
+
+
+def _demo_credentials(edge: EdgeSettings) -> client.Credentials:
+    """What the demo needs to call this edge: the development CA, client certificate and a
+    short-lived token from <var>/tls/ (``fraudmesh certs``)."""
+    if not edge.tls and edge.auth != "jwt":
+        return client.PLAINTEXT
+    tls_dir = edge.var_dir / "tls"
+    token = None
+    if edge.auth == "jwt":
+        token = certs_cli.mint_token(
+            tls_dir / DEV_FILES["jwt_key"],
+            "demo",
+            ttl_s=600,
+            issuer=edge.jwt_issuer,
+            audience=edge.jwt_audience,
+        )
+    return client.Credentials(
+        tls=edge.tls,
+        ca_path=tls_dir / DEV_FILES["ca"] if edge.tls else None,
+        cert_path=tls_dir / DEV_FILES["client_cert"] if edge.mtls else None,
+        key_path=tls_dir / DEV_FILES["client_key"] if edge.mtls else None,
+        token=token,
+    )

@@ -1,0 +1,82 @@
+"""Card, merchant and terminal feature aggregation, defined once: a batch and an incremental path.
+
+``schema`` holds the raw transaction and the windows, ``batch`` the tables of a whole frame,
+``incremental`` the per-entity states and rows, ``codec`` the states' binary encoding. The
+shared semantics, and how closely the two paths agree, are in ``docs/aggregation.md``.
+"""
+
+from services.domain.aggregation.batch import (
+    card_feature_table,
+    merchant_feature_table,
+    terminal_feature_table,
+)
+from services.domain.aggregation.incremental import (
+    CardState,
+    Change,
+    Events,
+    Label,
+    LatestCode,
+    MerchantState,
+    Update,
+    apply_card,
+    apply_label,
+    apply_merchant,
+    apply_terminal,
+    apply_terminal_label,
+    card_row,
+    merchant_row,
+    terminal_row,
+)
+from services.domain.aggregation.schema import (
+    CARD_HORIZON,
+    FRAUD_RATE_WINDOW,
+    LABEL_DELAY,
+    MAX_CARD_EVENTS,
+    MAX_MERCHANT_EVENTS,
+    MAX_PENDING_LABELS,
+    RAW_COLUMNS,
+    REQUIRED_COLUMNS,
+    RISK_WINDOWS,
+    FeatureRow,
+    TransactionEvent,
+    amounts_eur,
+    event_micros,
+    events_from_frame,
+    timestamps_us,
+)
+
+__all__ = [
+    "CARD_HORIZON",
+    "FRAUD_RATE_WINDOW",
+    "LABEL_DELAY",
+    "MAX_CARD_EVENTS",
+    "MAX_MERCHANT_EVENTS",
+    "MAX_PENDING_LABELS",
+    "RAW_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "RISK_WINDOWS",
+    "CardState",
+    "Change",
+    "Events",
+    "FeatureRow",
+    "Label",
+    "LatestCode",
+    "MerchantState",
+    "TransactionEvent",
+    "Update",
+    "amounts_eur",
+    "apply_card",
+    "apply_label",
+    "apply_merchant",
+    "apply_terminal",
+    "apply_terminal_label",
+    "card_feature_table",
+    "card_row",
+    "event_micros",
+    "events_from_frame",
+    "merchant_feature_table",
+    "merchant_row",
+    "terminal_feature_table",
+    "terminal_row",
+    "timestamps_us",
+]

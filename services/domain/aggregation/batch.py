@@ -1,0 +1,400 @@
+"""The batch path: feature tables of a whole raw transaction frame (``docs/aggregation.md``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from services.domain import featurespec
+from services.domain.aggregation.schema import (
+    CARD_HORIZON_US,
+    DAY_US,
+    HOUR_US,
+    LABEL_DELAY,
+    REQUIRED_COLUMNS,
+    RISK_WINDOWS_US,
+    US,
+    amounts_eur,
+    micros_of,
+    timestamps_us,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+
+def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
+    """Card aggregates after every (card, timestamp) of ``tx``; rows sorted by card, then time."""
+    import numpy as np
+    import pandas as pd
+
+    rows = _Rows.sort(tx, "card_id")
+    eur, t = rows.eur, rows.t
+    hi = rows.end
+    lo_1h, lo_24h = rows.after(HOUR_US), rows.after(DAY_US)
+    lo_7d, lo_30d = rows.after(7 * DAY_US), rows.after(CARD_HORIZON_US)
+    n_7d, n_30d = hi - lo_7d, hi - lo_30d
+    first = rows.first
+    mean_30d = _window_sum(eur, lo_30d, hi, first) / n_30d
+    var_30d = _window_sum(eur * eur, lo_30d, hi, first) / n_30d - mean_30d**2
+    small = (eur < featurespec.SMALL_AMOUNT_EUR).astype(np.int64)
+    merchant = pd.factorize(rows.column("merchant_id"))[0].astype(np.int64)
+    keep = rows.last_of_instant
+    columns = {
+        "card_id": rows.ids,
+        "event_timestamp": t,
+        "card_txn_count_1h": hi - lo_1h,
+        "card_txn_count_24h": hi - lo_24h,
+        "card_txn_count_7d": n_7d,
+        "card_txn_count_30d": n_30d,
+        "card_amount_sum_24h": _window_sum(eur, lo_24h, hi, first),
+        "card_amount_mean_7d": _window_sum(eur, lo_7d, hi, first) / n_7d,
+        "card_amount_max_7d": _window_max(eur, lo_7d),
+        "card_amount_mean_30d": mean_30d,
+        # Population std (0 for a single transaction); clipped: cancellation can go below 0.
+        "card_amount_std_30d": np.sqrt(np.maximum(var_30d, 0.0)),
+        "card_distinct_merchants_24h": _window_distinct(rows.code, merchant, t, lo_24h),
+        "card_small_txn_count_1h": _window_sum(small, lo_1h, hi, first),
+        "card_last_txn_s": np.floor_divide(t, US),
+        "card_home_country": rows.latest_known("card_home_country"),
+    }
+    return _table(columns, keep, featurespec.CARD_FEATURES)
+
+
+def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
+    """Merchant aggregates after every (merchant, timestamp); rows sorted by merchant, then time."""
+    rows = _Rows.sort(tx, "merchant_id")
+    hi, first = rows.end, rows.first
+    lo_28d = rows.after(28 * DAY_US)
+    columns = {
+        "merchant_id": rows.ids,
+        "event_timestamp": rows.t,
+        **_risk_columns(rows, "merchant", micros_of(label_delay)),
+        "merchant_amount_mean_28d": _window_sum(rows.eur, lo_28d, hi, first) / (hi - lo_28d),
+        "merchant_category": rows.latest_known("merchant_category"),
+        "merchant_country": rows.latest_known("merchant_country"),
+    }
+    return _table(columns, rows.last_of_instant, featurespec.MERCHANT_FEATURES)
+
+
+def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
+    """Terminal aggregates after every (terminal, timestamp) of the transactions that name a
+    terminal (none without a ``terminal_id`` column); rows sorted by terminal, then time."""
+    import pandas as pd
+
+    if "terminal_id" in tx.columns:
+        named = tx["terminal_id"].notna().to_numpy() & (tx["terminal_id"] != "").to_numpy()
+        tx = tx[named]
+    else:
+        tx = tx.iloc[:0].assign(terminal_id=pd.Series([], dtype=object))
+    rows = _Rows.sort(tx, "terminal_id")
+    columns = {
+        "terminal_id": rows.ids,
+        "event_timestamp": rows.t,
+        **_risk_columns(rows, "terminal", micros_of(label_delay)),
+    }
+    return _table(columns, rows.last_of_instant, featurespec.TERMINAL_FEATURES)
+
+
+def _risk_columns(rows: _Rows, prefix: str, delay_us: int) -> dict[str, np.ndarray]:
+    """Volume and label-delayed fraud rates of a merchant or terminal (docs/aggregation.md)."""
+    import numpy as np
+
+    hi, first = rows.end, rows.first
+    columns = {
+        f"{prefix}_txn_count_1d": hi - rows.after(DAY_US),
+        f"{prefix}_txn_count_7d": hi - rows.after(7 * DAY_US),
+    }
+    fraud = rows.fraud
+    flags = fraud.astype(np.int64)
+    reported = rows.reported_us(delay_us)
+    known_hi = rows.after(delay_us)
+    for suffix, width_us in RISK_WINDOWS_US:
+        known_lo = rows.after(delay_us + width_us)
+        known = known_hi - known_lo
+        frauds = _window_sum(flags, known_lo, known_hi, first)
+        frauds = frauds - _unreported_frauds(rows, fraud, reported, delay_us, width_us)
+        rate = np.divide(frauds, known, out=np.zeros(len(rows.t)), where=known > 0)
+        columns[f"{prefix}_fraud_rate_{suffix}"] = rate
+        columns[f"{prefix}_labelled_txn_count_{suffix}"] = known
+    return columns
+
+
+class _Rows:
+    """Raw transactions sorted by (entity, timestamp, transaction id), with window lookups.
+
+    Windows are found by binary search over one int64 key per row, entity-major: the key is
+    entity code * (distinct timestamps + 1) + rank of the timestamp, which fits in int64 for
+    any realistic size where entity * epoch-microseconds would not.
+    """
+
+    def __init__(
+        self, tx: pd.DataFrame, order: np.ndarray, code: np.ndarray, ids: np.ndarray, t: np.ndarray
+    ) -> None:
+        import numpy as np
+
+        self._tx = tx
+        self.order = order
+        self.code = code[order]
+        self.ids = ids[self.code]
+        self.t = t[order]
+        n = len(order)
+        # Binary searches run much faster over ascending needles, so ranks are looked up in
+        # global time order and scattered back.
+        self._by_time = np.argsort(self.t, kind="stable")
+        sorted_t = self.t[self._by_time]
+        new = np.r_[True, sorted_t[1:] != sorted_t[:-1]] if n else np.zeros(0, dtype=bool)
+        self.times = sorted_t[new]
+        rank = np.empty(n, dtype=np.int64)
+        rank[self._by_time] = np.cumsum(new) - 1
+        self.base = self.code * np.int64(len(self.times) + 1)
+        self.key = self.base + rank
+        self.first = _first_rows(self.code)
+        self.end = np.searchsorted(self.key, self.key, side="right")
+        self.last_of_instant = (
+            np.r_[self.key[1:] != self.key[:-1], True] if n else np.zeros(0, dtype=bool)
+        )
+        self.eur = amounts_eur(tx)[order]
+
+    @classmethod
+    def sort(cls, tx: pd.DataFrame, entity: str) -> _Rows:
+        """Sorts ``tx`` by ``entity``, time and transaction id."""
+        import numpy as np
+        import pandas as pd
+
+        missing = [c for c in REQUIRED_COLUMNS if c not in tx.columns]
+        if missing:
+            raise ValueError(f"raw transactions lack column(s) {missing}")
+        if tx[entity].isna().any():
+            raise ValueError(f"{entity} has missing values")
+        code, ids = pd.factorize(tx[entity].to_numpy(dtype=object), sort=True)
+        code = code.astype(np.int64)
+        t = timestamps_us(tx["timestamp"])
+        order = np.lexsort((t, code))
+        order = _order_ties_by_id(order, code, t, tx["transaction_id"].to_numpy(dtype=object))
+        return cls(tx, order, code, np.asarray(ids, dtype=object), t)
+
+    def column(self, name: str) -> np.ndarray:
+        """A raw column in row order."""
+        return self._tx[name].to_numpy()[self.order]
+
+    def after(self, width_us: int) -> np.ndarray:
+        """Per row at t: the first row of its entity whose timestamp is later than t - width."""
+        import numpy as np
+
+        rank = np.empty(len(self.t), dtype=np.int64)
+        needles = self.t[self._by_time] - width_us
+        rank[self._by_time] = np.searchsorted(self.times, needles, side="right")
+        # Entity-major keys with ranks ascending inside each entity: ascending needles.
+        return np.searchsorted(self.key, self.base + rank, side="left")
+
+    @property
+    def fraud(self) -> np.ndarray:
+        """Each row's label as bools; missing labels count as legitimate."""
+        import numpy as np
+        import pandas as pd
+
+        labels = self._tx["is_fraud"].to_numpy()[self.order]
+        return np.where(pd.isna(labels), False, labels).astype(bool)
+
+    def reported_us(self, delay_us: int) -> np.ndarray:
+        """Each row's label report time: ``fraud_reported_at``, else timestamp + delay."""
+        import numpy as np
+
+        default = self.t + delay_us
+        if "fraud_reported_at" not in self._tx.columns:
+            return default
+        column = self._tx["fraud_reported_at"]
+        missing = column.isna().to_numpy()[self.order]
+        return np.where(missing, default, timestamps_us(column)[self.order])
+
+    def latest_known(self, name: str) -> np.ndarray:
+        """Per row: the latest non-missing value of ``name`` in its entity so far (float, NaN)."""
+        import numpy as np
+
+        n = len(self.t)
+        if name not in self._tx.columns:
+            return np.full(n, np.nan)
+        values = self._tx[name].to_numpy(dtype=np.float64, na_value=np.nan)[self.order]
+        index = np.where(np.isnan(values), -1, np.arange(n))
+        last = np.maximum.accumulate(index) if n else index
+        ok = last >= self.first
+        return np.where(ok, values[np.where(ok, last, 0)], np.nan)
+
+
+def _order_ties_by_id(
+    order: np.ndarray, code: np.ndarray, t: np.ndarray, ids: np.ndarray
+) -> np.ndarray:
+    """Reorders rows of one (entity, timestamp) by transaction id; other rows stay put."""
+    import numpy as np
+
+    c, s = code[order], t[order]
+    same = (c[1:] == c[:-1]) & (s[1:] == s[:-1])
+    if not same.any():
+        return order
+    tied = np.r_[same, False] | np.r_[False, same]
+    group = np.cumsum(np.r_[True, ~same])[tied]
+    rows = order[tied]
+    rank = np.empty(len(rows), dtype=np.int64)
+    rank[np.argsort(ids[rows], kind="stable")] = np.arange(len(rows))
+    order = order.copy()
+    order[tied] = rows[np.lexsort((rank, group))]
+    return order
+
+
+def _unreported_frauds(
+    rows: _Rows, fraud: np.ndarray, reported: np.ndarray, delay_us: int, width_us: int
+) -> np.ndarray:
+    """Per row at t: frauds inside its fraud-rate window of ``width_us`` reported after t.
+
+    Only frauds reported later than timestamp + delay can be such; each one is inside the
+    window of its entity's rows with t in [t_j + delay, t_j + delay + width) and unreported
+    for those with t < reported_j: a range of rows, marked with a difference array.
+    """
+    import numpy as np
+
+    n = len(rows.t)
+    late = np.flatnonzero(fraud & (reported > rows.t + delay_us))
+    if len(late) == 0:
+        return np.zeros(n, dtype=np.int64)
+    t_j = rows.t[late]
+    stop = np.minimum(t_j + delay_us + width_us, reported[late])
+
+    def first_at_or_after(bound: np.ndarray) -> np.ndarray:
+        # The first row of row j's entity with t >= bound (times are integers).
+        ranks = np.searchsorted(rows.times, bound - 1, side="right")
+        return np.searchsorted(rows.key, rows.base[late] + ranks, side="left")
+
+    start, end = first_at_or_after(t_j + delay_us), first_at_or_after(stop)
+    diff = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(diff, start, 1)
+    np.add.at(diff, end, -1)
+    return np.cumsum(diff[:n])
+
+
+def _first_rows(entity: np.ndarray) -> np.ndarray:
+    """For rows sorted by entity: the index of each row's entity's first row."""
+    import numpy as np
+
+    n = len(entity)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.r_[True, entity[1:] != entity[:-1]]
+    return np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+
+
+def _window_sum(
+    values: np.ndarray, lo: np.ndarray, hi: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    """Sum of ``values[lo:hi]`` for each row; ``first`` is the row's entity's first row.
+
+    Cumulative sums restart at each entity, so they stay small and the differences exact
+    to ~1e-12 instead of carrying the rounding of a sum over the whole table.
+    """
+    import numpy as np
+    import pandas as pd
+
+    local = pd.Series(values).groupby(first).cumsum().to_numpy()
+    prefix = np.concatenate([np.zeros(1, dtype=local.dtype), local])
+
+    def upto(k: np.ndarray) -> np.ndarray:
+        return np.where(k > first, prefix[k], 0)
+
+    return upto(hi) - upto(lo)
+
+
+def _by_reach(lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ordered by how far back their window reaches (rows lo..i), longest first.
+
+    Returns the order and the reaches in that order, so that the rows reaching back at
+    least ``lag`` rows are a prefix: lag-by-lag loops then cost the windows' total size.
+    """
+    import numpy as np
+
+    reach = np.arange(len(lo)) - lo
+    order = np.argsort(-reach, kind="stable")
+    return order, reach[order]
+
+
+def _longest(reach: np.ndarray) -> int:
+    return int(reach[0]) if len(reach) else 0
+
+
+def _rows_reaching(order: np.ndarray, reach: np.ndarray, lag: int) -> np.ndarray:
+    import numpy as np
+
+    return order[: int(np.searchsorted(-reach, -lag, side="right"))]
+
+
+def _window_max(values: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Max of ``values[lo:i+1]`` for each row i; windows are short, so lag by lag."""
+    import numpy as np
+
+    out = values.copy()
+    order, reach = _by_reach(lo)
+    for lag in range(1, _longest(reach) + 1):
+        rows = _rows_reaching(order, reach, lag)
+        out[rows] = np.maximum(out[rows], values[rows - lag])
+    return out
+
+
+def _window_distinct(
+    entity: np.ndarray, other: np.ndarray, t: np.ndarray, lo: np.ndarray
+) -> np.ndarray:
+    """Distinct ``other`` values among rows lo..i of each row i (same entity, sorted by t).
+
+    Row j counts for row i when it is the last occurrence of its value up to time t_i,
+    i.e. when the next row of the same (entity, other) pair comes after t_i.
+    """
+    import numpy as np
+
+    n = len(t)
+    pair_order = np.lexsort((np.arange(n), other, entity))
+    same_pair = (entity[pair_order][1:] == entity[pair_order][:-1]) & (
+        other[pair_order][1:] == other[pair_order][:-1]
+    )
+    next_t = np.full(n, np.iinfo(np.int64).max)
+    next_t[pair_order[:-1][same_pair]] = t[pair_order[1:][same_pair]]
+    out = np.ones(n, dtype=np.int64)  # the row itself is always the last occurrence up to t_i
+    order, reach = _by_reach(lo)
+    for lag in range(1, _longest(reach) + 1):
+        rows = _rows_reaching(order, reach, lag)
+        out[rows] += next_t[rows - lag] > t[rows]
+    return out
+
+
+_CODES = frozenset({"card_home_country", "merchant_category", "merchant_country"})
+
+
+def _table(
+    columns: dict[str, np.ndarray], keep: np.ndarray, features: tuple[str, ...]
+) -> pd.DataFrame:
+    """The kept rows as a frame: entity id, ``event_timestamp``, then ``features`` in order."""
+    import pandas as pd
+
+    entity, timestamp = list(columns)[:2]
+    out: dict[str, object] = {
+        entity: columns[entity][keep],
+        timestamp: _utc(columns[timestamp][keep]),
+    }
+    for name in features:
+        values = columns[name][keep]
+        out[name] = _codes(values) if name in _CODES else values
+    # Fresh arrays: no copy, and no consolidation into 2-D blocks (a full copy of the table).
+    return pd.DataFrame(out, copy=False)
+
+
+def _codes(values: np.ndarray) -> pd.arrays.IntegerArray:
+    """Codes as a nullable Int64 array: the integers Feast declares, null where unknown."""
+    import numpy as np
+    import pandas as pd
+
+    unknown = np.isnan(values)
+    return pd.arrays.IntegerArray(np.where(unknown, 0, values).astype(np.int64), unknown)
+
+
+def _utc(micros: np.ndarray) -> pd.Series:
+    import pandas as pd
+
+    return pd.Series(micros.astype("datetime64[us]")).dt.tz_localize("UTC")

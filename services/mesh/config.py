@@ -1,0 +1,149 @@
+"""The configuration of one mesh: its ports, store and state, and each service's environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.edge_security import EdgeSettings
+from services.common.settings import from_mapping, to_env
+from services.decisionlog.settings import DecisionLogSettings
+from services.eventlog import EventLogSettings
+from services.features.settings import FeaturesSettings
+from services.featurestore.settings import FeatureStoreSettings
+from services.gateway.settings import GatewaySettings
+from services.mesh.process import free_port
+from services.scorer.settings import ScorerSettings
+from services.updater.settings import UpdaterSettings
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Ports, store and state folder of one mesh."""
+
+    var_dir: Path = Path("var")
+    store: str = "sqlite"
+    host: str = "127.0.0.1"
+    envoy_port: int = 8080
+    admin_port: int = 9901
+    gateway_port: int = 50051
+    features_port: int = 50052
+    scorer_port: int = 50053
+    redis_port: int = 6379
+    decisionlog_port: int = 50055
+    """Health port of the decision sink (it serves no other API)."""
+    extra_gateway_ports: tuple[int, ...] = ()
+    gateway_in_process: bool = False
+    """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
+    rate_limit_rps: int = 1000
+    metrics_ports: Mapping[str, int] = field(default_factory=dict)
+    """Prometheus /metrics port per service process name (e.g. "gateway"); unset: none."""
+    live_loop: bool = True
+    """Gateways emit decision events; the feature updater applies them to the store and the
+    decision sink writes them to the decision log. Off: no events, no updater, no sink."""
+    eventlog: str | None = None
+    """Event log backend: file, redis or kafka; None: redis with the Redis store, else file."""
+    kafka_bootstrap: str | None = None
+    """Bootstrap servers of the Kafka event log (a broker the mesh does not run)."""
+    updater_port: int = 50054
+    background_niceness: int = 10
+    """Niceness of the loop's consumers (feature updater, decision sink) once they serve,
+    above the mesh's own: their work is off the request path, and on a small machine a
+    burst of it must not take a core from a Score in flight (Kubernetes gets the same by
+    their lower CPU requests). 0 runs them like the serving processes."""
+    log_dir: Path | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    edge: EdgeSettings | None = None
+    """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
+
+    @classmethod
+    def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
+        """A config whose every port is free now (for tests and side-by-side runs)."""
+        ports: dict[str, object] = {
+            name: free_port()
+            for name in (
+                "envoy_port",
+                "admin_port",
+                "gateway_port",
+                "features_port",
+                "scorer_port",
+                "redis_port",
+                "decisionlog_port",
+                "updater_port",
+            )
+        }
+        ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
+        return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    @property
+    def logs_path(self) -> Path:
+        """Folder of the processes' logs."""
+        return self.log_dir or self.var_dir / "logs"
+
+    @property
+    def envoy_target(self) -> str:
+        """host:port clients call."""
+        return f"{self.host}:{self.envoy_port}"
+
+    def edge_settings(self) -> EdgeSettings:
+        """The edge's security settings, with the request bound matched to the gateway's."""
+        edge = self.edge or EdgeSettings(var_dir=self.var_dir)
+        if "max_request_bytes" in edge.model_fields_set:
+            return edge
+        gateway = from_mapping(GatewaySettings, self.service_env())
+        # The body Envoy sees is the message plus gRPC's 5-byte frame header.
+        return edge.model_copy(update={"max_request_bytes": gateway.max_request_bytes + 5})
+
+    @property
+    def eventlog_backend(self) -> str:
+        """The event log's backend (see ``eventlog``)."""
+        return self.eventlog or ("redis" if self.store == "redis" else "file")
+
+    def service_env(self) -> dict[str, str]:
+        """Environment that points every service at this mesh's ports and state."""
+        host, var = self.host, self.var_dir
+        backend = self.eventlog_backend
+        env = {
+            **to_env(
+                GatewaySettings,
+                port=self.gateway_port,
+                var_dir=var,
+                features_target=f"{host}:{self.features_port}",
+                scorer_target=f"{host}:{self.scorer_port}",
+                in_process=True if self.gateway_in_process else None,
+                emit_events=None if self.live_loop else False,
+            ),
+            **to_env(
+                EventLogSettings,
+                var_dir=var,
+                backend=backend,
+                redis_url=f"redis://{host}:{self.redis_port}/0" if backend == "redis" else None,
+                kafka_bootstrap=self.kafka_bootstrap,
+            ),
+            **to_env(UpdaterSettings, port=self.updater_port, var_dir=var),
+            **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
+            **to_env(
+                FeatureStoreSettings,
+                var_dir=var,
+                store=self.store,
+                redis_connection=f"{host}:{self.redis_port}",
+            ),
+            **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
+        }
+        return {**env, **self.extra_env}
+
+    def decisionlog_env(self) -> dict[str, str]:
+        """Environment of the decision sink: the event log it reads (this mesh's state folder
+        unless the services' environment says otherwise) and where it writes."""
+        return {
+            **to_env(EventLogSettings, var_dir=self.var_dir),
+            **self.service_env(),
+            **to_env(
+                DecisionLogSettings,
+                port=self.decisionlog_port,
+                var_dir=self.var_dir,
+                metrics_port=self.metrics_ports.get("decisionlog"),
+            ),
+            **self.extra_env,
+        }

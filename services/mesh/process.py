@@ -1,0 +1,191 @@
+"""A child process of the mesh: launch, readiness probes, priority, stop.
+
+Every child gets its own process group and dies with its parent (PR_SET_PDEATHSIG), so
+nothing is left behind even if the parent is killed. The death signal and the start-up
+niceness are set by exec'ing through util-linux ``setpriv`` and coreutils ``nice`` rather
+than a ``preexec_fn``: Python code between fork and exec can deadlock in a process that
+runs threads (gRPC's), and then ``Popen`` never returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+STARTUP_NICENESS = 10
+"""Children start at this niceness and get normal priority once ready: the seconds of CPU
+a Python service spends importing and warming up must not starve the replicas that are
+serving meanwhile (a rolling restart on a small machine)."""
+
+
+def _launch_prefix() -> list[str]:
+    """The argv prefix every child is exec'd through: SIGTERM when the parent dies, start
+    at ``STARTUP_NICENESS``. Each tool execs the next, so the child keeps its PID."""
+    setpriv, nice = shutil.which("setpriv"), shutil.which("nice")
+    if setpriv is None or nice is None:
+        raise RuntimeError("starting the mesh needs setpriv (util-linux) and nice (coreutils)")
+    return [setpriv, "--pdeathsig", "TERM", "--", nice, "-n", str(STARTUP_NICENESS), "--"]
+
+
+def renice_threads(pid: int, niceness: int) -> None:
+    """Sets every thread of ``pid`` to ``niceness``. Niceness is per thread on Linux: the
+    threads a process has started by now (gRPC pollers, timers, Envoy's workers) need it,
+    not only the main one. Threads that end meanwhile, and a lack of permission to lower
+    niceness (root or CAP_SYS_NICE), are skipped."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel reports free right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def grpc_serving(target: str, timeout_s: float = 0.5, service: str = "") -> bool:
+    """True when ``target`` answers grpc.health.v1 Check with SERVING."""
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def http_ok(url: str, timeout_s: float = 0.5) -> bool:
+    """True when ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Process:
+    """One child process of the mesh, with its readiness probe and log file."""
+
+    name: str
+    argv: list[str]
+    ready: Callable[[], bool]
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    expected: bool = False
+    """True from start() to stop(): an exit in between is a crash."""
+    niceness: int = 0
+    """Niceness once serving, above the parent's (0: the parent's)."""
+
+    @property
+    def pid(self) -> int | None:
+        """The PID while running."""
+        return self.popen.pid if self.popen is not None else None
+
+    def start(self) -> None:
+        """Starts the process with its environment, logging to ``log_path``."""
+        # Importing feast in this process switches prometheus_client to multiprocess mode
+        # through the environment; the children keep plain in-memory metrics.
+        env = {k: v for k, v in os.environ.items() if k.lower() != "prometheus_multiproc_dir"}
+        env.update(self.env)
+        out: int | IO[bytes] = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        self.expected = True
+        try:
+            self.popen = subprocess.Popen(
+                [*_launch_prefix(), *self.argv],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Blocks until the readiness probe passes; raises with the log tail if it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(
+                    f"{self.name} exited with {self.returncode()}\n{self.log_tail()}"
+                )
+            if self.ready():
+                self.normal_priority()
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
+
+    def normal_priority(self) -> None:
+        """Back to the parent's niceness once serving (lowering niceness needs root or
+        CAP_SYS_NICE; without it the process keeps its start-up niceness)."""
+        assert self.popen is not None
+        renice_threads(self.popen.pid, os.getpriority(os.PRIO_PROCESS, 0) + self.niceness)
+
+    def returncode(self) -> int | None:
+        """Exit status once ended."""
+        return self.popen.poll() if self.popen is not None else None
+
+    def signal(self, sig: int) -> None:
+        """Sends ``sig`` to the process if it runs."""
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap, without marking the exit as intended (a hung child)."""
+        if self.popen is not None and self.alive():
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if it will not go; returns the exit status."""
+        self.expected = False
+        if self.popen is None:
+            return None
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the process log."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

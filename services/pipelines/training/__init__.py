@@ -1,0 +1,1 @@
+"""The steps of a training run, which ``pipelines.train`` runs in order (``docs/training.md``)."""

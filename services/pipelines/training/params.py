@@ -1,0 +1,49 @@
+"""The knobs of a training run, its progress callback and the error for unusable data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from services.common.errors import FailedPrecondition
+from services.pipelines import evaluate
+
+Progress = Callable[[str, int, int], None]
+"""Called with (step, done, total); a step starts at done=0 and ends at done=total."""
+
+
+class TrainingDataError(FailedPrecondition):
+    """The data or the feature registry is missing or unusable; the message says what to run."""
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """Knobs of a training run; recorded in the published metadata."""
+
+    seed: int = 7
+    max_trees: int = 1000
+    """Most trees a candidate grows; early stopping usually ends it sooner."""
+    early_stopping_rounds: int = 50
+    """Trees without a better validation average precision before a candidate stops."""
+    learning_rate: float = 0.05
+    candidates: tuple[tuple[int, int], ...] = ((31, 40), (63, 20))
+    """(num_leaves, min_child_samples) settings compared on the validation period."""
+    warmup_days: int = 7
+    holdout_fraction: float = 0.2
+    validation_fraction: float = 0.15
+    max_fit_rows: int = 250_000
+    """Above this many training rows, genuine ones are sampled (every fraud kept) and
+    weighted by the inverse of the sampling rate: the cost of a tree stops growing with the
+    data while the model still sees the population's class balance."""
+    max_validation_rows: int = 100_000
+    """The same cap for the rows early stopping scores after every tree (thresholds use all)."""
+    review_fpr: float = 0.01
+    decline_fpr: float = 0.001
+    card_precision_k: int = evaluate.CARD_PRECISION_K
+    threads: int = 2
+
+    def record(self) -> dict[str, str | int | float | bool]:
+        """The params as metadata values (candidates as text)."""
+        values = asdict(self)
+        values["candidates"] = " ".join(f"{leaves}/{child}" for leaves, child in self.candidates)
+        return values
