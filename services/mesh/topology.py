@@ -95,6 +95,15 @@ class Mesh:
                 log_path=logs / "decisionlog.log",
                 niceness=c.background_niceness,
             )
+        if c.live_loop and c.monitor:
+            self.processes["monitor"] = Process(
+                "monitor",
+                [sys.executable, "-m", "services.monitor"],
+                ready=_serving_probe(f"{c.host}:{c.monitor_port}"),
+                env=c.monitor_env(),
+                log_path=logs / "monitor.log",
+                niceness=c.background_niceness,
+            )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.edge = c.edge_settings()
         self.processes["envoy"] = Process(
@@ -160,7 +169,7 @@ class Mesh:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
             groups = (
                 ("redis",),
-                ("features", "scorer", "decisionlog", "updater"),
+                ("features", "scorer", "decisionlog", "updater", "monitor"),
                 gateways,
                 ("envoy",),
             )
