@@ -76,7 +76,7 @@ class MonitorSettings(ModelServerSettings):
     index_days: int = Field(
         _P.index_days,
         ge=1,
-        description="Days a decision is remembered for its outcome (disk: about 40 bytes a "
+        description="Days a decision is remembered for its outcome (disk: about 45 bytes a "
         "decision; docs/monitoring.md).",
     )
     advise_psi: float = Field(_A.psi, gt=0, description="PSI from which drift is advice.")
