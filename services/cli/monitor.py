@@ -84,3 +84,118 @@ def report(
         print(json.dumps(result.to_json(), indent=2))
     elif out is None:
         print(monitoring.markdown(result), end="")
+
+
+_RECENT_DAYS = 6
+"""The drill draws from the history's last days: the gateway scores payments up to 7 days old."""
+
+
+@app.command()
+def drill(
+    scenario: Annotated[
+        str,
+        typer.Option(
+            help="none, shifted (larger amounts, card not present, abroad), new_merchants, "
+            "new_fraud (inputs unchanged, more fraud) or dcc (another currency, same value)."
+        ),
+    ] = "shifted",
+    count: Annotated[int, typer.Option(min=1, help="Transactions to send.")] = 3000,
+    rate: Annotated[float, typer.Option(min=1, help="Calls a second.")] = 100.0,
+    target: Annotated[str, typer.Option(help="Envoy (or gateway) host:port.")] = "127.0.0.1:8080",
+    outcomes: Annotated[
+        bool,
+        typer.Option(
+            help="Then report each drilled fraud as FRAUD and the rest as LEGITIMATE "
+            "(the live quality figures move)."
+        ),
+    ] = False,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the draw: the same seed, the same traffic.")
+    ] = 0,
+    var_dir: VarDirOption = None,
+) -> None:
+    """Send reproducible drift through the mesh: transactions drawn from the history's last
+    days, changed as the scenario says (services/pipelines/drift.py)."""
+    import time
+
+    import grpc
+    import pandas as pd
+
+    from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
+    from fraud.v1 import scoring_pb2 as pb
+    from fraud.v1 import scoring_pb2_grpc as pb_grpc
+    from services.domain import featurespec
+    from services.featurestore import layout
+    from services.featurestore.settings import FeatureStoreSettings
+    from services.pipelines import drift as drift_scenarios
+
+    if scenario not in drift_scenarios.SCENARIOS:
+        raise typer.BadParameter(
+            f"choose one of {', '.join(drift_scenarios.SCENARIOS)}", param_hint="--scenario"
+        )
+    store = FeatureStoreSettings(var_dir=var_dir) if var_dir else FeatureStoreSettings()
+    path = store.data_path / layout.TRANSACTIONS_FILE
+    if not path.is_file():
+        console.print(f"[red]no transaction history at {path}: run `make data`[/red]")
+        raise typer.Exit(1)
+    history = pd.read_parquet(path)
+    now = pd.Timestamp.now(tz="UTC")
+    recent = history[history["timestamp"] > now - pd.Timedelta(days=_RECENT_DAYS)]
+    if recent.empty:
+        console.print(
+            f"[red]the history has no payment of the last {_RECENT_DAYS} days, which the "
+            "gateway would refuse as too old: simulate a fresh one (fraudmesh features "
+            "simulate)[/red]"
+        )
+        raise typer.Exit(1)
+    rows = drift_scenarios.traffic(
+        recent, scenario, count, seed, prefix=f"drill-{now.strftime('%Y%m%d%H%M%S')}"
+    )
+    answered: dict[str, bool] = {}
+    failed: dict[str, int] = {}
+    start = time.monotonic()
+    with grpc.insecure_channel(target) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=5)
+        except grpc.FutureTimeoutError as error:
+            console.print(f"[red]cannot reach {target}[/red]")
+            raise typer.Exit(1) from error
+        stub = pb_grpc.FraudScoringStub(channel)
+        pending = []
+        for i, row in enumerate(rows.itertuples(index=False)):
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+            request = pb.ScoreRequest(
+                transaction_id=row.transaction_id, card_id=row.card_id,
+                merchant_id=row.merchant_id, amount_minor=int(row.amount_minor),
+                currency=row.currency,
+                channel=pb.CHANNEL_CARD_NOT_PRESENT
+                if row.channel == featurespec.CARD_NOT_PRESENT else pb.CHANNEL_CARD_PRESENT,
+            )  # fmt: skip
+            if isinstance(row.terminal_id, str):
+                request.terminal_id = row.terminal_id
+            request.timestamp.FromNanoseconds(pd.Timestamp(row.timestamp).value)
+            pending.append((row, stub.Score.future(request, timeout=1.0)))
+        for row, future in pending:
+            try:
+                future.result()
+                answered[row.transaction_id] = bool(row.is_fraud)
+            except grpc.RpcError as error:
+                failed[error.code().name] = failed.get(error.code().name, 0) + 1
+        console.print(
+            f"{scenario}: {len(answered):,} answered in {time.monotonic() - start:.1f} s"
+            + (f", failed {failed}" if failed else "")
+        )
+        if outcomes:
+            reporter = outcomes_pb2_grpc.OutcomeServiceStub(channel)
+            for tid, fraud in answered.items():
+                report = outcomes_pb2.ReportOutcomeRequest(
+                    transaction_id=tid,
+                    outcome=outcomes_pb2.OUTCOME_FRAUD
+                    if fraud
+                    else outcomes_pb2.OUTCOME_LEGITIMATE,
+                    source=outcomes_pb2.OUTCOME_SOURCE_ANALYST,
+                )
+                report.reported_at.GetCurrentTime()
+                reporter.ReportOutcome(report, timeout=5.0)
+            frauds = sum(answered.values())
+            console.print(f"reported {len(answered):,} outcomes ({frauds:,} fraud)")
