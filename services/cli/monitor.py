@@ -86,8 +86,8 @@ def report(
         print(monitoring.markdown(result), end="")
 
 
-_RECENT_DAYS = 6
-"""The drill draws from the history's last days: the gateway scores payments up to 7 days old."""
+_DAYS = 28
+"""The drill draws from the history's last four weeks (the population as it is now)."""
 
 
 @app.command()
@@ -115,7 +115,8 @@ def drill(
     var_dir: VarDirOption = None,
 ) -> None:
     """Send reproducible drift through the mesh: transactions drawn from the history's last
-    days, changed as the scenario says (services/pipelines/drift.py)."""
+    weeks, changed as the scenario says and moved into the last day at their time of day
+    (services/pipelines/drift.py)."""
     import time
 
     import grpc
@@ -140,16 +141,12 @@ def drill(
         raise typer.Exit(1)
     history = pd.read_parquet(path)
     now = pd.Timestamp.now(tz="UTC")
-    recent = history[history["timestamp"] > now - pd.Timedelta(days=_RECENT_DAYS)]
-    if recent.empty:
-        console.print(
-            f"[red]the history has no payment of the last {_RECENT_DAYS} days, which the "
-            "gateway would refuse as too old: simulate a fresh one (fraudmesh features "
-            "simulate)[/red]"
-        )
-        raise typer.Exit(1)
-    rows = drift_scenarios.traffic(
-        recent, scenario, count, seed, prefix=f"drill-{now.strftime('%Y%m%d%H%M%S')}"
+    recent = history[history["timestamp"] > history["timestamp"].max() - pd.Timedelta(days=_DAYS)]
+    rows = drift_scenarios.restamp(
+        drift_scenarios.traffic(
+            recent, scenario, count, seed, prefix=f"drill-{now.strftime('%Y%m%d%H%M%S')}"
+        ),
+        now - pd.Timedelta(seconds=1),
     )
     answered: dict[str, bool] = {}
     failed: dict[str, int] = {}

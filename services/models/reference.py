@@ -32,6 +32,10 @@ FORMAT = 1
 """Format number of ``reference.json``; a reader refuses a newer one."""
 CATEGORICAL_FEATURES = frozenset({"merchant_category"})
 """Model inputs that are codes, not quantities: binned by category, not by quantile."""
+CYCLIC_FEATURES = frozenset({"hour_of_day"})
+"""Inputs that follow the clock: a window shorter than a day covers part of their cycle, so
+their PSI against a whole-period reference measures the time of day, not drift (the monitor
+exports it, but neither alerts nor advice use it)."""
 SCORE = "score"
 """The name the score's distribution goes by beside the features (``feature="score"``)."""
 BOOTSTRAP_RESAMPLES = 200

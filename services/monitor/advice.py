@@ -10,7 +10,7 @@ Reasons:
 
 - ``score_drift``: the score's PSI at or above ``psi`` for ``sustain_s``;
 - ``feature_drift``: a feature's PSI at or above ``psi`` for ``sustain_s`` (the entry names
-  the features);
+  the features; the time of day, which a window shorter than a day always moves, is left out);
 - ``live_precision`` / ``live_recall``: a matured figure below the low bound of the version's
   test-period interval, once ``min_frauds`` frauds have matured.
 """
@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from services.models import reference as references
 from services.monitor.evaluation import THRESHOLDS
 from services.monitor.snapshot import Snapshot, VersionView
 
@@ -101,7 +102,11 @@ class Advisor:
         drift = view.drift
         if drift.score_psi >= p.psi:
             reasons["score_drift"] = {"psi": drift.score_psi, "decisions": drift.decisions}
-        drifted = {f: v for f, v in drift.feature_psi.items() if v >= p.psi}
+        drifted = {
+            f: v
+            for f, v in drift.feature_psi.items()
+            if v >= p.psi and f not in references.CYCLIC_FEATURES
+        }
         if drifted:
             reasons["feature_drift"] = {"psi": drifted, "decisions": drift.decisions}
         matured = view.live.get("matured")

@@ -56,10 +56,12 @@ class MonitorPolicy:
 
     slice_s: int = 60
     """Width of a time slice; windows are whole slices."""
-    window_s: int = 900
-    """The rolling window the drift gauges are computed over."""
-    retention_s: int = 6 * 3600
-    """Slices kept (queryable by a rollout controller) after they end."""
+    window_s: int = 86_400
+    """The rolling window the drift gauges are computed over: a whole day, because the
+    traffic of one hour is far from the day's (night payments score higher: docs/monitoring.md)
+    and the reference is a whole period's."""
+    retention_s: int = 26 * 3600
+    """Slices kept (queryable by a rollout controller) after they start; at least a window."""
     min_decisions: int = 500
     """Fewest decisions in a window for a PSI: with fewer, sampling alone moves it past 0.1."""
     label_delay_s: float = 7 * 86_400.0
@@ -125,6 +127,8 @@ class MonitorEngine:
         self.lock = threading.RLock()
         self.slices: dict[tuple[str, str, int], Tally] = {}
         self.cohorts: dict[tuple[str, int], Cohort] = {}
+        self._hours: dict[tuple[str, str, int], Tally] = {}
+        """Sums of the slices of past hours, by version, arm and hour."""
         self._pending = _Pending()
         self._load()
 
@@ -250,6 +254,7 @@ class MonitorEngine:
         if found is None or not layout.fits(found):
             found = self.slices[key] = layout.empty()
         self._pending.slices.add(key)
+        self._hours.pop((version, arm, start // 3600), None)
         return found
 
     def _count_slices(self, fresh: list[_Decision]) -> None:
@@ -391,6 +396,8 @@ class MonitorEngine:
         with self.lock:
             for key in [k for k in self.slices if k[2] < slices_before]:
                 del self.slices[key]
+            for key in [k for k in self._hours if (k[2] + 1) * 3600 < slices_before]:
+                del self._hours[key]
             for hour_key in [k for k in self.cohorts if k[1] < cohorts_before]:
                 del self.cohorts[hour_key]
             self.store.prune(
@@ -418,12 +425,26 @@ class MonitorEngine:
         now = time.time()
         since = now - self.policy.window_s if since_s is None else since_s
         until = math.inf if until_s is None else until_s
+        out = Tally()
         with self.lock:
-            return tally.merged(
-                t
-                for (v, a, s), t in self.slices.items()
-                if v == version and a in arms and since <= s < until
-            )
+            by_hour: dict[tuple[str, int], list[Tally]] = {}
+            for (v, a, s), t in self.slices.items():
+                if v == version and a in arms and since <= s < until:
+                    by_hour.setdefault((a, s // 3600), []).append(t)
+            for (arm, hour), members in by_hour.items():
+                start, end = hour * 3600, (hour + 1) * 3600
+                # A past hour wholly inside the window is summed once and kept (counting
+                # into one of its slices drops the sum).
+                if since <= start and end <= min(until, now - self.policy.slice_s):
+                    key = (version, arm, hour)
+                    whole = self._hours.get(key)
+                    if whole is None:
+                        whole = self._hours[key] = tally.merged(members)
+                    out.add(whole)
+                else:
+                    for member in members:
+                        out.add(member)
+        return out
 
     def layout(self, version: str) -> Layout:
         """The version's layout (its reference's bins)."""

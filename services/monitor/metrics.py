@@ -56,13 +56,14 @@ class MonitorMetrics:
                 put(self.window_decisions, (version, arm), n)
             drift = view.drift
             if drift.decisions:
+                for decision, value in view.decision_ratio.items():
+                    put(self.decision_ratio, (version, decision), value)
+            if drift.decisions and view.reference is not None:
                 put(self.drift_psi, (version, "score"), drift.score_psi)
                 for feature, value in drift.feature_psi.items():
                     put(self.drift_psi, (version, feature), value)
                 for feature, value in drift.missing_ratio.items():
                     put(self.missing_ratio, (version, feature), value)
-                for decision, value in view.decision_ratio.items():
-                    put(self.decision_ratio, (version, decision), value)
             reference = view.reference
             if reference is not None:
                 for feature, value in drift.reference_missing.items():

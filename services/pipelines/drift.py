@@ -17,6 +17,9 @@ scenario is the same traffic every time) and changes them; each row keeps a new 
 - ``dcc``: dynamic currency conversion: the same payments charged in another currency at
   the same value in EUR (the requests change, the model's inputs do not: the monitor must
   stay quiet).
+
+Sent to a mesh whose store already holds the drawn transactions, a payment would read the
+store's state of after itself; ``restamp`` moves them into the last day.
 """
 
 from __future__ import annotations
@@ -146,3 +149,15 @@ def _shift(
     out["currency"] = chosen_currency
     out["amount_minor"] = _minor(eur, np.asarray(chosen_currency))
     out["channel"] = featurespec.CARD_NOT_PRESENT
+
+
+def restamp(frame: pd.DataFrame, now: pd.Timestamp) -> pd.DataFrame:
+    """``frame``'s transactions moved into the day that ends at ``now``, each to the latest
+    moment with its own time of day (so the hours of the day keep their shares and none is in
+    the future)."""
+    now = pd.Timestamp(now).tz_convert("UTC")
+    stamp = pd.to_datetime(frame["timestamp"], utc=True)
+    day = pd.Timedelta(days=1)
+    out = frame.copy()
+    out["timestamp"] = now - ((now - stamp) % day)
+    return out

@@ -164,7 +164,6 @@ def world(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         metrics_ports={"monitor": free_port(), "gateway": free_port()},
         extra_env={
             "FRAUD_MONITOR_PUBLISH_INTERVAL_S": "1",
-            "FRAUD_MONITOR_WINDOW_S": "3600",
             "FRAUD_MONITOR_ADVISE_SUSTAIN_S": "3",
             "FRAUD_DECISIONLOG_FLUSH_INTERVAL_S": "1",
         },

@@ -312,3 +312,19 @@ def test_advice_needs_sustained_drift_and_respects_the_cooldown(tmp_path: Path) 
     assert [e["reason"] for e in read(tmp_path / "advice.jsonl")] == ["score_drift"]
     again = Advisor(tmp_path / "advice.jsonl", AdvicePolicy(sustain_s=0, cooldown_s=3600))
     assert again.observe(snapshot.Snapshot(now + 200, first.versions)) == []
+
+
+def test_windows_sum_any_range_and_see_late_events(tmp_path: Path) -> None:
+    ref = _reference(np.random.default_rng(10))
+    engine = _engine(tmp_path / "state.db", ref)
+    now = time.time()
+    hours_ago = (3.5, 2.5, 1.5, 0.01)
+    for i, h in enumerate(hours_ago):
+        engine.apply([decision(f"w{i}-{j}", 0.1, decided_s=now - h * 3600) for j in range(10 + i)])
+    assert engine.window("7").decisions == 10 + 11 + 12 + 13
+    assert engine.window("7", since_s=now - 3 * 3600).decisions == 11 + 12 + 13
+    assert engine.window("7", since_s=now - 3 * 3600, until_s=now - 3600).decisions == 11 + 12
+    # A late event in a past hour (already summed once) counts in the next window.
+    engine.apply([decision("late", 0.9, decided_s=now - 2.5 * 3600)])
+    assert engine.window("7", since_s=now - 3 * 3600, until_s=now - 3600).decisions == 24
+    assert engine.window("7").by_decision.tolist() == [46, 0, 1]
