@@ -513,7 +513,8 @@ def plot(report: Report, version: str, path: Path) -> Path:
     if over_time is not None and len(over_time):
         shares = over_time.div(over_time.sum(axis=1), axis=0)
         for decision in ("review", "decline"):
-            ax.plot(shares.index, shares[decision], label=decision)
+            ax.plot(shares.index, shares[decision], "o-", label=decision)
+        ax.set_ylim(bottom=0)
         ax.legend()
         ax.tick_params(axis="x", rotation=45)
     ax.set_title("decision rates over time")
