@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 install: $(VENV)/.installed ## Create .venv and install the project
 
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven) if missing
+system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl) if missing
 	bash scripts/system-deps.sh
 
 .PHONY: tools

@@ -35,6 +35,10 @@ VersionArgument = Annotated[str, typer.Argument(help="Model version, e.g. 3.")]
 
 
 def _lifecycle(var_dir: Path | None, model_root: Path | None, name: str) -> ModelLifecycle:
+    # The name is a folder under the model root: nothing but a plain name is looked up.
+    problem = repository.name_problem(name)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="--name")
     root = model_root or from_env(var_dir=var_dir).var_dir / "models"
     return ModelLifecycle(root, name)
 

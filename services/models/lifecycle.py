@@ -213,7 +213,9 @@ def default_actor() -> str:
 
 
 def _version_key(version: str) -> tuple[int, str]:
-    return (int(version), version) if version.isdigit() else (1 << 62, version)
+    return (
+        (int(version), version) if version.isascii() and version.isdigit() else (1 << 62, version)
+    )
 
 
 def _now() -> datetime:

@@ -97,3 +97,10 @@ def test_refusals_exit_1_with_the_reason(root: Path, args: tuple[str, ...], mess
 def test_list_without_models_says_so(tmp_path: Path) -> None:
     code, out = _run(tmp_path / "none", "list")
     assert code == 1 and "no version" in out
+
+
+@pytest.mark.parametrize("command", [("list",), ("promote", "2"), ("rollback",)])
+def test_a_model_name_that_is_a_path_exits_2(root: Path, command: tuple[str, ...]) -> None:
+    code, output = _run(root, *command, "--name", "x/../fraud-lgbm")
+    assert code == 2, output
+    assert "not a model name" in output
