@@ -650,7 +650,7 @@ def _times(
 
 
 def _amounts(batch: Mapping[str, pa.Array], currency: pd.Series, reasons: _Reasons) -> np.ndarray:
-    """Amounts in minor units of each row's currency, positive and whole."""
+    """Amounts in minor units of each row's currency, whole and not negative."""
     if "amount_minor" in batch:
         column, name = batch["amount_minor"], "amount_minor"
         value = _numbers(column)
@@ -667,10 +667,11 @@ def _amounts(batch: Mapping[str, pa.Array], currency: pd.Series, reasons: _Reaso
     reasons.flag(~finite & ~missing, f"unparseable {name}")
     whole = finite & (np.floor(scaled) == scaled)
     reasons.flag(finite & ~whole, f"{name} is not a whole number of minor units")
-    reasons.flag(whole & (scaled <= 0), f"non-positive {name}")
+    # Zero is an account verification (and a card tester's favourite): traffic, kept.
+    reasons.flag(whole & (scaled < 0), f"negative {name}")
     reasons.flag(whole & (scaled >= 2.0**62), f"{name} too large")
-    ok = whole & (scaled > 0) & (scaled < 2.0**62)
-    return np.where(ok, scaled, 1).astype(np.int64)
+    ok = whole & (scaled >= 0) & (scaled < 2.0**62)
+    return np.where(ok, scaled, 0).astype(np.int64)
 
 
 def _numbers(array: pa.Array) -> pd.Series:

@@ -41,7 +41,7 @@ RENAMED = {
 BROKEN = {
     # line in the CSV (header = line 1) → what is wrong with it
     "missing card_id": {"customer_ref": ""},
-    "non-positive amount": {"value": "-5.00"},
+    "negative amount": {"value": "-5.00"},
     "unknown currency": {"ccy": "XXX"},
     "unparseable timestamp": {"event_time": "yesterday"},
     "is_fraud is not 0/1 or true/false": {"label": "maybe"},
