@@ -14,6 +14,7 @@ from services.domain.validation import MAX_ID_LENGTH
 from services.featurestore import layout
 from services.pipelines import dataimport
 from services.pipelines.dataimport import ImportOptions, ImportRejected
+from services.pipelines.dataimport.reading import csv_lines
 
 HEADER = "transaction_id,timestamp,card_id,merchant_id,amount,currency,is_fraud\n"
 
@@ -125,9 +126,9 @@ def test_examples_are_the_first_lines_of_each_reason(tmp_path: Path) -> None:
 
 def test_malformed_lines_reject_the_file_and_shift_no_line_number() -> None:
     # Data rows 1..5 after the header; lines 3 and 4 were malformed and skipped.
-    assert dataimport._csv_lines(np.arange(1, 4), [3, 4]).tolist() == [2, 5, 6]
-    assert dataimport._csv_lines(np.arange(1, 4), []).tolist() == [2, 3, 4]
-    assert dataimport._csv_lines(np.arange(1, 3), [2]).tolist() == [3, 4]
+    assert csv_lines(np.arange(1, 4), [3, 4]).tolist() == [2, 5, 6]
+    assert csv_lines(np.arange(1, 4), []).tolist() == [2, 3, 4]
+    assert csv_lines(np.arange(1, 3), [2]).tolist() == [3, 4]
 
 
 def test_a_malformed_line_is_reported(tmp_path: Path) -> None:
