@@ -206,6 +206,13 @@ def resolve_columns(path: Path, names: list[str], mapping: Mapping[str, str]) ->
     for name in SCHEMA:
         if name not in columns and name in present:
             columns[name] = name
+    counts = Counter(names)
+    repeated = sorted({source for source in columns.values() if counts[source] > 1})
+    if repeated:
+        raise ImportRejected(
+            f"{shown(path)} has more than one column named {', '.join(map(repr, repeated))}: "
+            "rename all but one (which one holds the data is ambiguous)"
+        )
     lacking = [name for name in REQUIRED if name not in columns]
     if "amount" not in columns and "amount_minor" not in columns:
         lacking.append("amount or amount_minor")
@@ -220,13 +227,6 @@ def resolve_columns(path: Path, names: list[str], mapping: Mapping[str, str]) ->
         )
     if "amount" in columns and "amount_minor" in columns:
         del columns["amount"]  # the exact one wins
-    counts = Counter(names)
-    repeated = sorted({source for source in columns.values() if counts[source] > 1})
-    if repeated:
-        raise ImportRejected(
-            f"{shown(path)} has more than one column named {', '.join(map(repr, repeated))}: "
-            "rename all but one (which one holds the data is ambiguous)"
-        )
     return columns
 
 
