@@ -3,7 +3,8 @@
 - ``BAD_INPUT`` (2): the input is wrong: a file that cannot be read as it claims to be, an
   option value out of range, an unknown model version, a corrupt state file. Nothing was
   changed. Typer's own usage errors (an unparseable number or date, a missing argument)
-  exit with 2 as well.
+  exit with 2 as well, in Typer's format; checks Typer cannot express (``bad_option``) use
+  its wording on one line.
 - ``REFUSED`` (1): a valid request that cannot be carried out now: the model lifecycle does
   not allow the change, training or materialization failed, a service cannot be reached.
 """
@@ -36,3 +37,8 @@ def fail(what: str, message: str, code: int = BAD_INPUT) -> NoReturn:
     """Prints ``what: message`` as one line on stderr and exits with ``code``."""
     _stderr.print(f"[red]{escape(what)}:[/red] {escape(one_line(message))}")
     raise typer.Exit(code)
+
+
+def bad_option(option: str, message: str) -> NoReturn:
+    """Rejects an option's value in one line worded as Typer words its own (exit 2)."""
+    fail(f"Invalid value for '{option}'", message, BAD_INPUT)

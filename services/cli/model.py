@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.cli.exits import BAD_INPUT, REFUSED, fail
+from services.cli.exits import BAD_INPUT, REFUSED, bad_option, fail
 from services.common.errors import FraudmeshError, InvalidArgument, NotFound
 from services.domain.validation import MAX_ID_LENGTH
 from services.featurestore.settings import from_env
@@ -53,14 +53,14 @@ def _plain_name(name: str) -> str:
         or not name.isprintable()
         or len(name) > MAX_ID_LENGTH
     ):
-        raise typer.BadParameter(f"{name!r} is not a plain model name (e.g. fraud)")
+        bad_option("--name", f"{name!r} is not a plain model name (e.g. fraud-lgbm)")
     return name
 
 
 def _share(percent: float) -> float:
     """Typer callback: a canary share in percent, 0.01 to 100 (NaN and infinities too)."""
     if not 0 < round(percent, 2) <= 100:  # False for NaN; inf rounds to inf
-        raise typer.BadParameter(f"{percent:g} is not a share from 0.01 to 100")
+        bad_option("--percent", f"{percent:g} is not a share from 0.01 to 100")
     return percent
 
 

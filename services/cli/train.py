@@ -25,6 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from services.cli import checks
 from services.common.errors import FailedPrecondition
 from services.decisionlog.settings import DecisionLogSettings
 from services.featurestore.settings import from_env
@@ -57,7 +58,10 @@ def train_command(
         Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="LightGBM seed (default: the training default, 7).")
+        int | None,
+        typer.Option(
+            min=0, max=2**31 - 1, help="LightGBM seed (default: the training default, 7)."
+        ),
     ] = None,
     var_dir: Annotated[
         Path | None,
@@ -126,12 +130,14 @@ def train_command(
     ap_tolerance: Annotated[
         float,
         typer.Option(
-            min=0.0, help="How far below live's average precision the new version may be."
+            min=0.0, max=1.0, help="How far below live's average precision the new version may be."
         ),
     ] = 0.01,
     latency_ratio: Annotated[
         float,
-        typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
+        typer.Option(
+            min=0.1, max=100.0, help="Most the new single-row p99 may be, as a multiple of live's."
+        ),
     ] = 2.0,
     from_decisions: Annotated[
         bool,
@@ -192,6 +198,22 @@ def train_command(
     ]
     if given and not from_decisions:
         raise typer.BadParameter(f"{', '.join(given)} only apply with --from-decisions")
+    # Bad dates and paths end the command before any work (exit 2), not after training.
+    checks.ordered(
+        ("--train-from", _utc(train_from)),
+        ("--train-until", _utc(train_until)),
+        ("--test-from", _utc(test_from)),
+        ("--test-until", _utc(test_until)),
+        touching=("--train-until", "--test-from"),
+    )
+    since, until = _utc_time(decisions_since), _utc_time(decisions_until)
+    checks.ordered(("--decisions-since", since), ("--decisions-until", until))
+    checks.existing_folder("--var-dir", var_dir)
+    checks.existing_folder("--decisions-root", decisions_root)
+    checks.output_folder("--model-root", model_root)
+    checks.output_folder("--report-dir", report_dir)
+    checks.output_folder("--work-dir", work_dir)
+    checks.output_file("--scores-out", scores_out)
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
     existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
@@ -232,8 +254,8 @@ def train_command(
                     root,
                     log_root,
                     work_dir=work_dir,
-                    since=_utc_time(decisions_since),
-                    until=_utc_time(decisions_until),
+                    since=since,
+                    until=until,
                     params=params,
                     progress=report,
                     periods=periods,
