@@ -194,3 +194,9 @@ def test_ordered_bounds_skip_the_missing_and_let_one_pair_touch() -> None:
         with pytest.raises(typer.Exit) as caught:
             checks.ordered(*bounds, touching=touching)
         assert caught.value.exit_code == 2
+
+
+def test_score_refuses_a_negative_amount_before_calling(place: Path) -> None:
+    args = ("--card-id", "c", "--merchant-id", "m", "--target", "127.0.0.1:9")
+    code, err = _run(place, "score", *args, "--amount-minor", "-1")
+    assert code == 2 and "--amount-minor" in err, err
