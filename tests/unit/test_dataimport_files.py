@@ -222,3 +222,20 @@ def test_compressed_and_encoded_forms_import_the_same_rows(
     result = dataimport.import_transactions(path, tmp_path / "var" / "data")
     assert result.rows_imported == 300 and result.bad_rows.total == 0
     assert result.columns["card_id"] == "card_id"
+
+
+def test_utf8_is_checked_across_reads_that_split_a_character(tmp_path: Path) -> None:
+    # Every id is two-byte characters, so reads of 4 KiB split some of them in half.
+    rows = "".join(
+        f"{'é' * (i % 7 + 1)}{i},2026-01-01T00:00:00Z,cärd-{i % 5},m,1.00,EUR,0\n"
+        for i in range(2_000)
+    )
+    path = tmp_path / "accents.csv"
+    path.write_bytes((HEADER + rows).encode())
+    options = ImportOptions(batch_bytes=1 << 12)
+    result = dataimport.import_transactions(path, tmp_path / "var" / "data", options)
+    assert result.rows_imported == 2_000
+    # The last character cut in half: the file's last line is named.
+    path.write_bytes((HEADER + rows).encode() + "zz,2026-01-01T00:00:00Z,é".encode()[:-1])
+    with pytest.raises(ImportRejected, match=r"accents\.csv line 2002: not UTF-8 text"):
+        dataimport.import_transactions(path, tmp_path / "var2" / "data", options)

@@ -146,7 +146,9 @@ class _Utf8(io.RawIOBase):
         data = self._source.read(len(buffer))
         pending = len(self._decoder.getstate()[0])
         try:
-            self._decoder.decode(data, final=not data)
+            # ASCII needs no decoding (ids, times and numbers mostly are): checked in place.
+            if pending or not data.isascii():
+                self._decoder.decode(data, final=not data)
         except UnicodeDecodeError as error:
             before = max(error.start - pending, 0)
             raise _NotUtf8(self._line + data.count(b"\n", 0, before)) from None
