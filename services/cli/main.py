@@ -55,7 +55,9 @@ console = Console()
 def score(
     card_id: Annotated[str, typer.Option(help="Card to charge.")],
     merchant_id: Annotated[str, typer.Option(help="Merchant paid.")],
-    amount_minor: Annotated[int, typer.Option(help="Amount in minor units (cents).")],
+    amount_minor: Annotated[
+        int, typer.Option(min=0, help="Amount in minor units (cents); 0 verifies the card.")
+    ],
     currency: Annotated[str, typer.Option(help="ISO 4217 code.")] = "EUR",
     card_not_present: Annotated[bool, typer.Option(help="E-commerce / card not present.")] = False,
     target: Annotated[str, typer.Option(help="Envoy (or gateway) host:port.")] = "127.0.0.1:8080",

@@ -165,7 +165,6 @@ def _future(seconds: int) -> Timestamp:
         ({"transaction_id": ""}, "transaction_id"),
         ({"card_id": ""}, "card_id"),
         ({"merchant_id": ""}, "merchant_id"),
-        ({"amount_minor": 0}, "amount_minor"),
         ({"amount_minor": -100}, "amount_minor"),
         ({"amount_minor": 9_000_000_000_000}, "amount_minor"),
         ({"currency": "ABC"}, "currency"),
@@ -185,6 +184,16 @@ def test_bad_input_is_invalid_argument_naming_the_field(
     bad_request = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(bad_request)
     assert bad_request.field_violations[0].field == field
+
+
+def test_a_zero_amount_account_verification_is_scored_by_the_model(
+    edge: grpc.Channel, known: Known
+) -> None:
+    response = _full_quality(edge, _request(known, amount_minor=0))
+    assert response.scored_by == pb.SCORED_BY_MODEL, response
+    assert response.feature_source == pb.FEATURE_SOURCE_ONLINE, response
+    assert 0.0 <= response.score <= 1.0
+    assert response.decision in (pb.DECISION_APPROVE, pb.DECISION_REVIEW, pb.DECISION_DECLINE)
 
 
 def test_missing_timestamp_is_invalid_argument(edge: grpc.Channel, known: Known) -> None:
