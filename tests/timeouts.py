@@ -30,6 +30,7 @@ LIMITS_S: dict[str, int] = {
     "decisionlog/test_recovery.py": 90,
     "test_runtime_errors.py": 120,
     "test_streams.py": 120,
+    "test_transport_reasons.py": 120,
     # The session's redis-server or Kafka broker (Kafka formats and starts in ~15 s), a sink.
     "eventlog/test_redis_streams.py": 120,
     "eventlog/test_contract.py": 240,
