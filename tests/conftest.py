@@ -26,6 +26,10 @@ from services.featurestore.settings import FeatureStoreSettings
 from services.models import repository
 from services.pipelines import dataset, simulate, train
 
+# No skip under CI (tests/ci.py); a time limit per integration module, logs on failure
+# (tests/timeouts.py).
+pytest_plugins = ("tests.ci", "tests.timeouts")
+
 
 @dataclass(frozen=True)
 class PreparedEnv:
