@@ -8,8 +8,8 @@
   own virtual environment) serving the same LightGBM model (``lightgbm.txt`` of the same
   published version), both driven by ghz ``ModelInfer`` with identical requests and rates.
 - ``features``: the feature service (gRPC, ghz) against ``feast serve`` (HTTP, fortio) on
-  the same Redis, registry and data, at the same rates, both asked for the same known card
-  and merchant.
+  the same Redis, registry and data, both asked for the same known card, merchant and
+  terminal (feast serve needs every join key of the feature service's views).
 
 Every side climbs its own rate ladder (``Ladder``): the listed rates, where the comparison's
 fixed rates are, then on past them until that side misses its criterion, within a rate and
@@ -17,7 +17,8 @@ a time bound; a side still meeting it at a bound is reported as "at least".
 
 Each writes ``bench-<name>.md`` (table, verdicts), ``.png`` and ``.json`` into the results
 folder. Run with ``python -m loadtest.bench [--only floor,scorer,features]``; a short run
-(``--rates 50,100 --step-seconds 2 --max-side-seconds 20``) checks the set-up end to end.
+(``--rates 50,100 --step-seconds 2 --max-rps 200 --max-side-seconds 30 --out DIR``) checks
+the set-up end to end.
 """
 
 from __future__ import annotations
