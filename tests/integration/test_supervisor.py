@@ -32,7 +32,7 @@ from loadtest import faultwindow
 from services import client
 from services.mesh import free_port, grpc_serving
 
-from .conftest import Known
+from .conftest import Known, first_full_quality, register_logs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -68,10 +68,18 @@ class Up:
 
 
 @pytest.fixture(scope="module")
-def up(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    """``fraudmesh up`` as a subprocess on free ports."""
-    tmp = tmp_path_factory.mktemp("up")
-    ports = {name: free_port() for name in ("envoy", "admin", "gateway", "features", "scorer")}
+def up(
+    prepared_env: Any,
+    known: Known,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Up]:
+    """``fraudmesh up`` as a subprocess on free ports, handed out once it has answered at
+    full quality."""
+    tmp = register_logs(request, tmp_path_factory.mktemp("up"))
+    # Every port free: another mesh on the machine must not make a child fail to bind.
+    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
+    ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
@@ -91,6 +99,7 @@ def up(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             assert process.poll() is None, running.output()
             assert time.monotonic() < deadline, running.output()
             time.sleep(0.2)
+        first_full_quality(running.target, known)
         yield running
     finally:
         if process.poll() is None:
@@ -117,6 +126,7 @@ class Traffic:
     def run(self) -> None:
         """Calls until stopped; the deadline is generous, Envoy caps a call at 50 ms."""
         with grpc.insecure_channel(self.target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=10)
             stub = pb_grpc.FraudScoringStub(channel)
             while not self._stop.wait(self.interval_s):
                 began = time.monotonic()
