@@ -195,25 +195,33 @@ class Chaos:
 
         mesh.start(timeout_s=120, on_ready=ready)
         try:
-            self._first_full_quality(mesh)
+            self._settle(mesh)
             yield mesh
         finally:
             mesh.stop()
 
-    def _first_full_quality(self, mesh: Mesh, timeout_s: float = 60.0) -> None:
-        """Waits for the mesh's first answer by the model on online features: a row's
-        baseline must not be a mesh still warming."""
+    def _settle(self, mesh: Mesh, timeout_s: float = 60.0) -> None:
+        """Waits until the mesh answers at full quality (the model on online features) with
+        every breaker of its gateway closed: a row's baseline must be neither a mesh still
+        warming nor the previous row's recovery."""
+        metrics_url = f"http://127.0.0.1:{mesh.config.metrics_ports['gateway']}/metrics"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             answer = _score_once(mesh.config.envoy_target, self.probe_card, self.probe_merchant)
-            if (
+            full = (
                 answer is not None
                 and answer.scored_by == pb.SCORED_BY_MODEL
                 and answer.feature_source == pb.FEATURE_SOURCE_ONLINE
-            ):
+            )
+            states = [
+                value
+                for key, value in gateway_counters(metrics_url).items()
+                if key.startswith("fraudmesh_breaker_state{")
+            ]
+            if full and not any(states):
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"no full-quality answer within {timeout_s:.0f} s of the start")
+        raise RuntimeError(f"no full-quality answer with closed breakers in {timeout_s:.0f} s")
 
     def _materialize_redis(self, config: MeshConfig) -> None:
         settings = FeatureStoreSettings(
@@ -232,10 +240,14 @@ class Chaos:
         rps: int | None = None,
         recovered: Callable[[pb.ScoreResponse], bool] | None = None,
         split: bool = False,
+        settle: bool = True,
     ) -> Row:
         """Drives load for the plan's duration, faulting and recovering on schedule. With
-        ``split`` and no fault, the fault's moment is marked all the same."""
+        ``split`` and no fault, the fault's moment is marked all the same. With ``settle``,
+        the load starts once the mesh is back at full quality."""
         plan = self.plan
+        if settle:
+            self._settle(mesh)
         metrics_url = f"http://127.0.0.1:{mesh.config.metrics_ports['gateway']}/metrics"
         before = gateway_counters(metrics_url)
         result: list[ghz.Result] = []
@@ -315,6 +327,7 @@ class Chaos:
             if "scorer-slow" in wanted:
                 scorer = mesh.processes["scorer"]
                 normal = dict(scorer.env)
+                self._settle(mesh)
                 scorer.env = {**normal, "FRAUD_SCORER_FAULT_DELAY_MS": "100"}
                 mesh.restart("scorer")
                 out.append(
@@ -325,6 +338,7 @@ class Chaos:
                             "OK on time as the baseline, breaker opens, rules",
                             reference=reference,
                         ),
+                        settle=False,
                     )
                 )
                 scorer.env = normal
