@@ -131,13 +131,21 @@ class Row:
         baseline, fault = self.tallies()
         return None if baseline is None else faultwindow.judge(baseline, fault)
 
+    def unexpected_statuses(self) -> set[str]:
+        """Statuses no call may end with: anything but OK and DEADLINE_EXCEEDED (a late call,
+        judged by the verdict), and RESOURCE_EXHAUSTED where shedding is the answer."""
+        expected = {"OK", "DeadlineExceeded"} | ({SHED} if self.shed_expected else set())
+        return set(self.load.status_counts) - expected if self.load is not None else set()
+
     def passed(self) -> bool:
-        """Whether the row meets its expectation: only OK answers (and sheds where shedding is
-        the answer), and no more late or failed calls in the fault's window than its baseline
-        allows; an overload row must shed, and faster than it answers."""
+        """Whether the row meets its expectation: no unexpected status, and no more late or
+        failed calls in the fault's window than its baseline allows; an overload row must
+        shed, and faster than it answers."""
         load = self.load
         verdict = self.verdict()
         if load is None or load.count == 0 or verdict is None or not verdict.ok:
+            return False
+        if self.unexpected_statuses():
             return False
         if self.shed_expected:
             ok_p99 = load.status_p99_ms.get("OK", math.inf)
@@ -303,6 +311,9 @@ class Chaos:
         wanted = rows or set(ROW_NAMES)
         out: list[Row] = []
         reference: faultwindow.Tally | None = None
+        if wanted & {"scorer-slow", "overload"}:
+            # Their faults last the whole row: the baseline row is what they are judged by.
+            wanted = wanted | {"baseline"}
         with self.mesh() as mesh:
             if "baseline" in wanted:
                 base = self._run(

@@ -75,8 +75,7 @@ def test_the_baseline_answers_on_time(matrix: dict[str, Row]) -> None:
 def test_no_call_fails_but_by_its_deadline(matrix: dict[str, Row], prefix: str) -> None:
     row = _row(matrix, prefix)
     assert row.load is not None and row.load.count > 0
-    allowed = {"OK", "DeadlineExceeded"} | ({"ResourceExhausted"} if row.shed_expected else set())
-    assert set(row.load.status_counts) <= allowed, (row.load.status_counts, row.load.errors)
+    assert not row.unexpected_statuses(), (row.load.status_counts, row.load.errors)
 
 
 @pytest.mark.parametrize("prefix", ["none", *FAULTS])

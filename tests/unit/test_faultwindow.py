@@ -145,3 +145,13 @@ def test_a_whole_row_fault_is_judged_against_the_reference_and_sheds_are_not_lat
     assert verdict.fault.calls == 450 and verdict.fault.bad == 1
     assert row.passed()
     assert Row("slow scorer", "", load=_load(calls)).verdict() is None
+
+
+def test_a_call_lost_with_any_other_status_fails_its_row_however_few() -> None:
+    calls = _steady(0.0, 8.0)
+    calls.append(CallRecord(4.0, 1.0, "Unavailable"))
+    row = Row("scorer killed", "", load=_load(calls), fault_s=3.0)
+    verdict = row.verdict()
+    assert verdict is not None and verdict.ok  # one failed call is within the bound...
+    assert row.unexpected_statuses() == {"Unavailable"}
+    assert not row.passed()  # ...but no call may be lost
