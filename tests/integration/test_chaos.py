@@ -107,8 +107,10 @@ def test_feature_outages_fall_back_to_defaults_and_recover(matrix: dict[str, Row
 
 
 def test_overload_is_shed_fast_with_resource_exhausted(matrix: dict[str, Row]) -> None:
-    load = _row(matrix, "3x").load
-    assert load is not None
-    assert load.status_counts.get("ResourceExhausted", 0) > 0
-    # Shed calls are refused at the edge, far faster than scored ones.
-    assert load.status_p99_ms["ResourceExhausted"] < load.status_p99_ms["OK"]
+    row = _row(matrix, "3x")
+    assert row.load is not None
+    assert row.load.status_counts.get("ResourceExhausted", 0) > 0
+    # Shed calls are refused at the edge, far faster than scored ones: the typical one (a
+    # stall of the machine moves every p99 alike).
+    shed, scored = row.median_ms("ResourceExhausted"), row.median_ms("OK")
+    assert 2 * shed < scored, (shed, scored)
