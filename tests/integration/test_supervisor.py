@@ -10,6 +10,7 @@ A child that keeps crashing makes ``up`` stop everything and exit non-zero with 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import statistics
@@ -166,6 +167,10 @@ def traffic(up: Up, known: Known) -> Iterator[Traffic]:
     """Steady traffic for the length of a test."""
     sample = client.Sample("steady", known.card_id, known.merchant_id, known.amount_minor)
     steady = Traffic(up.target, sample.request)
+    # A full garbage collection of what this process holds would pause the traffic's thread
+    # for a tenth of a second or more, and the call in flight would look late: freeze it.
+    gc.collect()
+    gc.freeze()
     thread = threading.Thread(target=steady.run, daemon=True)
     thread.start()
     yield steady
