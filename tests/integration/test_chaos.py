@@ -22,7 +22,7 @@ from loadtest.chaos import BUDGET_MS, Chaos, ChaosPlan, Row, markdown
 
 from .conftest import register_logs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.integration
 
 PLAN = ChaosPlan(rps=60, duration_s=8.0, fault_at_s=3.0, recover_at_s=5.0, overload_capacity_rps=40)
 

@@ -39,7 +39,7 @@ from .conftest import (
     register_logs,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 SUBJECT_RPS = 50

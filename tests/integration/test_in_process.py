@@ -28,7 +28,7 @@ from services.models import repository
 
 from .conftest import Known, Recorder, full_quality, register_logs, start_mesh
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
 
 @pytest.fixture(scope="module")

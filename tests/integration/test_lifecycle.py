@@ -49,7 +49,7 @@ from services.models.lifecycle import CANARY_BUCKETS, ModelLifecycle, VersionSta
 
 from .conftest import Known, first_full_quality, register_logs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 RPS = 100
 BASELINE_S = 3.0

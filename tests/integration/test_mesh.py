@@ -30,7 +30,7 @@ from services.mesh import Mesh
 
 from .conftest import Known, Recorder, first_of, full_quality, go_tool, score_request
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -18,7 +18,7 @@ from services.mesh import Mesh
 
 from .conftest import Known, Recorder, full_quality, register_logs, score_request, start_mesh
 
-pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from services.mesh import free_port, grpc_serving
 
 from .conftest import Known, first_full_quality, register_logs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.integration
 
 WAIT_S = 120.0
 """Upper bound of every wait (start-up, restart); generous for a loaded machine."""
