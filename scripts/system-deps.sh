@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the system programs the tests start are present: redis-server (Redis online
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
-# (the Kafka broker of the event-log tests), promtool (the alert rules' unit tests). Missing
+# (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
+# gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -12,6 +13,7 @@ declare -A wanted=(
   [setpriv]=util-linux
   [java]=openjdk-17-jre-headless
   [mvn]=maven
+  [curl]=curl
   [promtool]=prometheus
 )
 

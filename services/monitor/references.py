@@ -54,6 +54,10 @@ class ReferenceBook:
         known = self._known.get(version)
         if known is not None:
             return known
+        if repository.version_problem(version) is not None:
+            # Not a published version's number (the rules fallback's ``rules-…``): no
+            # folder to read, and an event's text never becomes a path.
+            return Known(None, Layout.of(None))
         failed_at = self._missing.get(version)
         if failed_at is not None and self._clock() - failed_at < self.retry_s:
             return Known(None, Layout.of(None))

@@ -179,6 +179,8 @@ class _Known:
 
 
 def _known(model_root: Path, name: str, version: str) -> _Known | None:
+    if repository.version_problem(version) is not None:
+        return None  # the rules fallback's ``rules-…``: no folder to read
     try:
         metadata, folder = repository.load(model_root, name, version)
     except repository.ModelNotFoundError:
