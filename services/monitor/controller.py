@@ -70,7 +70,8 @@ class RolloutPolicy:
     rate_abs: float = 0.005
     """A decision rate may differ from live's by at least this much (0.005 = half a point) …"""
     rate_rel: float = 0.25
-    """… or by this share of live's rate, whichever is larger."""
+    """… or by this share of live's rate (of its complement when above one half),
+    whichever is larger."""
     max_failure_increase: float = 0.01
     """The canary's error-and-timeout rate may exceed live's by this much."""
     p99_ratio: float = 2.0
@@ -116,9 +117,10 @@ def compare_rate(
     """A rate of the candidate against live's, both directions: a breach when their intervals
     are further apart than the allowed difference."""
     c, live = _rate(k_c, n_c, policy.level), _rate(k_l, n_l, policy.level)
-    allowed = max(
-        policy.rate_abs, policy.rate_rel * (0.0 if math.isnan(live.estimate) else live.estimate)
-    )
+    share = 0.0 if math.isnan(live.estimate) else min(live.estimate, 1 - live.estimate)
+    # Relative to the rarer side: an approve rate of 95 % moving by 5 points doubles what
+    # is not approved.
+    allowed = max(policy.rate_abs, policy.rate_rel * share)
     gap = max(c.low - live.high, live.low - c.high)
     passed = not gap > allowed
     return Comparison(

@@ -35,7 +35,7 @@ from services.featurestore.settings import FeatureStoreSettings
 from services.models import gates as promotion_gates
 from services.models import reference, repository
 from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle
-from services.models.onnx import OnnxModel
+from services.models.onnx import OnnxModel, TensorSpec
 from services.pipelines.training.frame import training_frame
 from services.pipelines.training.params import TrainParams
 from services.pipelines.training.periods import Periods
@@ -116,10 +116,15 @@ def validate(folder: Path) -> Checked:
     _check_thresholds(spec.thresholds)
     metadata = _metadata(spec, datetime.now(UTC), None)
     try:
-        model = OnnxModel(metadata, folder, threads=1, model_file=onnx_path)
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own classes for a file it cannot load
         raise ImportProblem(f"{repository.MODEL_FILE} does not load: {error}") from error
-    _check_shapes(model, spec)
+    _check_shapes(
+        [TensorSpec.of(a) for a in session.get_inputs()],
+        [TensorSpec.of(a) for a in session.get_outputs()],
+        spec,
+    )
+    model = OnnxModel(metadata, folder, threads=1, model_file=onnx_path)
     _check_warm_up(model)
     return Checked(spec, onnx_path, model)
 
@@ -157,9 +162,11 @@ def _check_thresholds(t: ImportThresholds) -> None:
         )
 
 
-def _check_shapes(model: OnnxModel, spec: ImportSpec) -> None:
-    inputs = {i.name: i for i in model.inputs}
-    outputs = {o.name: o for o in model.outputs}
+def _check_shapes(
+    input_specs: list[TensorSpec], output_specs: list[TensorSpec], spec: ImportSpec
+) -> None:
+    inputs = {i.name: i for i in input_specs}
+    outputs = {o.name: o for o in output_specs}
     n = len(spec.feature_order)
     if spec.input_name not in inputs or len(inputs) != 1:
         raise ImportProblem(
