@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from services.models.lifecycle import ModelLifecycle, VersionState
-from services.models.rollout import Outcome, Phase, RolloutFile, RolloutPlan, check_steps
+from services.models.rollout import (
+    Comparison,
+    Outcome,
+    Phase,
+    RolloutFile,
+    RolloutPlan,
+    check_steps,
+)
 from services.monitor import tally
 from services.monitor.controller import (
     RolloutController,
@@ -62,7 +69,7 @@ def arm(
     return out
 
 
-def _failed(result: list) -> list[str]:  # type: ignore[type-arg]
+def _failed(result: list[Comparison]) -> list[str]:
     return [c.name for c in result if not c.passed]
 
 
@@ -187,7 +194,7 @@ def _plan(version: str, **changes: object) -> RolloutPlan:
 def _controller(
     lifecycle: ModelLifecycle, plans: RolloutFile, engine: FakeEngine, clock: Clock
 ) -> RolloutController:
-    return RolloutController(engine, lifecycle, plans, slice_s=1, clock=clock)  # type: ignore[arg-type]
+    return RolloutController(engine, lifecycle, plans, slice_s=1, clock=clock)
 
 
 def test_a_good_candidate_is_promoted_step_by_step_and_resumes_after_a_restart(
@@ -207,7 +214,8 @@ def test_a_good_candidate_is_promoted_step_by_step_and_resumes_after_a_restart(
     # A new controller (the monitor restarted) carries on from the file.
     _controller(lifecycle, plans, engine, clock).tick()
     plan = plans.read()
-    assert plan is not None and plan.outcome is Outcome.PROMOTED, plan.reason
+    assert plan is not None
+    assert plan.outcome is Outcome.PROMOTED, plan.reason
     state = lifecycle.read()
     assert state.routing.live == version and state.routing.previous == "1"
     reasons = [t.reason for t in state.history if t.version == version]
