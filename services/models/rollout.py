@@ -101,6 +101,11 @@ class RolloutPlan(BaseModel):
     phase: Phase
     step: int = Field(0, description="Index of the current canary share.")
     step_started_at: datetime | None = Field(None, description="None: not started yet.")
+    window_from: datetime | None = Field(
+        None,
+        description="Shadow gate: the start of its window, the first whole slice after the "
+        "shadow's first score (before it, the gateways were still loading it).",
+    )
     outcome: Outcome | None = None
     reason: str = ""
     finished_at: datetime | None = None
@@ -114,7 +119,8 @@ class RolloutPlan(BaseModel):
     def where(self) -> str:
         """Where the rollout is, in words."""
         if self.phase is Phase.DONE:
-            return f"{self.outcome.value if self.outcome else 'done'}: {self.reason}"
+            outcome = self.outcome.value if self.outcome else "done"
+            return self.reason if self.reason.startswith(outcome) else f"{outcome}: {self.reason}"
         if self.phase is Phase.SHADOW:
             return f"shadow gate (needs {self.shadow_min_decisions} decisions)"
         if self.phase is Phase.APPROVAL:

@@ -383,18 +383,22 @@ class RolloutController:
             plan.step_started_at = self._clock()
             return
         live_version = self.lifecycle.read().routing.live
-        since = self._since(plan)
         engine = self.engine
+        if plan.window_from is None:
+            if engine.window(plan.version, ("shadow",), self._since(plan)).decisions == 0:
+                self._too_slow(plan, 0)
+                return
+            # The gateways score with it now: the window starts at the next whole slice,
+            # so that every live answer in it had the shadow's chance to be scored.
+            now = self._clock().timestamp()
+            start = (now // self.slice_s + 1) * self.slice_s
+            plan.window_from = datetime.fromtimestamp(start, UTC)
+            return
+        since = plan.window_from.timestamp()
         shadow = engine.window(plan.version, ("shadow",), since)
         live = engine.window(live_version, ("live",), since) if live_version else Tally()
         if shadow.decisions < plan.shadow_min_decisions:
-            if self._elapsed(plan) > plan.step_max_seconds:
-                self._stop(
-                    plan,
-                    Outcome.SHADOW_FAILED,
-                    f"shadow gate: {shadow.decisions} of {plan.shadow_min_decisions} decisions "
-                    f"in {plan.step_max_seconds:g} s, too little traffic to judge",
-                )
+            self._too_slow(plan, shadow.decisions)
             return
         result = self._result(plan, "shadow", shadow, live, judge_shadow(shadow, live, self.policy))
         if not result.passed:
@@ -408,6 +412,16 @@ class RolloutController:
             return
         plan.phase, plan.step, plan.step_started_at = Phase.CANARY, 0, None
         self._canary(plan, VersionState.SHADOW)
+
+    def _too_slow(self, plan: RolloutPlan, decisions: int) -> None:
+        """Fails the shadow gate once its time is up without its decisions."""
+        if self._elapsed(plan) > plan.step_max_seconds:
+            self._stop(
+                plan,
+                Outcome.SHADOW_FAILED,
+                f"shadow gate failed: {decisions} of {plan.shadow_min_decisions} decisions in "
+                f"{plan.step_max_seconds:g} s, too little traffic to judge",
+            )
 
     def _canary(self, plan: RolloutPlan, state: VersionState) -> None:
         share = plan.steps[plan.step]

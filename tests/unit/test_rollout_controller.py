@@ -283,6 +283,9 @@ def test_the_shadow_gate_stops_a_shifted_candidate_naming_the_psi(
         (version, "shadow"): arm(2000, 5, power=0.5, shadow_of=(0.3, 0.8)),
         ("1", "live"): arm(2000, 5),
     }
+    controller.tick()  # its first scores: the window starts at the next whole slice
+    plan = plans.read()
+    assert plan is not None and plan.window_from is not None and not plan.results
     controller.tick()
     plan = plans.read()
     assert plan is not None and plan.outcome is Outcome.SHADOW_FAILED
