@@ -251,6 +251,7 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
         world.var_dir / "models" / repository.DEFAULT_MODEL_NAME / version / "reference.json"
     ).is_file()
     failed_before = dict(world.traffic.failed)
+    baseline = list(world.traffic.elapsed_ms)
     started = time.monotonic()
     _fraudmesh(
         "model", "rollout", version, "--var-dir", str(world.var_dir),
@@ -273,7 +274,13 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
     assert world.traffic.failed == failed_before, world.traffic.failed
     listing = _fraudmesh("model", "list", "--var-dir", str(world.var_dir)).stdout
     assert f"rollout of v{version}: promoted" in listing
-    print(f"good candidate live after {took:.0f} s; {world.traffic.answered} calls answered")
+    during = world.traffic.elapsed_ms[len(baseline) :]
+    print(
+        f"good candidate live after {took:.0f} s; {world.traffic.answered} calls answered; "
+        f"gateway p99 {np.percentile(during, 99):.1f} ms during the rollout, "
+        f"{np.percentile(baseline, 99):.1f} ms before it; over 42 ms: "
+        f"{np.mean(np.asarray(during) > 42):.2%} vs {np.mean(np.asarray(baseline) > 42):.2%}"
+    )
     # The next tests roll out against this version.
     world.live = version
 
