@@ -356,6 +356,14 @@ def test_outcomes_give_the_exported_precision_and_recall(world: World, tmp_path:
     assert gauge(catalogue.LIVE_LABELLED_FRAUDS) == independent["frauds"]
     assert any(e["reason"] == "score_drift" for e in report["advice"])
     assert mine["psi"]["score"] > 0.1
+    # The same report as files: Markdown, JSON and a figure per version.
+    out = tmp_path / "report"
+    _fraudmesh("monitor", "report", "--var-dir", str(world.var_dir), "--out", str(out))
+    written = json.loads((out / "monitor.json").read_text())
+    assert written["versions"][version]["labelled"] == independent["labelled"]
+    text = (out / "monitor.md").read_text()
+    assert f"## Version {version}" in text and "score_drift" in text
+    assert any(p.suffix == ".png" and p.stat().st_size > 0 for p in out.iterdir())
 
 
 def test_monitor_survives_kill_9_without_double_counting(world: World, tmp_path: Path) -> None:
