@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -13,6 +13,10 @@ from rich.console import Console
 from services.cli.decisions import VarDirOption, _root, _utc
 from services.models.settings import ModelServerSettings
 from services.monitor.settings import MonitorSettings
+
+if TYPE_CHECKING:
+    import grpc
+    import pandas as pd
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 console = Console()
@@ -120,12 +124,30 @@ def drill(
     import time
 
     import grpc
+
+    rows = _drill_rows(scenario, count, seed, var_dir)
+    start = time.monotonic()
+    with grpc.insecure_channel(target) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=5)
+        except grpc.FutureTimeoutError as error:
+            console.print(f"[red]cannot reach {target}[/red]")
+            raise typer.Exit(1) from error
+        answered, failed = _send(channel, rows, rate)
+        console.print(
+            f"{scenario}: {len(answered):,} answered in {time.monotonic() - start:.1f} s"
+            + (f", failed {failed}" if failed else "")
+        )
+        if outcomes:
+            _report_outcomes(channel, answered)
+            frauds = sum(answered.values())
+            console.print(f"reported {len(answered):,} outcomes ({frauds:,} fraud)")
+
+
+def _drill_rows(scenario: str, count: int, seed: int, var_dir: Path | None) -> pd.DataFrame:
+    """The scenario's transactions, drawn from the history and moved into the last second."""
     import pandas as pd
 
-    from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
-    from fraud.v1 import scoring_pb2 as pb
-    from fraud.v1 import scoring_pb2_grpc as pb_grpc
-    from services.domain import featurespec
     from services.featurestore import layout
     from services.featurestore.settings import FeatureStoreSettings
     from services.pipelines import drift as drift_scenarios
@@ -142,57 +164,64 @@ def drill(
     history = pd.read_parquet(path)
     now = pd.Timestamp.now(tz="UTC")
     recent = history[history["timestamp"] > history["timestamp"].max() - pd.Timedelta(days=_DAYS)]
-    rows = drift_scenarios.restamp(
+    return drift_scenarios.restamp(
         drift_scenarios.traffic(
             recent, scenario, count, seed, prefix=f"drill-{now.strftime('%Y%m%d%H%M%S')}"
         ),
         now - pd.Timedelta(seconds=1),
     )
+
+
+def _send(
+    channel: grpc.Channel, rows: pd.DataFrame, rate: float
+) -> tuple[dict[str, bool], dict[str, int]]:
+    """Scores ``rows`` at ``rate`` a second; (fraud verdict by answered id, failures by code)."""
+    import time
+
+    import grpc
+    import pandas as pd
+
+    from fraud.v1 import scoring_pb2 as pb
+    from fraud.v1 import scoring_pb2_grpc as pb_grpc
+    from services.domain import featurespec
+
     answered: dict[str, bool] = {}
     failed: dict[str, int] = {}
+    stub = pb_grpc.FraudScoringStub(channel)
+    pending = []
     start = time.monotonic()
-    with grpc.insecure_channel(target) as channel:
+    for i, row in enumerate(rows.itertuples(index=False)):
+        time.sleep(max(0.0, start + i / rate - time.monotonic()))
+        request = pb.ScoreRequest(
+            transaction_id=row.transaction_id, card_id=row.card_id,
+            merchant_id=row.merchant_id, amount_minor=int(row.amount_minor),
+            currency=row.currency,
+            channel=pb.CHANNEL_CARD_NOT_PRESENT
+            if row.channel == featurespec.CARD_NOT_PRESENT else pb.CHANNEL_CARD_PRESENT,
+        )  # fmt: skip
+        if isinstance(row.terminal_id, str):
+            request.terminal_id = row.terminal_id
+        request.timestamp.FromNanoseconds(pd.Timestamp(row.timestamp).value)
+        pending.append((row, stub.Score.future(request, timeout=1.0)))
+    for row, future in pending:
         try:
-            grpc.channel_ready_future(channel).result(timeout=5)
-        except grpc.FutureTimeoutError as error:
-            console.print(f"[red]cannot reach {target}[/red]")
-            raise typer.Exit(1) from error
-        stub = pb_grpc.FraudScoringStub(channel)
-        pending = []
-        for i, row in enumerate(rows.itertuples(index=False)):
-            time.sleep(max(0.0, start + i / rate - time.monotonic()))
-            request = pb.ScoreRequest(
-                transaction_id=row.transaction_id, card_id=row.card_id,
-                merchant_id=row.merchant_id, amount_minor=int(row.amount_minor),
-                currency=row.currency,
-                channel=pb.CHANNEL_CARD_NOT_PRESENT
-                if row.channel == featurespec.CARD_NOT_PRESENT else pb.CHANNEL_CARD_PRESENT,
-            )  # fmt: skip
-            if isinstance(row.terminal_id, str):
-                request.terminal_id = row.terminal_id
-            request.timestamp.FromNanoseconds(pd.Timestamp(row.timestamp).value)
-            pending.append((row, stub.Score.future(request, timeout=1.0)))
-        for row, future in pending:
-            try:
-                future.result()
-                answered[row.transaction_id] = bool(row.is_fraud)
-            except grpc.RpcError as error:
-                failed[error.code().name] = failed.get(error.code().name, 0) + 1
-        console.print(
-            f"{scenario}: {len(answered):,} answered in {time.monotonic() - start:.1f} s"
-            + (f", failed {failed}" if failed else "")
+            future.result()
+            answered[row.transaction_id] = bool(row.is_fraud)
+        except grpc.RpcError as error:
+            failed[error.code().name] = failed.get(error.code().name, 0) + 1
+    return answered, failed
+
+
+def _report_outcomes(channel: grpc.Channel, answered: dict[str, bool]) -> None:
+    """Reports each answered transaction's verdict from the history as its outcome."""
+    from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
+
+    reporter = outcomes_pb2_grpc.OutcomeServiceStub(channel)
+    for tid, fraud in answered.items():
+        report = outcomes_pb2.ReportOutcomeRequest(
+            transaction_id=tid,
+            outcome=outcomes_pb2.OUTCOME_FRAUD if fraud else outcomes_pb2.OUTCOME_LEGITIMATE,
+            source=outcomes_pb2.OUTCOME_SOURCE_ANALYST,
         )
-        if outcomes:
-            reporter = outcomes_pb2_grpc.OutcomeServiceStub(channel)
-            for tid, fraud in answered.items():
-                report = outcomes_pb2.ReportOutcomeRequest(
-                    transaction_id=tid,
-                    outcome=outcomes_pb2.OUTCOME_FRAUD
-                    if fraud
-                    else outcomes_pb2.OUTCOME_LEGITIMATE,
-                    source=outcomes_pb2.OUTCOME_SOURCE_ANALYST,
-                )
-                report.reported_at.GetCurrentTime()
-                reporter.ReportOutcome(report, timeout=5.0)
-            frauds = sum(answered.values())
-            console.print(f"reported {len(answered):,} outcomes ({frauds:,} fraud)")
+        report.reported_at.GetCurrentTime()
+        reporter.ReportOutcome(report, timeout=5.0)

@@ -373,64 +373,7 @@ def markdown(report: Report, pngs: Mapping[str, str] | None = None) -> str:
     for version, v in report.versions.items():
         lines += [f"## Version {version}", ""]
         if v["decisions"]:
-            rates = v["decision_rates"]
-            lines += [
-                f"{v['decisions']:,} decisions (approve {rates['approve']:.2%}, review "
-                f"{rates['review']:.2%}, decline {rates['decline']:.2%}); {v['labelled']:,} "
-                f"labelled, {v['frauds']:,} frauds.",
-                "",
-                "| labelling | decisions | labelled | frauds | precision@review | "
-                "recall@review | precision@decline | recall@decline | avg precision |",
-                "|---|---|---|---|---|---|---|---|---|",
-            ]
-            for name, figures in (
-                ("retraining's rule", v),
-                ("matured cohorts", v["matured"]),
-                ("immature cohorts", v["immature"]),
-            ):
-                lines.append(
-                    f"| {name} | {figures.get('decisions', v['decisions']):,} | "
-                    f"{figures['labelled']:,} | {figures['frauds']:,} | "
-                    + " | ".join(
-                        _with_interval(figures, k)
-                        for k in (
-                            "precision_at_review",
-                            "recall_at_review",
-                            "precision_at_decline",
-                            "recall_at_decline",
-                        )
-                    )
-                    + f" | {_num(figures['average_precision'])} |"
-                )
-            lines.append("")
-            reference = v.get("reference")
-            if reference is not None:
-                r = reference["decision_rates"]
-                lines += [
-                    f"Reference ({reference['period'][0]} → {reference['period'][1]}): approve "
-                    f"{r['approve']:.2%}, review {r['review']:.2%}, decline {r['decline']:.2%}.",
-                    "",
-                ]
-            if v["psi"]:
-                ranked = sorted(v["psi"].items(), key=lambda kv: -_sortable(kv[1]))
-                lines += ["| feature | PSI | missing |", "|---|---|---|"]
-                for name, value in ranked:
-                    missing = v["missing_ratio"].get(name, math.nan)
-                    lines.append(f"| {name} | {_num(value)} | {_num(missing, '.1%')} |")
-                lines.append("")
-            lines += [
-                "| day | matured | decisions | labelled | frauds | precision@review | "
-                "recall@review |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for c in v["cohorts"]:
-                lines.append(
-                    f"| {c['day']} | {'yes' if c['matured'] else 'no'} | {c['decisions']:,} | "
-                    f"{c['labelled']:,} | {c['frauds']:,} | "
-                    f"{_with_interval(c, 'precision_at_review')} | "
-                    f"{_with_interval(c, 'recall_at_review')} |"
-                )
-            lines.append("")
+            lines += _answered_lines(v)
         shadow = v.get("shadow")
         if shadow is not None:
             lines += [
@@ -449,6 +392,69 @@ def markdown(report: Report, pngs: Mapping[str, str] | None = None) -> str:
             f"{entry.get('reason')}: `{json.dumps(entry.get('figures'))}`"
         )
     return "\n".join(lines) + "\n"
+
+
+def _answered_lines(v: Mapping[str, Any]) -> list[str]:
+    """A version's decisions: quality by labelling, reference rates, drift, cohorts by day."""
+    lines: list[str] = []
+    rates = v["decision_rates"]
+    lines += [
+        f"{v['decisions']:,} decisions (approve {rates['approve']:.2%}, review "
+        f"{rates['review']:.2%}, decline {rates['decline']:.2%}); {v['labelled']:,} "
+        f"labelled, {v['frauds']:,} frauds.",
+        "",
+        "| labelling | decisions | labelled | frauds | precision@review | "
+        "recall@review | precision@decline | recall@decline | avg precision |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, figures in (
+        ("retraining's rule", v),
+        ("matured cohorts", v["matured"]),
+        ("immature cohorts", v["immature"]),
+    ):
+        lines.append(
+            f"| {name} | {figures.get('decisions', v['decisions']):,} | "
+            f"{figures['labelled']:,} | {figures['frauds']:,} | "
+            + " | ".join(
+                _with_interval(figures, k)
+                for k in (
+                    "precision_at_review",
+                    "recall_at_review",
+                    "precision_at_decline",
+                    "recall_at_decline",
+                )
+            )
+            + f" | {_num(figures['average_precision'])} |"
+        )
+    lines.append("")
+    reference = v.get("reference")
+    if reference is not None:
+        r = reference["decision_rates"]
+        lines += [
+            f"Reference ({reference['period'][0]} → {reference['period'][1]}): approve "
+            f"{r['approve']:.2%}, review {r['review']:.2%}, decline {r['decline']:.2%}.",
+            "",
+        ]
+    if v["psi"]:
+        ranked = sorted(v["psi"].items(), key=lambda kv: -_sortable(kv[1]))
+        lines += ["| feature | PSI | missing |", "|---|---|---|"]
+        for name, value in ranked:
+            missing = v["missing_ratio"].get(name, math.nan)
+            lines.append(f"| {name} | {_num(value)} | {_num(missing, '.1%')} |")
+        lines.append("")
+    lines += [
+        "| day | matured | decisions | labelled | frauds | precision@review | recall@review |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in v["cohorts"]:
+        lines.append(
+            f"| {c['day']} | {'yes' if c['matured'] else 'no'} | {c['decisions']:,} | "
+            f"{c['labelled']:,} | {c['frauds']:,} | "
+            f"{_with_interval(c, 'precision_at_review')} | "
+            f"{_with_interval(c, 'recall_at_review')} |"
+        )
+    lines.append("")
+    return lines
 
 
 def _num(value: float | None, spec: str = ".3f") -> str:

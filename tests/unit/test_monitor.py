@@ -25,7 +25,7 @@ from services.monitor import evaluation, snapshot, tally
 from services.monitor.advice import AdvicePolicy, Advisor, read
 from services.monitor.engine import MonitorEngine, MonitorPolicy
 from services.monitor.references import Known
-from services.monitor.state import MonitorStore
+from services.monitor.state import Decided, MonitorStore
 from services.monitor.tally import Layout
 
 THRESHOLDS = Thresholds(review=0.3, decline=0.7)
@@ -328,3 +328,24 @@ def test_windows_sum_any_range_and_see_late_events(tmp_path: Path) -> None:
     engine.apply([decision("late", 0.9, decided_s=now - 2.5 * 3600)])
     assert engine.window("7", since_s=now - 3 * 3600, until_s=now - 3600).decisions == 24
     assert engine.window("7").by_decision.tolist() == [46, 0, 1]
+
+
+def test_the_decision_index_costs_under_64_bytes_a_decision(tmp_path: Path) -> None:
+    """The figure docs/monitoring.md sizes the state volume by: disk per indexed decision."""
+    store = MonitorStore(tmp_path / "state.db")
+    rng = np.random.default_rng(7)
+    n = 50_000
+    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    for start in range(0, n, 10_000):
+        rows = [
+            (int(k), Decided("3", 493_000 + i % 24, i % 3, i % 120))
+            for i, k in enumerate(keys[start : start + 10_000], start)
+        ]
+        store.save(rows, [], [], [], {})
+    assert store.counts()["decided"] == n
+    store.close()
+    # Closing the last connection folds the write-ahead log into the file.
+    size = sum(p.stat().st_size for p in tmp_path.iterdir())
+    per_decision = size / n
+    print(f"decision index: {per_decision:.1f} bytes a decision over {n} decisions")
+    assert per_decision < 64
