@@ -29,7 +29,6 @@ from onnx import helper, numpy_helper
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.domain import featurespec
-from services.domain.metrics import wilson_interval
 from services.featurestore import layout
 from services.mesh import Mesh, MeshConfig
 from services.models import repository
@@ -277,18 +276,19 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
     assert any(r.startswith("shadow gate passed: decision agreement") for r in reasons)
     assert any(r.startswith("canary 10% passed: errors and timeouts") for r in reasons)
     assert reasons[-1] == "promoted: staged rollout: 2 canary steps passed"
-    # Calls the client gave up on are judged against the same run's traffic before the
-    # rollout: a loaded machine misses deadlines whatever routes the cards; a rollout that
-    # fails calls raises the share beyond that baseline's noise.
+    # No card the candidate was routed to failed: the monitor counts every card a canary
+    # could not answer (DecisionEvent.canary_failed_version), and none did at any step.
+    for result in plan.results[1:]:
+        (errors,) = [c for c in result.comparisons if c.name == "errors and timeouts"]
+        assert errors.candidate == 0.0, result.summary()
+    # Calls the client itself gave up on (its 2 s deadline) carry no answer to attribute to an
+    # arm; on a shared machine they come and go with its load, before and during alike.
     failed_during = sum(world.traffic.failed.values()) - failed_before
     during_calls = len(world.traffic.elapsed_ms) - len(baseline) + failed_during
-    before = wilson_interval(failed_before, len(baseline) + failed_before, 0.99)
-    during = wilson_interval(failed_during, during_calls, 0.99)
     print(
-        f"failed calls: {failed_during} of {during_calls} during the rollout, {failed_before} "
-        f"of {len(baseline) + failed_before} before it"
+        f"calls failed at the client: {failed_during} of {during_calls} during the rollout, "
+        f"{failed_before} of {len(baseline) + failed_before} before it"
     )
-    assert during.low <= before.high, (during, before)
     listing = _fraudmesh("model", "list", "--var-dir", str(world.var_dir)).stdout
     assert f"rollout of v{version}: promoted" in listing
     answers = np.asarray(world.traffic.elapsed_ms[len(baseline) :])
