@@ -216,7 +216,10 @@ class Chaos:
                 out.append(
                     self._run(
                         mesh,
-                        Row("scorer killed, then restarted", "100% OK (rules while down)"),
+                        Row(
+                            "scorer killed, then restarted",
+                            "100% OK (the small model while down, not the rules)",
+                        ),
                         fault=lambda: scorer.signal(signal.SIGKILL),
                         recover=lambda: mesh.restart("scorer"),
                         recovered=lambda r: r.scored_by == pb.SCORED_BY_MODEL,
@@ -228,7 +231,10 @@ class Chaos:
                 scorer.env = {**normal, "FRAUD_SCORER_FAULT_DELAY_MS": "100"}
                 mesh.restart("scorer")
                 out.append(
-                    self._run(mesh, Row("scorer slowed by 100 ms", "100% OK, breaker opens, rules"))
+                    self._run(
+                        mesh,
+                        Row("scorer slowed by 100 ms", "100% OK, breaker opens, small model"),
+                    )
                 )
                 scorer.env = normal
                 mesh.restart("scorer")
@@ -331,8 +337,12 @@ def _breaker_summary(before: dict[str, float], after: dict[str, float]) -> str:
     answers = delta(f"{catalogue.DECISIONS.name}{{")
     total = sum(answers.values()) or 1.0
     rules = sum(v for k, v in answers.items() if "scored_by=rules" in k)
+    small = sum(v for k, v in answers.items() if "scored_by=small_model" in k)
     defaults = sum(v for k, v in answers.items() if "feature_source=default" in k)
-    parts.append(f"rules {rules / total:.0%}, default features {defaults / total:.0%}")
+    parts.append(
+        f"rules {rules / total:.0%}, small model {small / total:.0%}, "
+        f"default features {defaults / total:.0%}"
+    )
     return "; ".join(parts)
 
 

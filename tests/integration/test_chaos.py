@@ -55,9 +55,11 @@ def test_every_call_is_answered_on_time(matrix: dict[str, Any], prefix: str) -> 
     _only_late_calls_fail(row.load, {"OK"})
 
 
-def test_scorer_outage_is_answered_by_rules_and_recovers(matrix: dict[str, Any]) -> None:
+def test_scorer_outage_is_answered_by_the_small_model_and_recovers(
+    matrix: dict[str, Any],
+) -> None:
     row = _row(matrix, "scorer-killed")
-    assert "rules 0%" not in row.breaker
+    assert "small model 0%" not in row.breaker and "rules 0%" in row.breaker, row.breaker
     assert any(note.startswith("recovered") for note in row.notes), row.notes
 
 
