@@ -18,7 +18,6 @@ from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig
 
-
 CASCADE_ENV = "FRAUD_GATEWAY_CASCADE"
 """The gateway setting that turns the cascade's first stage on or off."""
 
