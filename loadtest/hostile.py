@@ -94,7 +94,7 @@ INVALID = frozenset({"INVALID_ARGUMENT"})
 VALID_SCORE = frozenset({"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"})
 """What a valid Score call may get: an answer, or shed / late on a saturated machine."""
 
-MIN_VALID_AMOUNT_MINOR = 1
+MIN_VALID_AMOUNT_MINOR = 0
 """The smallest ``amount_minor`` a valid Score carries: the one place the generator writes the
 gateway's amount rule (valid requests draw from here up; invalid ones below it)."""
 
