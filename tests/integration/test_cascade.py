@@ -25,7 +25,7 @@ import pytest
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from loadtest import data
+from loadtest import data, faultwindow
 from loadtest.drive import Call, Calls, Driver
 from services.common import metric_catalogue as catalogue
 from services.domain import featurespec
@@ -42,8 +42,6 @@ from .live import copy_state, metric, metrics_url, start_live_mesh
 pytestmark = pytest.mark.integration
 
 CASCADE_ON = {CASCADE_ENV: "true"}
-BUDGET_S = 0.042
-"""An answer later than the budget is late, whatever the client's deadline."""
 SMALL = (pb.SCORED_BY_FIRST_STAGE, pb.SCORED_BY_SMALL_MODEL)
 SHARE_TOLERANCE = 0.03
 """How far the replayed day's first-stage share may be from the training estimate (points):
@@ -52,14 +50,16 @@ and the estimate is over the whole test period."""
 
 
 def _late_or_failed(call: Call) -> bool:
-    return call.status != "OK" or call.latency_s > BUDGET_S
+    return faultwindow.late_or_failed(call.status == "OK", call.latency_s * 1000)
 
 
-def _allowed(baseline: Calls, window: Calls) -> float:
-    """Late or failed calls the window may hold: the baseline's share of them, plus a slack
-    of 2 calls or 1 % (a loaded machine starves a few calls whatever happens)."""
-    share = sum(map(_late_or_failed, baseline.calls)) / max(len(baseline), 1)
-    return share * len(window) + max(2.0, 0.01 * len(window))
+def _verdict(baseline: Calls, window: Calls) -> faultwindow.Verdict:
+    """The window's late or failed calls against the baseline's share of them, with the
+    shared slack (a loaded machine starves a few calls whatever happens)."""
+    return faultwindow.judge(
+        faultwindow.tally(baseline.calls, _late_or_failed),
+        faultwindow.tally(window.calls, _late_or_failed),
+    )
 
 
 def _fallback_reasons(calls: Calls) -> Counter[str]:
@@ -90,14 +90,15 @@ no more often than in the baseline."""
 
 
 def _recovered(window: Calls, baseline: Calls) -> bool:
-    engines, base = _engines(window), _engines(baseline)
-    small_share = base[pb.SCORED_BY_SMALL_MODEL] / max(len(baseline), 1)
+    engines = _engines(window)
+    standing_in = faultwindow.tally(
+        baseline.ok(), lambda c: c.scored_by == pb.SCORED_BY_SMALL_MODEL
+    )
     return (
         len(window) > 0
         and engines[pb.SCORED_BY_MODEL] > 0
         and engines[pb.SCORED_BY_RULES] == 0
-        and engines[pb.SCORED_BY_SMALL_MODEL]
-        <= small_share * len(window) + max(2.0, 0.01 * len(window))
+        and engines[pb.SCORED_BY_SMALL_MODEL] <= faultwindow.allowed(standing_in, len(window))
     )
 
 
@@ -140,8 +141,8 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
     assert base_engines[pb.SCORED_BY_MODEL] >= 10, base_engines
     assert base_engines[pb.SCORED_BY_FIRST_STAGE] >= 10, base_engines
 
-    late = sum(map(_late_or_failed, stopped.calls))
-    assert late <= _allowed(baseline, stopped), (late, len(stopped), stopped.statuses())
+    verdict = _verdict(baseline, stopped)
+    assert verdict.ok, (str(verdict), stopped.statuses())
     # Every answer while the scorer is stopped comes from the small model: its clear approvals
     # and, for the rest, its answers with its own thresholds. Never the rules, nor the model.
     assert set(stop_engines) <= set(SMALL), stop_engines
@@ -156,8 +157,8 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
     )
     recovering = calls.between(resumed_at, back_at + RECOVERED_SPAN_S)
     assert _engines(recovering)[pb.SCORED_BY_RULES] == 0, _engines(recovering)
-    late = sum(map(_late_or_failed, recovering.calls))
-    assert late <= _allowed(baseline, recovering), (late, len(recovering), recovering.statuses())
+    verdict = _verdict(baseline, recovering)
+    assert verdict.ok, (str(verdict), recovering.statuses())
     print(
         f"baseline {base_engines}, stopped {stop_engines}; the model back "
         f"{back_at - resumed_at:.1f} s after SIGCONT"
