@@ -208,23 +208,7 @@ def build(
 
     review, decline = full_thresholds.review, full_thresholds.decline
     full_valid = predict(teacher, valid.x)
-    candidates: list[dict[str, str | float]] = []
-    for name, candidate, ap in grown:
-        scores = predict(candidate, valid.x)
-        clear = clear_approve_threshold(scores, full_valid, valid.y, review, small.max_fraud_loss)
-        own = _own_thresholds(scores[valid.y == 0], params)
-        candidates.append(
-            {
-                "kind": name,
-                "trees": float(candidate.num_trees()),
-                "validation_average_precision": ap,
-                "validation_recall_at_review": field_metrics.operating_point(
-                    valid.y, scores, own.review
-                ).recall,
-                "validation_first_stage_share": float((scores < clear).mean()),
-                "kept": float(name == kind),
-            }
-        )
+    candidates = _candidates(grown, kind, valid, full_valid, review, params, small)
     small_valid = predict(booster, valid.x)
     clear = clear_approve_threshold(small_valid, full_valid, valid.y, review, small.max_fraud_loss)
     thresholds = _own_thresholds(small_valid[valid.y == 0], params)
@@ -265,6 +249,36 @@ def build(
         cascade=cascade,
         summary=summary,
     )
+
+
+def _candidates(
+    grown: list[tuple[Kind, lgb.Booster, float]],
+    kept: Kind,
+    valid: Rows,
+    full_valid: np.ndarray,
+    review: float,
+    params: TrainParams,
+    small: SmallModelParams,
+) -> list[dict[str, str | float]]:
+    """Each candidate's kind, trees and validation figures, for the version's metadata."""
+    candidates: list[dict[str, str | float]] = []
+    for name, candidate, ap in grown:
+        scores = predict(candidate, valid.x)
+        clear = clear_approve_threshold(scores, full_valid, valid.y, review, small.max_fraud_loss)
+        own = _own_thresholds(scores[valid.y == 0], params)
+        candidates.append(
+            {
+                "kind": name,
+                "trees": float(candidate.num_trees()),
+                "validation_average_precision": ap,
+                "validation_recall_at_review": field_metrics.operating_point(
+                    valid.y, scores, own.review
+                ).recall,
+                "validation_first_stage_share": float((scores < clear).mean()),
+                "kept": float(name == kept),
+            }
+        )
+    return candidates
 
 
 def _own_thresholds(genuine_scores: np.ndarray, params: TrainParams) -> repository.Thresholds:
