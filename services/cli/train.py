@@ -54,6 +54,7 @@ _STEP_LABELS = {
     "small model": "small model (distilled and on labels) and the cascade's thresholds",
     "export": "exporting to ONNX",
     "parity": "checking LightGBM ↔ ONNX parity",
+    "reference": "reference distributions and test-period intervals (monitoring)",
     "gates": "promotion gates against the live version",
     "publish": "publishing",
 }
