@@ -201,6 +201,18 @@ def model_vector(
     else:
         append(defaults["amount_to_card_mean_30d"])
 
+    _append_spending(vector, store, amount, defaults)
+    _append_fraud_counts(vector, store, defaults)
+    return vector
+
+
+def _append_spending(
+    vector: list[float], store: Mapping[str, float | None], amount: float,
+    defaults: Mapping[str, float],
+) -> None:  # fmt: skip
+    """``model_vector``'s card spending-pattern features, appended in order."""
+    get = store.get
+    append = vector.append
     # The card's mean over its last day with this payment in it: a card without a stored
     # day (new, or missing) has this payment alone, a ratio of 1.
     sum_24h = get("card_amount_sum_24h")
@@ -210,6 +222,8 @@ def model_vector(
     mean_1d = day_sum / day_count
     append(amount / mean_1d if mean_1d > 0.0 else defaults["amount_to_card_mean_1d"])
 
+    mean_7d = get("card_amount_mean_7d")
+    mean_30d = get("card_amount_mean_30d")
     # ``mean_30d > 0.0`` is False for NaN; a NaN numerator gives NaN, then the default.
     if mean_30d is not None and mean_30d > 0.0 and mean_7d is not None and mean_7d == mean_7d:
         append(mean_7d / mean_30d)
@@ -226,15 +240,19 @@ def model_vector(
     else:
         append(defaults["amount_zscore_30d"])
 
+
+def _append_fraud_counts(
+    vector: list[float], store: Mapping[str, float | None], defaults: Mapping[str, float]
+) -> None:
+    """``model_vector``'s known fraud counts of the terminal and the merchant, in order."""
     for entity in ("terminal", "merchant"):
         for window in RISK_WINDOWS:
-            rate = get(f"{entity}_fraud_rate_{window}")
-            known = get(f"{entity}_labelled_txn_count_{window}")
+            rate = store.get(f"{entity}_fraud_rate_{window}")
+            known = store.get(f"{entity}_labelled_txn_count_{window}")
             if rate is None or known is None or rate != rate or known != known:
-                append(defaults[f"{entity}_fraud_count_{window}"])
+                vector.append(defaults[f"{entity}_fraud_count_{window}"])
             else:
-                append(rate * known)
-    return vector
+                vector.append(rate * known)
 
 
 FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "card_not_present")
