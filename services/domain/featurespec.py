@@ -255,6 +255,65 @@ def _append_fraud_counts(
                 vector.append(rate * known)
 
 
+_STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
+_AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
+
+
+def missing_features(store: Mapping[str, float | None], amount: float) -> list[int]:
+    """Positions in ``MODEL_FEATURES`` of the values ``model_vector`` takes from the defaults
+    for this store read and a payment of ``amount`` (EUR): where ``model_frame`` (without
+    defaults) holds NaN."""
+    get = store.get
+    missing = []
+    for i, name in _STORE_POSITIONS:
+        value = get(name)
+        if value is None or value != value:
+            missing.append(i)
+    last = get("card_last_txn_s")
+    if last is None or last != last:
+        missing.append(_AT["seconds_since_last_txn"])
+    mean_7d = get("card_amount_mean_7d")
+    if not (mean_7d is not None and mean_7d > 0.0):
+        missing.append(_AT["amount_to_card_mean_7d"])
+    home, country = get("card_home_country"), get("merchant_country")
+    if home is None or country is None or home != home or country != country:
+        missing.append(_AT["geo_mismatch"])
+    mean_30d = get("card_amount_mean_30d")
+    if not (mean_30d is not None and mean_30d > 0.0):
+        missing.append(_AT["amount_to_card_mean_30d"])
+    missing += _missing_spending(store, amount)
+    for entity in ("terminal", "merchant"):
+        for window in RISK_WINDOWS:
+            rate = get(f"{entity}_fraud_rate_{window}")
+            known = get(f"{entity}_labelled_txn_count_{window}")
+            if rate is None or known is None or rate != rate or known != known:
+                missing.append(_AT[f"{entity}_fraud_count_{window}"])
+    return sorted(missing)
+
+
+def _missing_spending(store: Mapping[str, float | None], amount: float) -> list[int]:
+    """``missing_features`` of the card spending-pattern features (``_append_spending``)."""
+    get = store.get
+    missing = []
+    sum_24h, count_24h = get("card_amount_sum_24h"), get("card_txn_count_24h")
+    day_sum = amount + (0.0 if sum_24h is None or sum_24h != sum_24h else sum_24h)
+    day_count = 1.0 + (0.0 if count_24h is None or count_24h != count_24h else count_24h)
+    if not day_sum / day_count > 0.0:
+        missing.append(_AT["amount_to_card_mean_1d"])
+    mean_7d, mean_30d = get("card_amount_mean_7d"), get("card_amount_mean_30d")
+    max_7d, std_30d = get("card_amount_max_7d"), get("card_amount_std_30d")
+    usable_30d = mean_30d is not None and mean_30d > 0.0
+    if not (usable_30d and mean_7d is not None and mean_7d == mean_7d):
+        missing.append(_AT["card_mean_7d_to_30d"])
+    if not (usable_30d and max_7d is not None and max_7d == max_7d):
+        missing.append(_AT["card_max_7d_to_mean_30d"])
+    if not (
+        mean_30d is not None and mean_30d == mean_30d and std_30d is not None and std_30d > 0.0
+    ):
+        missing.append(_AT["amount_zscore_30d"])
+    return missing
+
+
 FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "card_not_present")
 """Transaction columns ``model_frame`` needs besides ``STORE_FEATURES``."""
 

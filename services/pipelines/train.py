@@ -28,7 +28,7 @@ from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.domain.rules_quality import rules_scores
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import gates as promotion_gates
-from services.models import repository
+from services.models import reference, repository
 from services.models.lifecycle import GateReport, ModelLifecycle, VersionState
 from services.pipelines import evaluate
 from services.pipelines.training.export import (
@@ -45,6 +45,7 @@ from services.pipelines.training.params import Progress, TrainingDataError, Trai
 from services.pipelines.training.periods import Periods, describe, period_strings
 from services.pipelines.training.periods import period_notes as _notes
 from services.pipelines.training.periods import training_window as _window
+from services.pipelines.training.reference import version_reference
 from services.pipelines.training.selection import Rows, predict, refit, sample_genuine, select
 
 __all__ = [
@@ -142,6 +143,12 @@ def train(
             export_onnx(model.booster, len(featurespec.MODEL_FEATURES), onnx_path)
         with steps.step("parity"):
             parity = _check_parity(onnx_path, data.x[data.test], judged.scores)
+        with steps.step("reference"):
+            test = (data.y[data.test], judged.scores, data.tested["card_id"].to_numpy())
+            version_reference(
+                model.selected, data.x[data.valid], data.raw_valid, data.window,
+                judged.thresholds, test, params.seed,
+            ).write(work)  # fmt: skip
         with steps.step("gates"):
             lifecycle = ModelLifecycle(model_root)
             live = lifecycle.read().routing.live
@@ -221,6 +228,8 @@ class _Dataset:
     """Default feature values, from the training window's population."""
     tested: pd.DataFrame
     """Transaction id, time, card (and scenario, when known) of each test row."""
+    raw_valid: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    """The validation rows' features before defaults (NaN where missing): the reference."""
 
 
 def _split(
@@ -246,6 +255,7 @@ def _split(
     raw = featurespec.model_frame(frame)
     defaults = featurespec.population_defaults(raw, rows=fit | valid)
     x = featurespec.model_matrix(raw, defaults, np.float32)
+    raw_valid = raw[valid].to_numpy(dtype=np.float64)
     del raw
     y = frame["is_fraud"].fillna(False).to_numpy(dtype=np.int32)
     kept = ["transaction_id", "timestamp", "card_id"]
@@ -257,7 +267,9 @@ def _split(
                 f"the {name} period ({describe(window, name)}) needs both fraud and genuine "
                 "transactions: choose other periods"
             )
-    return _Dataset(window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested)
+    return _Dataset(
+        window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested, raw_valid
+    )
 
 
 @dataclass(frozen=True)
@@ -274,6 +286,9 @@ class _Model:
     valid_scores: np.ndarray
     """The selected candidate's scores of ``valid_rows``: it never trained on them, so the
     thresholds set on them hold out of sample (the refit, which did, would set them too low)."""
+    selected: lgb.Booster
+    """The selected candidate: its validation scores are the reference distribution (the
+    refit's own would be in-sample there)."""
 
 
 def _fit(data: _Dataset, params: TrainParams, report: Progress) -> _Model:
@@ -300,7 +315,7 @@ def _fit(data: _Dataset, params: TrainParams, report: Progress) -> _Model:
         booster = refit(
             chosen, Rows(x[whole], y[whole], whole_weights), params, report, (searched, total)
         )
-    return _Model(booster, chosen.figures, valid_rows, valid_scores)
+    return _Model(booster, chosen.figures, valid_rows, valid_scores, chosen.booster)
 
 
 @dataclass(frozen=True)
@@ -418,6 +433,7 @@ _VERSION_FILES = (
     "evaluation.md",
     "evaluation.png",
     "lightgbm.txt",
+    reference.REFERENCE_FILE,
 )
 """The files a published version holds."""
 
