@@ -16,6 +16,9 @@ judges the scores with the handbook's protocol: test transactions of customers a
 known to be compromised (a fraud labelled by the day before the delay) are left out, and
 card precision at 100 leaves out cards detected on earlier days. ``--history`` adds a run
 on the whole history before the same gap (2018-04-08 → 08-01), as a team with history would.
+Each run's figures also put the cascade, the small model alone and the rules beside the model
+on every test payment, judged against the cascade's quality targets
+(``loadtest/cascade_quality.py``).
 
 One regeneration is one draw: the figures move by about 0.01-0.02 between seeds, as much as
 many changes of training do. So it runs several seeds (``--seeds``), reports the mean and
@@ -47,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loadtest import cascade_quality
 from services.domain import metrics
 
 RESULTS = Path(__file__).with_name("results")
@@ -257,6 +261,14 @@ def _figures(tx: pd.DataFrame, scores: pd.DataFrame, report: dict[str, Any]) -> 
         "card_precision_at_100": model["card_precision_at_k"],
         "recall_at_review_by_scenario": model["recall_at_review_by_scenario"],
     }
+    # The cascade, the small model alone and the rules beside the model, judged against the
+    # cascade's quality targets (loadtest/cascade_quality.py).
+    figures["side_by_side"] = cascade_quality.figures(report)
+    figures["cascade_targets"] = [
+        {"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
+        for t in cascade_quality.judge(report)
+    ]
+    figures["cascade"] = report.get("cascade_summary", {})
     return figures
 
 
