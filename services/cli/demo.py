@@ -100,6 +100,12 @@ def run(
         _print_answer(console, response)
     if config.live_loop:
         live_attack(config, console, credentials)
+    if config.observability:
+        console.print(
+            f"[bold]console[/]: {config.console_url}/reviews — the payments held for review "
+            "above wait there for an analyst's verdict (within seconds, once the decision log "
+            f"has them); any decision: {config.console_url}/decisions\n"
+        )
 
 
 BURST = 12

@@ -93,6 +93,16 @@ _EventLog = Annotated[
         "redis, else the file log under the state folder)."
     ),
 ]
+_Observability = Annotated[
+    bool,
+    typer.Option(
+        help="The processes that watch the mesh for people: the web console (review queue, "
+        "decision lookup, models, overview); off: only the mesh itself."
+    ),
+]
+_ConsolePort = Annotated[
+    int, typer.Option(help="The console's HTTP port (loopback unless FRAUD_CONSOLE_HOST says).")
+]
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
@@ -121,6 +131,8 @@ def up(
     eventlog: _EventLog = None,
     kafka_bootstrap: _KafkaBootstrap = None,
     updater_port: int = 50054,
+    observability: _Observability = True,
+    console_port: _ConsolePort = 8090,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -151,6 +163,8 @@ def up(
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
         updater_port=updater_port,
+        observability=observability,
+        console_port=console_port,
     )
     try:
         edge.check_files()
@@ -236,6 +250,7 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+        "console": f"{config.console_url}  review queue, decision lookup, models, overview",
     }
 
 

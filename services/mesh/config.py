@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.common.edge_security import EdgeSettings
 from services.common.settings import from_mapping, to_env
+from services.console.settings import ConsoleSettings
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
@@ -56,6 +57,11 @@ class MeshConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
     """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
+    observability: bool = False
+    """The processes that watch the mesh for people: the web console (``fraudmesh up`` turns
+    them on; ``--no-observability`` and the tests' meshes leave them off)."""
+    console_port: int = 8090
+    """The console's HTTP port (on ``host``: loopback unless configured)."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
@@ -71,6 +77,7 @@ class MeshConfig:
                 "redis_port",
                 "decisionlog_port",
                 "updater_port",
+                "console_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -132,6 +139,43 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    @property
+    def console_url(self) -> str:
+        """Where a browser opens the console."""
+        scheme = "https" if self.edge_settings().tls else "http"
+        return f"{scheme}://{self.host}:{self.console_port}"
+
+    def console_env(self) -> dict[str, str]:
+        """Environment of the console: this mesh's decision log, models and edge (verdicts go
+        through Envoy like any client's outcome), and the edge's TLS and token settings,
+        which the console applies to itself."""
+        edge = self.edge_settings()
+        decisions = from_mapping(DecisionLogSettings, self.decisionlog_env()).root_path
+        return {
+            **self.service_env(),
+            **to_env(
+                EdgeSettings,
+                var_dir=edge.var_dir,
+                tls=edge.tls,
+                mtls=edge.mtls,
+                auth=edge.auth,
+                cert_path=edge.cert_path,
+                key_path=edge.key_path,
+                jwks_path=edge.jwks_path,
+                jwt_issuer=edge.jwt_issuer,
+                jwt_audience=edge.jwt_audience,
+            ),
+            **to_env(
+                ConsoleSettings,
+                host=self.host,
+                port=self.console_port,
+                var_dir=self.var_dir,
+                decisions_root=decisions,
+                outcome_target=self.envoy_target,
+            ),
+            **self.extra_env,
+        }
 
     def decisionlog_env(self) -> dict[str, str]:
         """Environment of the decision sink: the event log it reads (this mesh's state folder

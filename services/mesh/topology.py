@@ -104,6 +104,18 @@ class Mesh:
             log_path=logs / "envoy.log",
         )
         self._envoy_config = envoy_config
+        if c.observability:
+            url = f"http://{c.host}:{c.console_port}/healthz"
+            tls = c.edge_settings().tls
+            self.processes["console"] = Process(
+                "console",
+                [sys.executable, "-m", "services.console"],
+                # Over TLS the mesh holds no client trust of its own: an open port will do.
+                ready=(lambda: tcp_open(c.host, c.console_port)) if tls else (lambda: http_ok(url)),
+                env=c.console_env(),
+                log_path=logs / "console.log",
+                niceness=c.background_niceness,
+            )
         self._lock = threading.Lock()
         self._held: set[str] = set()
         self._stopping = False
@@ -163,6 +175,7 @@ class Mesh:
                 ("features", "scorer", "decisionlog", "updater"),
                 gateways,
                 ("envoy",),
+                ("console",),
             )
             for group in groups:
                 started = [self.processes[n] for n in group if n in self.processes]
