@@ -38,13 +38,23 @@ class GrpcOutcomeReporter:
         timeout_s: float,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        self._target = target
         self._timeout_s = timeout_s
-        self._channel = (
-            grpc.aio.secure_channel(target, credentials)
-            if credentials is not None
-            else grpc.aio.insecure_channel(target)
-        )
-        self._stub = outcomes_pb2_grpc.OutcomeServiceStub(self._channel)
+        self._credentials = credentials
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: outcomes_pb2_grpc.OutcomeServiceStub | None = None
+
+    def _connected(self) -> outcomes_pb2_grpc.OutcomeServiceStub:
+        """The stub, its channel opened on first use: an aio channel belongs to the event
+        loop it is created on, which is the server's, running only once it serves."""
+        if self._stub is None:
+            self._channel = (
+                grpc.aio.secure_channel(self._target, self._credentials)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(self._target)
+            )
+            self._stub = outcomes_pb2_grpc.OutcomeServiceStub(self._channel)
+        return self._stub
 
     async def report(
         self, transaction_id: str, verdict: Verdict, reported_by: str, token: str | None
@@ -60,7 +70,7 @@ class GrpcOutcomeReporter:
         request.reported_at.FromNanoseconds(time.time_ns())
         metadata = (("authorization", f"Bearer {token}"),) if token else None
         try:
-            reply = await self._stub.ReportOutcome(
+            reply = await self._connected().ReportOutcome(
                 request, timeout=self._timeout_s, metadata=metadata
             )
         except grpc.aio.AioRpcError as error:
@@ -78,5 +88,6 @@ class GrpcOutcomeReporter:
         return str(reply.event_id)
 
     async def close(self) -> None:
-        """Closes the channel."""
-        await self._channel.close()
+        """Closes the channel, if one was opened."""
+        if self._channel is not None:
+            await self._channel.close()

@@ -1,0 +1,363 @@
+"""The web console in a real browser: Debian's Chromium driven by Playwright, against a mesh with
+the live loop and the console (``observability``) on a copy of the prepared state.
+
+Payments are held for review through Envoy; the queue shows them once the decision sink has
+written them; a verdict given by clicking reaches ``fraudmesh decisions export`` as an ANALYST
+outcome naming the analyst; forged POSTs are refused and change nothing; no page loads anything
+from another origin or logs an error. With ``FRAUDMESH_CONSOLE_SCREENSHOTS=DIR`` the pages are
+also saved there (``docs/console/`` holds the README's).
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console as RichConsole
+from typer.testing import CliRunner
+
+from fraud.v1 import scoring_pb2 as pb
+from services import client
+from services.cli import demo
+from services.cli.main import app
+from services.featurestore import layout
+from services.mesh import Mesh
+from tests.ci import unavailable
+
+from .live import copy_state, start_live_mesh, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+"""Headless, as root, and nothing of the browser's own talking to the network."""
+ANALYST = "Ana Lyst"
+SCREENSHOTS = os.environ.get("FRAUDMESH_CONSOLE_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def console_mesh(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """The mesh with the live loop and the console, on its own copy of the state."""
+    var_dir = copy_state(prepared_env.var_dir, tmp_path_factory.mktemp("console-var"))
+    mesh = start_live_mesh(var_dir, var_dir / "logs", observability=True)
+    yield mesh
+    mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium under Playwright (never a browser Playwright downloads)."""
+    if not CHROMIUM.exists():
+        unavailable(f"{CHROMIUM} is missing: `make system` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        start = time.monotonic()
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        print(f"chromium {launched.version} launched in {time.monotonic() - start:.2f} s")
+        yield launched
+        launched.close()
+
+
+def _url(mesh: Mesh, path: str = "/") -> str:
+    return mesh.config.console_url + path
+
+
+def _risky_merchants(mesh: Mesh, count: int = 6) -> list[str]:
+    """Merchants whose payments the model trusts least: the highest 28-day fraud rates."""
+    data = mesh.config.var_dir / "data"
+    merchants = pd.read_parquet(data / layout.MERCHANT_FEATURES_FILE)
+    latest = merchants.sort_values("event_timestamp").groupby("merchant_id").tail(1)
+    return list(latest.nlargest(count, "merchant_fraud_rate_28d")["merchant_id"].astype(str))
+
+
+def hold_payments(mesh: Mesh, wanted: int) -> list[str]:
+    """Sends card-not-present payments of growing amounts on fresh cards at risky merchants
+    through Envoy until ``wanted`` of them are answered REVIEW; their transaction ids."""
+    held: list[str] = []
+    seen: dict[str, int] = {}
+    amounts = [int(500 * 1.6**i) for i in range(16)]
+    for merchant in _risky_merchants(mesh):
+        card = f"card-held-{uuid.uuid4().hex[:8]}"
+        for amount in amounts:
+            sample = client.Sample("held", card, merchant, amount, card_not_present=True)
+            response = client.score(mesh.config.envoy_target, sample.request(), timeout_s=2.0)
+            name = client.DECISION_NAMES.get(response.decision, "?")
+            seen[name] = seen.get(name, 0) + 1
+            if response.decision == pb.DECISION_REVIEW:
+                held.append(response.transaction_id)
+                if len(held) == wanted:
+                    return held
+    raise AssertionError(f"only {len(held)} of {wanted} payments were held; answers: {seen}")
+
+
+def _export(mesh: Mesh, tmp_path: Path) -> pd.DataFrame:
+    out = tmp_path / f"export-{uuid.uuid4().hex[:6]}.parquet"
+    result = CliRunner().invoke(
+        app, ["decisions", "export", "--out", str(out), "--var-dir", str(mesh.config.var_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    return pq.read_table(out).to_pandas().set_index("transaction_id")
+
+
+def _outcome_of(mesh: Mesh, tmp_path: Path, transaction_id: str) -> dict[str, Any] | None:
+    frame = _export(mesh, tmp_path)
+    if transaction_id not in frame.index or pd.isna(frame.loc[transaction_id, "outcome"]):
+        return None
+    return dict(frame.loc[transaction_id])
+
+
+@pytest.fixture(scope="module")
+def held(console_mesh: Mesh) -> list[str]:
+    """Payments held for review, once the console's queue lists them all."""
+    ids = hold_payments(console_mesh, 4)
+
+    def queued() -> bool:
+        with urllib.request.urlopen(_url(console_mesh, "/reviews"), timeout=5) as reply:
+            page = reply.read().decode()
+        return all(f'data-transaction-id="{t}"' in page for t in ids)
+
+    wait_for(queued, "the held payments in the console's queue", timeout_s=60)
+    return ids
+
+
+class PageWatch:
+    """A page with every request it made and every error it logged."""
+
+    def __init__(self, browser: Any) -> None:
+        self.context = browser.new_context()
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, url: str) -> Any:
+        response = self.page.goto(url, wait_until="networkidle")
+        assert response is not None and response.status == 200, (url, response and response.status)
+        return response
+
+    def shot(self, name: str) -> None:
+        if SCREENSHOTS:
+            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), full_page=True)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def watch(browser: Any) -> Iterator[PageWatch]:
+    w = PageWatch(browser)
+    yield w
+    w.close()
+
+
+def _give_name(watch: PageWatch) -> None:
+    page = watch.page
+    page.fill("form.analyst input[name=analyst]", ANALYST)
+    page.click("form.analyst button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    assert ANALYST in page.inner_text("header.top .who")
+
+
+def test_each_page_loads_without_errors_or_requests_elsewhere(
+    console_mesh: Mesh, held: list[str], watch: PageWatch
+) -> None:
+    origin = console_mesh.config.console_url
+    watch.open(_url(console_mesh, "/"))
+    assert watch.page.locator("#figures").count() == 1
+    watch.shot("overview")
+    watch.open(_url(console_mesh, "/models"))
+    live = console_mesh.config.var_dir / "models" / "fraud-lgbm"
+    assert watch.page.locator("table.versions tr.state-live").count() == 1, live
+    watch.shot("models")
+    watch.open(_url(console_mesh, "/reviews"))
+    _give_name(watch)
+    for tid in held:
+        assert watch.page.locator(f'article[data-transaction-id="{tid}"]').count() == 1
+    first = watch.page.locator(f'article[data-transaction-id="{held[0]}"]')
+    first.locator("details.features summary").click()
+    assert first.locator("details.features tbody tr").count() > 10
+    watch.shot("reviews")
+    watch.open(_url(console_mesh, f"/decisions?transaction_id={held[0]}"))
+    assert "REVIEW" in watch.page.inner_text("article dd.decision-review")
+    watch.shot("decision")
+    # htmx refreshes the overview on its own: let it, and see it stays quiet.
+    watch.open(_url(console_mesh, "/"))
+    watch.page.wait_for_timeout(6000)
+    assert watch.errors == []
+    assert len(watch.requests) >= 8
+    elsewhere = [u for u in watch.requests if not u.startswith(origin + "/")]
+    assert elsewhere == [], elsewhere
+
+
+def test_marking_a_held_payment_as_fraud_lands_an_analyst_outcome(
+    console_mesh: Mesh, held: list[str], watch: PageWatch, tmp_path: Path
+) -> None:
+    tid = held[1]
+    watch.open(_url(console_mesh, "/reviews"))
+    _give_name(watch)
+    article = watch.page.locator(f'article[data-transaction-id="{tid}"]')
+    article.locator("button.fraud").click()
+    judged = watch.page.locator("article.judged")
+    judged.wait_for(timeout=10_000)
+    assert tid in judged.inner_text() and "FRAUD" in judged.inner_text()
+    outcome: dict[str, Any] = {}
+
+    def landed() -> bool:
+        nonlocal outcome
+        outcome = _outcome_of(console_mesh, tmp_path, tid) or {}
+        return bool(outcome)
+
+    wait_for(landed, "the verdict in fraudmesh decisions export", timeout_s=60)
+    assert outcome["decision"] == "review"
+    assert outcome["outcome"] == "fraud"
+    assert outcome["outcome_source"] == "analyst"
+    assert outcome["outcome_reported_by"] == ANALYST
+    # Settled: the queue no longer offers it, also after the console forgets its own verdicts.
+    watch.open(_url(console_mesh, "/reviews"))
+    assert watch.page.locator(f'article[data-transaction-id="{tid}"]').count() == 0
+    assert watch.errors == []
+    elsewhere = [u for u in watch.requests if not u.startswith(console_mesh.config.console_url)]
+    assert elsewhere == []
+
+
+def _post(url: str, fields: dict[str, str], headers: dict[str, str]) -> int:
+    request = urllib.request.Request(
+        url, data=urllib.parse.urlencode(fields).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+class _Attacker(http.server.BaseHTTPRequestHandler):
+    """Another origin: a page whose form posts a verdict to the console as soon as it loads."""
+
+    target = ""
+    transaction_id = ""
+
+    def do_GET(self) -> None:
+        body = (
+            f'<form id="f" method="post" action="{self.target}/reviews/verdict">'
+            f'<input name="transaction_id" value="{self.transaction_id}">'
+            '<input name="verdict" value="legitimate"></form>'
+            '<script>document.getElementById("f").submit()</script>'
+        ).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_forged_posts_are_refused_and_change_nothing(
+    console_mesh: Mesh, held: list[str], browser: Any, tmp_path: Path
+) -> None:
+    forged, barrier = held[2], held[3]
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(_url(console_mesh, "/reviews"), wait_until="networkidle")
+    page.fill("form.analyst input[name=analyst]", ANALYST)
+    page.click("form.analyst button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    cookies = "; ".join(f"{c['name']}={c['value']}" for c in context.cookies())
+    verdict = _url(console_mesh, "/reviews/verdict")
+    fields = {"transaction_id": forged, "verdict": "legitimate"}
+    # The browser's own cookies, no token: what a forged cross-site form would carry.
+    assert _post(verdict, fields, {"cookie": cookies}) == 403
+    # A token that belongs to another cookie.
+    assert _post(verdict, {**fields, "csrf_token": "x" * 43}, {"cookie": cookies}) == 403
+    # The page's real token, sent from another origin.
+    token = page.get_attribute('form.verdict input[name="csrf_token"]', "value")
+    assert token
+    assert (
+        _post(
+            verdict,
+            {**fields, "csrf_token": token},
+            {"cookie": cookies, "origin": "http://127.0.0.1:1"},
+        )
+        == 403
+    )
+    # A page on another origin that makes this browser submit a form to the console.
+    _Attacker.target, _Attacker.transaction_id = console_mesh.config.console_url, forged
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with page.expect_response(lambda r: r.url == verdict) as answered:
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        assert answered.value.status == 403
+    finally:
+        server.shutdown()
+    # The real thing on another held payment: once its outcome has landed, the forged one
+    # (sent earlier on the same log) would have too.
+    page.goto(_url(console_mesh, "/reviews"), wait_until="networkidle")
+    page.locator(f'article[data-transaction-id="{barrier}"] button.legitimate').click()
+    page.locator("article.judged").wait_for(timeout=10_000)
+    wait_for(
+        lambda: _outcome_of(console_mesh, tmp_path, barrier) is not None,
+        "the real verdict in the export",
+        timeout_s=60,
+    )
+    assert _outcome_of(console_mesh, tmp_path, forged) is None
+    page.goto(_url(console_mesh, "/reviews"), wait_until="networkidle")
+    assert page.locator(f'article[data-transaction-id="{forged}"]').count() == 1
+    context.close()
+
+
+def test_the_demo_names_the_console_and_its_held_payments_wait_there(
+    console_mesh: Mesh, watch: PageWatch, tmp_path: Path
+) -> None:
+    started = time.time()
+    out = RichConsole(record=True, width=200)
+    demo.run(console_mesh.config, out)
+    text = out.export_text()
+    assert f"{console_mesh.config.console_url}/reviews" in text
+    ours: list[str] = []
+
+    def exported() -> bool:
+        nonlocal ours
+        frame = _export(console_mesh, tmp_path)
+        recent = frame[frame["decided_at"] >= pd.Timestamp(started, unit="s", tz="UTC")]
+        ours = list(recent.index[recent["decision"] == "review"])
+        return len(recent) >= 5  # the samples' answers and the attack's, in the log
+
+    wait_for(exported, "the demo's decisions in the decision log", timeout_s=60)
+    assert ours, "the demo held no payment for review"
+    page_text = ""
+
+    def listed() -> bool:
+        nonlocal page_text
+        watch.open(_url(console_mesh, "/reviews"))
+        page_text = watch.page.content()
+        return all(f'data-transaction-id="{t}"' in page_text for t in ours)
+
+    wait_for(listed, "the demo's held payments in the queue", timeout_s=30)
+    assert watch.errors == []
