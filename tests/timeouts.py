@@ -54,6 +54,7 @@ LIMITS_S: dict[str, int] = {
     "test_liveloop_replay.py": 420,
     # The same, with the console, Chromium and verdicts waited for in the decision log.
     "test_console.py": 480,
+    "test_console_secured.py": 420,
     "test_data_import.py": 420,
     "test_train_from_decisions.py": 420,
     # A Go client built in the test or its module (bounded at 300 s, 600 s cold in envoy_edge).

@@ -91,7 +91,9 @@ def _risky_merchants(mesh: Mesh, count: int = 6) -> list[str]:
     return list(latest.nlargest(count, "merchant_fraud_rate_28d")["merchant_id"].astype(str))
 
 
-def hold_payments(mesh: Mesh, wanted: int) -> list[str]:
+def hold_payments(
+    mesh: Mesh, wanted: int, credentials: client.Credentials = client.PLAINTEXT
+) -> list[str]:
     """Sends card-not-present payments of growing amounts on fresh cards at risky merchants
     through Envoy until ``wanted`` of them are answered REVIEW; their transaction ids."""
     held: list[str] = []
@@ -101,7 +103,9 @@ def hold_payments(mesh: Mesh, wanted: int) -> list[str]:
         card = f"card-held-{uuid.uuid4().hex[:8]}"
         for amount in amounts:
             sample = client.Sample("held", card, merchant, amount, card_not_present=True)
-            response = client.score(mesh.config.envoy_target, sample.request(), timeout_s=2.0)
+            response = client.score(
+                mesh.config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
+            )
             name = client.DECISION_NAMES.get(response.decision, "?")
             seen[name] = seen.get(name, 0) + 1
             if response.decision == pb.DECISION_REVIEW:
@@ -111,7 +115,7 @@ def hold_payments(mesh: Mesh, wanted: int) -> list[str]:
     raise AssertionError(f"only {len(held)} of {wanted} payments were held; answers: {seen}")
 
 
-def _export(mesh: Mesh, tmp_path: Path) -> pd.DataFrame:
+def export(mesh: Mesh, tmp_path: Path) -> pd.DataFrame:
     out = tmp_path / f"export-{uuid.uuid4().hex[:6]}.parquet"
     result = CliRunner().invoke(
         app, ["decisions", "export", "--out", str(out), "--var-dir", str(mesh.config.var_dir)]
@@ -120,8 +124,8 @@ def _export(mesh: Mesh, tmp_path: Path) -> pd.DataFrame:
     return pq.read_table(out).to_pandas().set_index("transaction_id")
 
 
-def _outcome_of(mesh: Mesh, tmp_path: Path, transaction_id: str) -> dict[str, Any] | None:
-    frame = _export(mesh, tmp_path)
+def outcome_of(mesh: Mesh, tmp_path: Path, transaction_id: str) -> dict[str, Any] | None:
+    frame = export(mesh, tmp_path)
     if transaction_id not in frame.index or pd.isna(frame.loc[transaction_id, "outcome"]):
         return None
     return dict(frame.loc[transaction_id])
@@ -228,7 +232,7 @@ def test_marking_a_held_payment_as_fraud_lands_an_analyst_outcome(
 
     def landed() -> bool:
         nonlocal outcome
-        outcome = _outcome_of(console_mesh, tmp_path, tid) or {}
+        outcome = outcome_of(console_mesh, tmp_path, tid) or {}
         return bool(outcome)
 
     wait_for(landed, "the verdict in fraudmesh decisions export", timeout_s=60)
@@ -322,11 +326,11 @@ def test_forged_posts_are_refused_and_change_nothing(
     page.locator(f'article[data-transaction-id="{barrier}"] button.legitimate').click()
     page.locator("article.judged").wait_for(timeout=10_000)
     wait_for(
-        lambda: _outcome_of(console_mesh, tmp_path, barrier) is not None,
+        lambda: outcome_of(console_mesh, tmp_path, barrier) is not None,
         "the real verdict in the export",
         timeout_s=60,
     )
-    assert _outcome_of(console_mesh, tmp_path, forged) is None
+    assert outcome_of(console_mesh, tmp_path, forged) is None
     page.goto(_url(console_mesh, "/reviews"), wait_until="networkidle")
     assert page.locator(f'article[data-transaction-id="{forged}"]').count() == 1
     context.close()
@@ -344,7 +348,7 @@ def test_the_demo_names_the_console_and_its_held_payments_wait_there(
 
     def exported() -> bool:
         nonlocal ours
-        frame = _export(console_mesh, tmp_path)
+        frame = export(console_mesh, tmp_path)
         recent = frame[frame["decided_at"] >= pd.Timestamp(started, unit="s", tz="UTC")]
         ours = list(recent.index[recent["decision"] == "review"])
         return len(recent) >= 5  # the samples' answers and the attack's, in the log
