@@ -21,7 +21,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-Component = Literal["gateway", "eventlog", "decisionlog", "updater", "process"]
+Component = Literal["gateway", "eventlog", "decisionlog", "updater", "monitor", "process"]
 """Who exports a metric: a service, the event log producer (inside each process that emits
 events), or every process (the client library's own collectors)."""
 Kind = Literal["counter", "gauge", "histogram"]
@@ -475,6 +475,31 @@ UPDATER_READY = _gauge(
     "fraudmesh_updater_ready",
     "1 while connected to the log and the store and caught up with the log.",
     "updater",
+)  # fmt: skip
+
+# The monitor: drift and live quality per model version, by the names the design fixes. The
+# console's Models page reads them from Prometheus; the monitor service exports them.
+DRIFT_PSI = _gauge(
+    "fraudmesh_drift_psi",
+    "Population stability index of a feature (the score as feature=score) against the "
+    "version's reference.",
+    "monitor", ("model_version", "feature"),
+)  # fmt: skip
+LIVE_PRECISION = _gauge(
+    "fraudmesh_live_precision", "Precision at a threshold on matured labels.",
+    "monitor", ("model_version", "threshold"),
+)  # fmt: skip
+LIVE_RECALL = _gauge(
+    "fraudmesh_live_recall", "Recall at a threshold on matured labels.",
+    "monitor", ("model_version", "threshold"),
+)  # fmt: skip
+LIVE_AVERAGE_PRECISION = _gauge(
+    "fraudmesh_live_average_precision", "Average precision on matured labels.",
+    "monitor", ("model_version",),
+)  # fmt: skip
+LABELLED_RATIO = _gauge(
+    "fraudmesh_labelled_ratio", "Share of the version's decisions that carry a label.",
+    "monitor", ("model_version",),
 )  # fmt: skip
 
 # Every process with a metrics port: the client library's default collectors (Linux).

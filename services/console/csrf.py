@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-COOKIE = "fraudmesh_csrf"
+COOKIE = "console-csrf"
 """The cookie holding the browser's random value."""
 FIELD = "csrf_token"
 """The form field carrying the token."""

@@ -18,7 +18,7 @@ import jwt
 
 from services.domain.validation import id_problem
 
-ANALYST_COOKIE = "fraudmesh_analyst"
+ANALYST_COOKIE = "console-analyst"
 """Remembers the name typed in, without authentication (a convenience, not an identity)."""
 ALGORITHMS = ("ES256", "RS256")
 """Signature algorithms accepted (those the edge's identity providers use)."""

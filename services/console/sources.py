@@ -17,13 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Protocol
 
-MONITOR_PSI = "fraudmesh_drift_psi"
-"""The monitor's gauges, by the names the design fixes (``{model_version, feature}``, the
-score as ``feature="score"``; ``{model_version, threshold}`` with threshold review|decline)."""
-MONITOR_PRECISION = "fraudmesh_live_precision"
-MONITOR_RECALL = "fraudmesh_live_recall"
-MONITOR_AVERAGE_PRECISION = "fraudmesh_live_average_precision"
-MONITOR_LABELLED = "fraudmesh_labelled_ratio"
+from services.common import metric_catalogue as catalogue
 
 
 class SourceUnavailable(Exception):
@@ -164,11 +158,11 @@ class PrometheusMonitor:
     async def quality(self) -> dict[str, VersionQuality]:
         """Every version any of the gauges names."""
         names = (
-            MONITOR_PSI,
-            MONITOR_PRECISION,
-            MONITOR_RECALL,
-            MONITOR_AVERAGE_PRECISION,
-            MONITOR_LABELLED,
+            catalogue.DRIFT_PSI.name,
+            catalogue.LIVE_PRECISION.name,
+            catalogue.LIVE_RECALL.name,
+            catalogue.LIVE_AVERAGE_PRECISION.name,
+            catalogue.LABELLED_RATIO.name,
         )
         answers = await asyncio.gather(*(self._prometheus.query(n) for n in names))
         psi_s, precision_s, recall_s, average_s, labelled_s = answers

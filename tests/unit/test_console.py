@@ -14,6 +14,7 @@ import pytest
 
 from fraud.v1 import outcomes_pb2, scoring_pb2
 from services.cli import certs
+from services.common import metric_catalogue as catalogue
 from services.common.edge_security import DEV_FILES
 from services.console import csrf, identity, overview
 from services.console.reviews import DecisionLogView, QueueFilter
@@ -336,15 +337,15 @@ def test_prometheus_answers_are_parsed_and_errors_said() -> None:
 def test_the_monitor_gauges_become_figures_per_version() -> None:
     source = FixedPrometheus(
         {
-            "fraudmesh_drift_psi": [
+            catalogue.DRIFT_PSI.name: [
                 Sample({"model_version": "3", "feature": "score"}, 0.04),
                 Sample({"model_version": "3", "feature": "amount_eur"}, 0.21),
                 Sample({"model_version": "4", "feature": "score"}, float("nan")),
             ],
-            "fraudmesh_live_recall": [
+            catalogue.LIVE_RECALL.name: [
                 Sample({"model_version": "3", "threshold": "review"}, 0.8),
             ],
-            "fraudmesh_labelled_ratio": [Sample({"model_version": "3"}, 0.4)],
+            catalogue.LABELLED_RATIO.name: [Sample({"model_version": "3"}, 0.4)],
         }
     )
     quality = asyncio.run(PrometheusMonitor(source).quality())
