@@ -11,6 +11,7 @@ also saved there (``docs/console/`` holds the README's).
 from __future__ import annotations
 
 import http.server
+import io
 import os
 import threading
 import time
@@ -28,11 +29,9 @@ import pytest
 from rich.console import Console as RichConsole
 from typer.testing import CliRunner
 
-from fraud.v1 import scoring_pb2 as pb
 from services import client
 from services.cli import demo
 from services.cli.main import app
-from services.featurestore import layout
 from services.mesh import Mesh
 from tests.ci import unavailable
 
@@ -83,36 +82,13 @@ def _url(mesh: Mesh, path: str = "/") -> str:
     return mesh.config.console_url + path
 
 
-def _risky_merchants(mesh: Mesh, count: int = 6) -> list[str]:
-    """Merchants whose payments the model trusts least: the highest 28-day fraud rates."""
-    data = mesh.config.var_dir / "data"
-    merchants = pd.read_parquet(data / layout.MERCHANT_FEATURES_FILE)
-    latest = merchants.sort_values("event_timestamp").groupby("merchant_id").tail(1)
-    return list(latest.nlargest(count, "merchant_fraud_rate_28d")["merchant_id"].astype(str))
-
-
 def hold_payments(
     mesh: Mesh, wanted: int, credentials: client.Credentials = client.PLAINTEXT
 ) -> list[str]:
-    """Sends card-not-present payments of growing amounts on fresh cards at risky merchants
-    through Envoy until ``wanted`` of them are answered REVIEW; their transaction ids."""
-    held: list[str] = []
-    seen: dict[str, int] = {}
-    amounts = [int(500 * 1.6**i) for i in range(16)]
-    for merchant in _risky_merchants(mesh):
-        card = f"card-held-{uuid.uuid4().hex[:8]}"
-        for amount in amounts:
-            sample = client.Sample("held", card, merchant, amount, card_not_present=True)
-            response = client.score(
-                mesh.config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
-            )
-            name = client.DECISION_NAMES.get(response.decision, "?")
-            seen[name] = seen.get(name, 0) + 1
-            if response.decision == pb.DECISION_REVIEW:
-                held.append(response.transaction_id)
-                if len(held) == wanted:
-                    return held
-    raise AssertionError(f"only {len(held)} of {wanted} payments were held; answers: {seen}")
+    """Payments the model holds for review, sent through Envoy as the demo sends them."""
+    held = demo.held_for_review(mesh.config, RichConsole(file=io.StringIO()), credentials, wanted)
+    assert len(held) == wanted, f"only {len(held)} of {wanted} payments were held"
+    return held
 
 
 def export(mesh: Mesh, tmp_path: Path) -> pd.DataFrame:
