@@ -3,7 +3,8 @@
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
 # (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
 # gRPC library sends, in the hostile-input test), Chromium (the web console's browser tests, driven
-# by Playwright without downloading a browser of its own), npm (the console's pinned assets). Missing
+# by Playwright without downloading a browser of its own), npm (the console's pinned assets),
+# Prometheus (the console's overview is checked against it). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -17,6 +18,7 @@ declare -A wanted=(
   [curl]=curl
   [chromium]=chromium
   [npm]=npm
+  [prometheus]=prometheus
 )
 
 missing=()

@@ -8,6 +8,7 @@ that a figure can be checked in Prometheus itself.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from services.common import metric_catalogue as catalogue
@@ -85,7 +86,7 @@ BREAKDOWNS: tuple[Breakdown, ...] = (
     ),
     Breakdown(
         "breakers",
-        "circuit breakers (0 closed, 1 half-open, 2 open; the worst gateway)",
+        "circuit breakers (the worst state over the gateways)",
         f"max by (dependency) ({catalogue.BREAKER_STATE.name})",
         "dependency",
         "",
@@ -117,6 +118,9 @@ class OverviewData:
     """Everything the Overview shows at one moment."""
 
     where: str
+    at: float
+    """The moment every figure was evaluated at (epoch seconds), so they belong together and
+    each can be checked against Prometheus at that same instant."""
     figures: dict[str, Shown] = field(default_factory=dict)
     breakdowns: dict[str, dict[str, float]] = field(default_factory=dict)
     problem: str | None = None
@@ -128,16 +132,17 @@ def _single(samples: list[Sample], scale: float) -> float | None:
     return values[0] * scale if values else None
 
 
-async def load(source: PrometheusSource) -> OverviewData:
-    """Every figure and breakdown, queried at once; a source that cannot answer at all makes
-    one problem for the page, a query that fails its own."""
+async def load(source: PrometheusSource, at: float | None = None) -> OverviewData:
+    """Every figure and breakdown evaluated at ``at`` (default now), queried at once; a source
+    that cannot answer at all makes one problem for the page, a query that fails its own."""
+    at = time.time() if at is None else at
     queries = [f.promql for f in FIGURES] + [b.promql for b in BREAKDOWNS]
-    answers = await asyncio.gather(*(source.query(q) for q in queries), return_exceptions=True)
+    answers = await asyncio.gather(*(source.query(q, at) for q in queries), return_exceptions=True)
     for answer in answers:
         if isinstance(answer, BaseException) and not isinstance(answer, SourceUnavailable):
             raise answer
     if answers and all(isinstance(a, SourceUnavailable) for a in answers):
-        return OverviewData(source.where, problem=str(answers[0]))
+        return OverviewData(source.where, at, problem=str(answers[0]))
     figures: dict[str, Shown] = {}
     for figure, answer in zip(FIGURES, answers, strict=False):
         if isinstance(answer, BaseException):
@@ -153,4 +158,4 @@ async def load(source: PrometheusSource) -> OverviewData:
             s.labels.get(breakdown.by, "?"): s.value * breakdown.scale
             for s in sorted(answer, key=lambda s: s.labels.get(breakdown.by, ""))
         }
-    return OverviewData(source.where, figures, breakdowns)
+    return OverviewData(source.where, at, figures, breakdowns)

@@ -54,6 +54,7 @@ def _utc(moment: datetime | None) -> str:
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     templates.env.filters["utc"] = _utc
+    templates.env.filters["epoch_utc"] = lambda s: _utc(datetime.fromtimestamp(s, UTC))
     templates.env.globals["metric_labels"] = dict(METRICS)
     templates.env.globals["breaker_states"] = overview.BREAKER_STATES
     return templates

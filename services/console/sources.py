@@ -41,9 +41,9 @@ class PrometheusSource(Protocol):
         """Where the figures come from, for the page (e.g. the server's URL)."""
         ...
 
-    async def query(self, promql: str) -> list[Sample]:
-        """The series of an instant query (a scalar as one unlabelled sample); raises
-        SourceUnavailable."""
+    async def query(self, promql: str, at: float | None = None) -> list[Sample]:
+        """The series of an instant query at ``at`` (epoch seconds; None: now), a scalar as one
+        unlabelled sample; raises SourceUnavailable."""
         ...
 
 
@@ -78,8 +78,9 @@ class HttpPrometheus:
         """The server's URL."""
         return self.url
 
-    def _get(self, promql: str) -> bytes:
-        query = urllib.parse.urlencode({"query": promql})
+    def _get(self, promql: str, at: float | None) -> bytes:
+        params = {"query": promql} | ({"time": f"{at:.3f}"} if at is not None else {})
+        query = urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(
                 f"{self.url}/api/v1/query?{query}", timeout=self.timeout_s
@@ -93,9 +94,9 @@ class HttpPrometheus:
                 f"Prometheus at {self.url} is not reachable ({error})"
             ) from None
 
-    async def query(self, promql: str) -> list[Sample]:
+    async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """Runs ``promql`` off the event loop."""
-        return parse_answer(await asyncio.to_thread(self._get, promql))
+        return parse_answer(await asyncio.to_thread(self._get, promql, at))
 
 
 class NoPrometheus:
@@ -103,7 +104,7 @@ class NoPrometheus:
 
     where = "no Prometheus configured (FRAUD_CONSOLE_PROMETHEUS_URL)"
 
-    async def query(self, promql: str) -> list[Sample]:
+    async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """Always unavailable."""
         raise SourceUnavailable(self.where)
 

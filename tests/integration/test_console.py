@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import http.server
 import io
+import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.error
@@ -23,18 +26,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console as RichConsole
 from typer.testing import CliRunner
 
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services import client
 from services.cli import demo
 from services.cli.main import app
-from services.mesh import Mesh
+from services.common.settings import to_env
+from services.console import overview
+from services.console.settings import ConsoleSettings
+from services.mesh import Mesh, free_port, http_ok
 from tests.ci import unavailable
 
+from .conftest import Known
 from .live import copy_state, start_live_mesh, wait_for
 
 pytestmark = pytest.mark.integration
@@ -54,13 +63,67 @@ ANALYST = "Ana Lyst"
 SCREENSHOTS = os.environ.get("FRAUDMESH_CONSOLE_SCREENSHOTS")
 
 
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
 @pytest.fixture(scope="module")
-def console_mesh(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+def prometheus_port() -> int:
+    """Where the module's Prometheus will listen (chosen before the mesh, which points its
+    console there)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def console_mesh(
+    prepared_env: Any, tmp_path_factory: pytest.TempPathFactory, prometheus_port: int
+) -> Iterator[Mesh]:
     """The mesh with the live loop and the console, on its own copy of the state."""
     var_dir = copy_state(prepared_env.var_dir, tmp_path_factory.mktemp("console-var"))
-    mesh = start_live_mesh(var_dir, var_dir / "logs", observability=True)
+    prometheus = f"http://127.0.0.1:{prometheus_port}"
+    mesh = start_live_mesh(
+        var_dir,
+        var_dir / "logs",
+        observability=True,
+        extra_env=to_env(ConsoleSettings, prometheus_url=prometheus),
+    )
     yield mesh
     mesh.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(console_mesh: Mesh, prometheus_port: int) -> Iterator[str]:
+    """Debian's Prometheus scraping the mesh's gateway every second; its URL."""
+    if not Path(PROMETHEUS).exists():
+        unavailable("prometheus is missing: `make system` installs Debian's prometheus")
+    folder = console_mesh.config.var_dir / "prometheus"
+    folder.mkdir(exist_ok=True)
+    gateway = console_mesh.config.metrics_ports["gateway"]
+    config = folder / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: gateway\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{gateway}']}}]\n"
+    )
+    log = (folder / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{prometheus_port}"
+    try:
+        wait_for(lambda: http_ok(f"{url}/-/ready"), "Prometheus ready", timeout_s=60)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(15)
+        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +231,6 @@ def test_each_page_loads_without_errors_or_requests_elsewhere(
     origin = console_mesh.config.console_url
     watch.open(_url(console_mesh, "/"))
     assert watch.page.locator("#figures").count() == 1
-    watch.shot("overview")
     watch.open(_url(console_mesh, "/models"))
     live = console_mesh.config.var_dir / "models" / "fraud-lgbm"
     assert watch.page.locator("table.versions tr.state-live").count() == 1, live
@@ -340,4 +402,66 @@ def test_the_demo_names_the_console_and_its_held_payments_wait_there(
         return all(f'data-transaction-id="{t}"' in page_text for t in ours)
 
     wait_for(listed, "the demo's held payments in the queue", timeout_s=30)
+    assert watch.errors == []
+
+
+def _prometheus_value(url: str, promql: str, at: str | None = None) -> float | None:
+    query = urllib.parse.urlencode({"query": promql} | ({"time": at} if at else {}))
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as reply:
+        result = json.load(reply)["data"]["result"]
+    values = [float(r["value"][1]) for r in result]
+    return values[0] if values and values[0] == values[0] else None
+
+
+def test_the_overview_shows_what_prometheus_answers(
+    console_mesh: Mesh, prometheus: str, watch: PageWatch, known: Known
+) -> None:
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def traffic() -> None:  # a steady 20 payments a second, so the rates hold still
+        sample = client.Sample("steady", known.card_id, known.merchant_id, known.amount_minor)
+        with grpc.insecure_channel(console_mesh.config.envoy_target) as channel:
+            stub = pb_grpc.FraudScoringStub(channel)
+            while not stop.is_set():
+                try:
+                    stub.Score(sample.request(), timeout=1.0)
+                except grpc.RpcError as error:  # kept for the failure message
+                    failures.append(f"{error.code().name}: {error.details()}")
+                stop.wait(0.05)
+
+    sender = threading.Thread(target=traffic, daemon=True)
+    sender.start()
+    try:
+        throughput = next(f for f in overview.FIGURES if f.key == "throughput")
+        try:
+            wait_for(
+                lambda: (_prometheus_value(prometheus, throughput.promql) or 0) > 2,
+                "traffic in Prometheus",
+                timeout_s=60,
+            )
+        except AssertionError:
+            with urllib.request.urlopen(f"{prometheus}/api/v1/targets", timeout=5) as reply:
+                targets = reply.read().decode()[:1000]
+            raise AssertionError(f"targets: {targets}; traffic errors: {failures[:3]}") from None
+        watch.open(_url(console_mesh, "/"))
+        shown: dict[str, float] = {}
+        for figure in overview.FIGURES:
+            text = watch.page.inner_text(f'[data-figure="{figure.key}"] .value')
+            shown[figure.key] = float(text.split()[0])
+        # Every figure on the page was evaluated at one instant, which the page names.
+        at = watch.page.get_attribute("#figures", "data-at")
+        assert at
+        direct = {f.key: _prometheus_value(prometheus, f.promql, at) for f in overview.FIGURES}
+        breakers = watch.page.inner_text('[data-breakdown="breakers"]')
+        watch.shot("overview")
+    finally:
+        stop.set()
+        sender.join(5)
+    for figure in overview.FIGURES:
+        value = direct[figure.key]
+        assert value is not None, figure.key
+        # As shown: one decimal, two for milliseconds.
+        assert shown[figure.key] == pytest.approx(value * figure.scale, abs=0.051), figure.key
+    assert "features" in breakers and "closed" in breakers
     assert watch.errors == []

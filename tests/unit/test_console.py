@@ -283,8 +283,9 @@ class FixedPrometheus:
         self.down = down
         self.asked: list[str] = []
 
-    async def query(self, promql: str) -> list[Sample]:
+    async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         self.asked.append(promql)
+        self.at = at
         if self.down:
             raise SourceUnavailable("Prometheus at fixed is not reachable")
         return self.answers.get(promql, [])
@@ -305,8 +306,8 @@ def test_the_overview_shows_each_figure_scaled() -> None:
             ],
         }
     )
-    data = asyncio.run(overview.load(source))
-    assert data.problem is None
+    data = asyncio.run(overview.load(source, at=1_700_000_000.0))
+    assert data.problem is None and source.at == data.at == 1_700_000_000.0
     assert data.figures["throughput"].value == 412.5
     assert data.figures["p99"].value == pytest.approx(12.3)
     assert data.figures["on_time"].value == pytest.approx(99.7)
