@@ -18,7 +18,14 @@ from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.console import csrf, identity, outcomes, pages
 from services.console.reviews import DecisionLogView
 from services.console.settings import ConsoleSettings, is_loopback
-from services.console.sources import HttpPrometheus, NoPrometheus, PrometheusMonitor
+from services.console.sources import (
+    HttpPrometheus,
+    MetricsPageMonitor,
+    MonitorSource,
+    NoMonitor,
+    NoPrometheus,
+    PrometheusMonitor,
+)
 from services.console.verdicts import OutcomeReporter, RecentVerdicts
 
 log = logging.getLogger(__name__)
@@ -143,10 +150,11 @@ def create(
         if settings.prometheus_url
         else NoPrometheus()
     )
-    monitor_url = settings.monitor_source_url
-    monitor_prometheus = (
-        HttpPrometheus(monitor_url, settings.source_timeout_s) if monitor_url else NoPrometheus()
-    )
+    monitor: MonitorSource = NoMonitor()
+    if settings.monitor_url:
+        monitor = MetricsPageMonitor(settings.monitor_url, settings.source_timeout_s)
+    elif settings.prometheus_url:
+        monitor = PrometheusMonitor(prometheus)
     reporter = reporter or _reporter(settings, edge)
     console = pages.Console(
         view=DecisionLogView(
@@ -157,7 +165,7 @@ def create(
         ),
         reporter=reporter,
         prometheus=prometheus,
-        monitor=PrometheusMonitor(monitor_prometheus),
+        monitor=monitor,
         csrf=csrf.Csrf.with_key(
             settings.csrf_secret.get_secret_value() if settings.csrf_secret else None
         ),

@@ -76,8 +76,9 @@ class ConsoleSettings(BaseSettings):
     )
     monitor_url: str | None = Field(
         None,
-        description="Prometheus that holds the monitor's gauges (drift, live precision and "
-        "recall); default: prometheus_url.",
+        description="The monitor's metrics page (http://host:port/metrics) the Models page "
+        "reads drift and live quality from; unset: the monitor's gauges in Prometheus "
+        "(prometheus_url).",
     )
     source_timeout_s: float = Field(
         2.0, gt=0, le=30, description="Deadline of one query to Prometheus or the monitor."
@@ -118,8 +119,3 @@ class ConsoleSettings(BaseSettings):
     def models_path(self) -> Path:
         """Folder of published models."""
         return self.model_root or self.var_dir / "models"
-
-    @property
-    def monitor_source_url(self) -> str | None:
-        """Where the monitor's gauges are queried."""
-        return self.monitor_url or self.prometheus_url

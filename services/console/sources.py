@@ -1,5 +1,6 @@
 """Where the Overview and the Models page get what is measured elsewhere: a small client of
-Prometheus' HTTP query API, and the monitor's figures read through it.
+Prometheus' HTTP query API, and the monitor's gauges, read from the monitor's own metrics page
+or, without one, from Prometheus.
 
 Both are seams: the pages depend on the ``PrometheusSource`` and ``MonitorSource`` protocols,
 so that a test can hand them fixed figures and another deployment another backend.
@@ -14,8 +15,11 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import metric_catalogue as catalogue
 
@@ -110,19 +114,59 @@ class NoPrometheus:
 
 
 @dataclass(frozen=True)
+class Interval:
+    """A figure with its 95 % interval."""
+
+    low: float
+    estimate: float
+    high: float
+
+
+@dataclass(frozen=True)
+class LiveQuality:
+    """Live quality of one version over its matured or its immature cohorts."""
+
+    precision: dict[str, float] = field(default_factory=dict)
+    """By threshold (review, decline); absent where nothing was flagged."""
+    recall: dict[str, float] = field(default_factory=dict)
+    """By threshold; absent without a labelled fraud."""
+    average_precision: float | None = None
+    labelled_ratio: float | None = None
+    frauds: float | None = None
+    """Decisions labelled fraud: how much the figures stand on."""
+
+
+MATURITIES = ("matured", "immature")
+"""Cohorts older than the label delay, then the younger ones (labelled by outcomes so far)."""
+
+
+@dataclass(frozen=True)
 class VersionQuality:
     """What the monitor measures of one model version on live traffic."""
 
     version: str
     psi: dict[str, float] = field(default_factory=dict)
     """Population stability index by feature ("score" for the score) against the version's
-    reference."""
-    precision: dict[str, float] = field(default_factory=dict)
-    """Live precision by threshold (review, decline) on matured labels."""
-    recall: dict[str, float] = field(default_factory=dict)
-    """Live recall by threshold."""
-    average_precision: float | None = None
-    labelled_ratio: float | None = None
+    reference, over the monitor's rolling window; absent below its minimum decisions."""
+    missing: dict[str, float] = field(default_factory=dict)
+    """Share of the window's decisions in which the feature took its default."""
+    decisions: dict[str, float] = field(default_factory=dict)
+    """Decisions in the window by arm (live, canary, shadow)."""
+    decision_ratio: dict[str, float] = field(default_factory=dict)
+    """Share of each decision in the window."""
+    reference_decision_ratio: dict[str, float] = field(default_factory=dict)
+    """Share of each decision in the version's reference period."""
+    live: dict[str, LiveQuality] = field(default_factory=dict)
+    """By maturity (``MATURITIES``)."""
+    reference_precision: dict[str, Interval] = field(default_factory=dict)
+    """The test period's precision by threshold."""
+    reference_recall: dict[str, Interval] = field(default_factory=dict)
+    retraining_advised: bool | None = None
+
+    @property
+    def feature_psi(self) -> list[tuple[str, float]]:
+        """Features' PSI, largest first (the score apart)."""
+        return sorted(((f, v) for f, v in self.psi.items() if f != "score"), key=lambda fv: -fv[1])
 
 
 class MonitorSource(Protocol):
@@ -139,14 +183,134 @@ class MonitorSource(Protocol):
         ...
 
 
+GAUGES = (
+    catalogue.DRIFT_PSI,
+    catalogue.FEATURE_MISSING_RATIO,
+    catalogue.WINDOW_DECISIONS,
+    catalogue.DECISION_RATIO,
+    catalogue.REFERENCE_DECISION_RATIO,
+    catalogue.LIVE_PRECISION,
+    catalogue.LIVE_RECALL,
+    catalogue.LIVE_AVERAGE_PRECISION,
+    catalogue.LABELLED_RATIO,
+    catalogue.LIVE_LABELLED_FRAUDS,
+    catalogue.REFERENCE_PRECISION,
+    catalogue.REFERENCE_RECALL,
+    catalogue.RETRAINING_ADVISED,
+)
+"""The monitor's per-version gauges the Models page shows."""
+
+
 def _version(sample: Sample) -> str | None:
-    """The sample's model version, or None for a sample without one or without a number."""
+    """The sample's model version, or None for a sample without one or without a number
+    (the monitor exports NaN where a figure has nothing to stand on)."""
     version = sample.labels.get("model_version")
     return version if version and math.isfinite(sample.value) else None
 
 
+def build_quality(series: Mapping[str, list[Sample]]) -> dict[str, VersionQuality]:
+    """Every version the monitor's gauges name (``series``: samples by gauge name), with its
+    figures; a figure without a finite value is left out."""
+    flat: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(
+        lambda: collections.defaultdict(dict)
+    )
+    # version → maturity → figure → value; precision and recall as "precision:review".
+    live: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(
+        lambda: collections.defaultdict(dict)
+    )
+    # version → gauge → threshold → bound → value
+    bounds: dict[str, dict[str, dict[str, dict[str, float]]]] = collections.defaultdict(
+        lambda: collections.defaultdict(lambda: collections.defaultdict(dict))
+    )
+    advised: dict[str, bool] = {}
+    keyed = {
+        catalogue.DRIFT_PSI.name: ("psi", "feature"),
+        catalogue.FEATURE_MISSING_RATIO.name: ("missing", "feature"),
+        catalogue.WINDOW_DECISIONS.name: ("decisions", "arm"),
+        catalogue.DECISION_RATIO.name: ("decision_ratio", "decision"),
+        catalogue.REFERENCE_DECISION_RATIO.name: ("reference_decision_ratio", "decision"),
+    }
+    per_maturity = {
+        catalogue.LIVE_AVERAGE_PRECISION.name: "average_precision",
+        catalogue.LABELLED_RATIO.name: "labelled_ratio",
+        catalogue.LIVE_LABELLED_FRAUDS.name: "frauds",
+        catalogue.LIVE_PRECISION.name: "precision",
+        catalogue.LIVE_RECALL.name: "recall",
+    }
+    for name, samples in series.items():
+        for sample in samples:
+            version = _version(sample)
+            if version is None:
+                continue
+            labels, value = sample.labels, sample.value
+            if name in keyed:
+                into, label = keyed[name]
+                flat[version][into][labels.get(label, "?")] = value
+            elif name in per_maturity:
+                figure = per_maturity[name]
+                if "threshold" in labels:
+                    figure += ":" + labels["threshold"]
+                live[version][labels.get("maturity", "?")][figure] = value
+            elif name in (catalogue.REFERENCE_PRECISION.name, catalogue.REFERENCE_RECALL.name):
+                threshold, bound = labels.get("threshold", "?"), labels.get("bound", "?")
+                bounds[version][name][threshold][bound] = value
+            elif name == catalogue.RETRAINING_ADVISED.name:
+                advised[version] = value >= 1
+    versions = set(flat) | set(live) | set(bounds) | set(advised)
+
+    def intervals(version: str, name: str) -> dict[str, Interval]:
+        found = bounds.get(version, {}).get(name, {})
+        return {
+            t: Interval(b["low"], b["estimate"], b["high"])
+            for t, b in found.items()
+            if {"low", "estimate", "high"} <= set(b)
+        }
+
+    def cohort(figures: dict[str, float]) -> LiveQuality:
+        def thresholds(kind: str) -> dict[str, float]:
+            return {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith(kind + ":")}
+
+        return LiveQuality(
+            precision=thresholds("precision"),
+            recall=thresholds("recall"),
+            average_precision=figures.get("average_precision"),
+            labelled_ratio=figures.get("labelled_ratio"),
+            frauds=figures.get("frauds"),
+        )
+
+    def quality(version: str) -> VersionQuality:
+        f = flat.get(version, {})
+        cohorts = live.get(version, {})
+        return VersionQuality(
+            version=version,
+            psi=dict(f.get("psi", {})),
+            missing=dict(f.get("missing", {})),
+            decisions=dict(f.get("decisions", {})),
+            decision_ratio=dict(f.get("decision_ratio", {})),
+            reference_decision_ratio=dict(f.get("reference_decision_ratio", {})),
+            live={m: cohort(cohorts[m]) for m in sorted(cohorts, key=_maturity_order)},
+            reference_precision=intervals(version, catalogue.REFERENCE_PRECISION.name),
+            reference_recall=intervals(version, catalogue.REFERENCE_RECALL.name),
+            retraining_advised=advised.get(version),
+        )
+
+    return {v: quality(v) for v in sorted(versions, key=_version_order)}
+
+
+def _maturity_order(maturity: str) -> tuple[int, str]:
+    """Matured cohorts first, then immature ones, then any other label."""
+    known = MATURITIES.index(maturity) if maturity in MATURITIES else len(MATURITIES)
+    return (known, maturity)
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    """Numbered versions newest first, then any other name."""
+    return (-int(version), "") if version.isdigit() else (1, version)
+
+
 class PrometheusMonitor:
-    """The monitor's gauges as Prometheus holds them."""
+    """The monitor's gauges as Prometheus holds them (where the console cannot reach the
+    monitor itself)."""
 
     def __init__(self, prometheus: PrometheusSource) -> None:
         self._prometheus = prometheus
@@ -154,41 +318,60 @@ class PrometheusMonitor:
     @property
     def where(self) -> str:
         """The Prometheus the gauges are read from."""
-        return self._prometheus.where
+        return f"the monitor's gauges in Prometheus ({self._prometheus.where})"
 
     async def quality(self) -> dict[str, VersionQuality]:
         """Every version any of the gauges names."""
-        names = (
-            catalogue.DRIFT_PSI.name,
-            catalogue.LIVE_PRECISION.name,
-            catalogue.LIVE_RECALL.name,
-            catalogue.LIVE_AVERAGE_PRECISION.name,
-            catalogue.LABELLED_RATIO.name,
-        )
-        answers = await asyncio.gather(*(self._prometheus.query(n) for n in names))
-        psi_s, precision_s, recall_s, average_s, labelled_s = answers
-        psi: dict[str, dict[str, float]] = collections.defaultdict(dict)
-        precision: dict[str, dict[str, float]] = collections.defaultdict(dict)
-        recall: dict[str, dict[str, float]] = collections.defaultdict(dict)
-        for samples, into, label in (
-            (psi_s, psi, "feature"),
-            (precision_s, precision, "threshold"),
-            (recall_s, recall, "threshold"),
-        ):
-            for sample in samples:
-                if (version := _version(sample)) is not None:
-                    into[version][sample.labels.get(label, "?")] = sample.value
-        average = {v: s.value for s in average_s if (v := _version(s)) is not None}
-        labelled = {v: s.value for s in labelled_s if (v := _version(s)) is not None}
-        versions = set(psi) | set(precision) | set(recall) | set(average) | set(labelled)
-        return {
-            v: VersionQuality(
-                version=v,
-                psi=dict(psi.get(v, {})),
-                precision=dict(precision.get(v, {})),
-                recall=dict(recall.get(v, {})),
-                average_precision=average.get(v),
-                labelled_ratio=labelled.get(v),
-            )
-            for v in sorted(versions)
-        }
+        answers = await asyncio.gather(*(self._prometheus.query(g.name) for g in GAUGES))
+        return build_quality({g.name: a for g, a in zip(GAUGES, answers, strict=True)})
+
+
+def parse_metrics_page(text: str) -> dict[str, list[Sample]]:
+    """Samples by name of a Prometheus text exposition; raises SourceUnavailable for a page
+    that is not one."""
+    series: dict[str, list[Sample]] = collections.defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                series[sample.name].append(Sample(dict(sample.labels), float(sample.value)))
+    except ValueError as error:
+        raise SourceUnavailable(f"the monitor's metrics page did not parse: {error}") from None
+    return dict(series)
+
+
+class MetricsPageMonitor:
+    """The monitor's own metrics page (``http://host:port/metrics``): its figures as it holds
+    them now, without a scrape in between."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    @property
+    def where(self) -> str:
+        """The page's URL."""
+        return f"the monitor's metrics page ({self.url})"
+
+    def _get(self) -> str:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as reply:
+                return bytes(reply.read()).decode("utf-8", errors="replace")
+        except (OSError, ValueError) as error:
+            raise SourceUnavailable(
+                f"the monitor at {self.url} is not reachable ({error})"
+            ) from None
+
+    async def quality(self) -> dict[str, VersionQuality]:
+        """Reads and parses the page off the event loop."""
+        text = await asyncio.to_thread(self._get)
+        return build_quality(parse_metrics_page(text))
+
+
+class NoMonitor:
+    """Neither the monitor nor a Prometheus configured."""
+
+    where = "no monitor configured (FRAUD_CONSOLE_MONITOR_URL or FRAUD_CONSOLE_PROMETHEUS_URL)"
+
+    async def quality(self) -> dict[str, VersionQuality]:
+        """Always unavailable."""
+        raise SourceUnavailable(self.where)

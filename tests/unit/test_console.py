@@ -11,18 +11,23 @@ from pathlib import Path
 
 import jwt
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fraud.v1 import outcomes_pb2, scoring_pb2
 from services.cli import certs
 from services.common import metric_catalogue as catalogue
 from services.common.edge_security import DEV_FILES
-from services.console import csrf, identity, overview
+from services.console import csrf, identity, overview, pages
+from services.console.models import read_models
 from services.console.reviews import DecisionLogView, QueueFilter
 from services.console.sources import (
+    Interval,
     PrometheusMonitor,
     Sample,
     SourceUnavailable,
+    build_quality,
     parse_answer,
+    parse_metrics_page,
 )
 from services.console.verdicts import (
     Given,
@@ -336,22 +341,86 @@ def test_prometheus_answers_are_parsed_and_errors_said() -> None:
 
 
 def test_the_monitor_gauges_become_figures_per_version() -> None:
+    v3 = {"model_version": "3"}
     source = FixedPrometheus(
         {
             catalogue.DRIFT_PSI.name: [
-                Sample({"model_version": "3", "feature": "score"}, 0.04),
-                Sample({"model_version": "3", "feature": "amount_eur"}, 0.21),
+                Sample({**v3, "feature": "score"}, 0.04),
+                Sample({**v3, "feature": "amount_eur"}, 0.21),
+                Sample({**v3, "feature": "hour"}, 0.12),
                 Sample({"model_version": "4", "feature": "score"}, float("nan")),
             ],
             catalogue.LIVE_RECALL.name: [
-                Sample({"model_version": "3", "threshold": "review"}, 0.8),
+                Sample({**v3, "threshold": "review", "maturity": "matured"}, 0.8),
+                Sample({**v3, "threshold": "review", "maturity": "immature"}, 0.5),
             ],
-            catalogue.LABELLED_RATIO.name: [Sample({"model_version": "3"}, 0.4)],
+            catalogue.LABELLED_RATIO.name: [Sample({**v3, "maturity": "matured"}, 0.4)],
+            catalogue.REFERENCE_PRECISION.name: [
+                Sample({**v3, "threshold": "decline", "bound": b}, v)
+                for b, v in (("low", 0.7), ("estimate", 0.8), ("high", 0.9))
+            ],
+            catalogue.RETRAINING_ADVISED.name: [Sample(v3, 1.0)],
         }
     )
     quality = asyncio.run(PrometheusMonitor(source).quality())
     assert set(quality) == {"3"}
     q = quality["3"]
-    assert q.psi == {"score": 0.04, "amount_eur": 0.21}
-    assert q.recall == {"review": 0.8} and q.precision == {}
-    assert q.labelled_ratio == 0.4 and q.average_precision is None
+    assert q.psi == {"score": 0.04, "amount_eur": 0.21, "hour": 0.12}
+    assert q.feature_psi == [("amount_eur", 0.21), ("hour", 0.12)]
+    assert list(q.live) == ["matured", "immature"]
+    assert q.live["matured"].recall == {"review": 0.8} and q.live["matured"].precision == {}
+    assert q.live["immature"].recall == {"review": 0.5}
+    assert q.live["matured"].labelled_ratio == 0.4 and q.live["matured"].average_precision is None
+    assert q.reference_precision == {"decline": Interval(0.7, 0.8, 0.9)}
+    assert q.retraining_advised is True
+
+
+def test_the_monitor_metrics_page_reads_as_prometheus_would() -> None:
+    """The same figures from the exposition the monitor's registry writes."""
+    registry = CollectorRegistry()
+    psi = catalogue.DRIFT_PSI.create(registry)
+    precision = catalogue.LIVE_PRECISION.create(registry)
+    decisions = catalogue.WINDOW_DECISIONS.create(registry)
+    psi.labels("7", "score").set(0.31)
+    psi.labels("7", "amount_eur").set(float("nan"))
+    precision.labels("7", "decline", "matured").set(0.66)
+    decisions.labels("7", "canary").set(120)
+    q = build_quality(parse_metrics_page(generate_latest(registry).decode()))["7"]
+    assert q.psi == {"score": 0.31}
+    assert q.live["matured"].precision == {"decline": 0.66}
+    assert q.decisions == {"canary": 120.0}
+    with pytest.raises(SourceUnavailable, match="did not parse"):
+        parse_metrics_page("fraudmesh_drift_psi{model_version= 1\n")
+
+
+def test_the_models_page_shows_drift_and_live_quality_by_maturity(tmp_path: Path) -> None:
+    v = {"model_version": "1"}
+    quality = build_quality(
+        {
+            catalogue.DRIFT_PSI.name: [
+                Sample({**v, "feature": "score"}, 0.05),
+                Sample({**v, "feature": "amount_eur"}, 0.25),
+            ],
+            catalogue.FEATURE_MISSING_RATIO.name: [Sample({**v, "feature": "amount_eur"}, 0.01)],
+            catalogue.WINDOW_DECISIONS.name: [Sample({**v, "arm": "live"}, 500)],
+            catalogue.LIVE_PRECISION.name: [
+                Sample({**v, "threshold": "review", "maturity": "immature"}, 0.5)
+            ],
+            catalogue.REFERENCE_RECALL.name: [
+                Sample({**v, "threshold": "review", "bound": b}, x)
+                for b, x in (("low", 0.6), ("estimate", 0.7), ("high", 0.8))
+            ],
+            catalogue.RETRAINING_ADVISED.name: [Sample(v, 1.0)],
+        }
+    )
+    template = pages._templates().env.get_template("models.html")
+    models = read_models(tmp_path, "fraud-lgbm")
+    html = template.render(models=models, quality=quality, monitor_where="the monitor")
+    assert '<tr data-feature="amount_eur"><td>amount_eur</td>' in html
+    assert '<span class="psi-major">0.250</span>' in html and "1.0%" in html
+    assert '<tr data-maturity="immature">' in html and "0.500" in html
+    assert "0.700 [0.60, 0.80]" in html and 'data-advised="true"' in html
+    absent = template.render(
+        models=models, quality={}, quality_problem="x is down", monitor_where="m"
+    )
+    assert 'id="quality-absent"' in absent and "x is down" in absent
