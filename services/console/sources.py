@@ -208,65 +208,67 @@ def _version(sample: Sample) -> str | None:
     return version if version and math.isfinite(sample.value) else None
 
 
-def build_quality(series: Mapping[str, list[Sample]]) -> dict[str, VersionQuality]:
-    """Every version the monitor's gauges name (``series``: samples by gauge name), with its
-    figures; a figure without a finite value is left out."""
-    flat: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(
-        lambda: collections.defaultdict(dict)
-    )
-    # version → maturity → figure → value; precision and recall as "precision:review".
-    live: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(
-        lambda: collections.defaultdict(dict)
-    )
-    # version → gauge → threshold → bound → value
-    bounds: dict[str, dict[str, dict[str, dict[str, float]]]] = collections.defaultdict(
-        lambda: collections.defaultdict(lambda: collections.defaultdict(dict))
-    )
-    advised: dict[str, bool] = {}
-    keyed = {
-        catalogue.DRIFT_PSI.name: ("psi", "feature"),
-        catalogue.FEATURE_MISSING_RATIO.name: ("missing", "feature"),
-        catalogue.WINDOW_DECISIONS.name: ("decisions", "arm"),
-        catalogue.DECISION_RATIO.name: ("decision_ratio", "decision"),
-        catalogue.REFERENCE_DECISION_RATIO.name: ("reference_decision_ratio", "decision"),
-    }
-    per_maturity = {
-        catalogue.LIVE_AVERAGE_PRECISION.name: "average_precision",
-        catalogue.LABELLED_RATIO.name: "labelled_ratio",
-        catalogue.LIVE_LABELLED_FRAUDS.name: "frauds",
-        catalogue.LIVE_PRECISION.name: "precision",
-        catalogue.LIVE_RECALL.name: "recall",
-    }
-    for name, samples in series.items():
-        for sample in samples:
-            version = _version(sample)
-            if version is None:
-                continue
-            labels, value = sample.labels, sample.value
-            if name in keyed:
-                into, label = keyed[name]
-                flat[version][into][labels.get(label, "?")] = value
-            elif name in per_maturity:
-                figure = per_maturity[name]
-                if "threshold" in labels:
-                    figure += ":" + labels["threshold"]
-                live[version][labels.get("maturity", "?")][figure] = value
-            elif name in (catalogue.REFERENCE_PRECISION.name, catalogue.REFERENCE_RECALL.name):
-                threshold, bound = labels.get("threshold", "?"), labels.get("bound", "?")
-                bounds[version][name][threshold][bound] = value
-            elif name == catalogue.RETRAINING_ADVISED.name:
-                advised[version] = value >= 1
-    versions = set(flat) | set(live) | set(bounds) | set(advised)
+_KEYED = {
+    catalogue.DRIFT_PSI.name: ("psi", "feature"),
+    catalogue.FEATURE_MISSING_RATIO.name: ("missing", "feature"),
+    catalogue.WINDOW_DECISIONS.name: ("decisions", "arm"),
+    catalogue.DECISION_RATIO.name: ("decision_ratio", "decision"),
+    catalogue.REFERENCE_DECISION_RATIO.name: ("reference_decision_ratio", "decision"),
+}
+"""Gauges kept as one mapping per version: gauge → (VersionQuality field, label keyed by)."""
+_PER_MATURITY = {
+    catalogue.LIVE_AVERAGE_PRECISION.name: "average_precision",
+    catalogue.LABELLED_RATIO.name: "labelled_ratio",
+    catalogue.LIVE_LABELLED_FRAUDS.name: "frauds",
+    catalogue.LIVE_PRECISION.name: "precision",
+    catalogue.LIVE_RECALL.name: "recall",
+}
+"""Gauges by cohort maturity: gauge → LiveQuality field."""
+_REFERENCE = {
+    catalogue.REFERENCE_PRECISION.name: "reference_precision",
+    catalogue.REFERENCE_RECALL.name: "reference_recall",
+}
+"""Test-period intervals: gauge → VersionQuality field."""
 
-    def intervals(version: str, name: str) -> dict[str, Interval]:
-        found = bounds.get(version, {}).get(name, {})
+
+class _Gathered:
+    """One version's samples sorted by what they become."""
+
+    def __init__(self) -> None:
+        self.flat: dict[str, dict[str, float]] = collections.defaultdict(dict)
+        # maturity → figure → value; precision and recall as e.g. "precision:review"
+        self.live: dict[str, dict[str, float]] = collections.defaultdict(dict)
+        # field → threshold → bound → value
+        self.bounds: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(
+            lambda: collections.defaultdict(dict)
+        )
+        self.advised: bool | None = None
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Files one sample of gauge ``name``."""
+        if name in _KEYED:
+            into, label = _KEYED[name]
+            self.flat[into][labels.get(label, "?")] = value
+        elif name in _PER_MATURITY:
+            figure = _PER_MATURITY[name]
+            if "threshold" in labels:
+                figure += ":" + labels["threshold"]
+            self.live[labels.get("maturity", "?")][figure] = value
+        elif name in _REFERENCE:
+            threshold, bound = labels.get("threshold", "?"), labels.get("bound", "?")
+            self.bounds[_REFERENCE[name]][threshold][bound] = value
+        elif name == catalogue.RETRAINING_ADVISED.name:
+            self.advised = value >= 1
+
+    def _intervals(self, field_name: str) -> dict[str, Interval]:
         return {
             t: Interval(b["low"], b["estimate"], b["high"])
-            for t, b in found.items()
+            for t, b in self.bounds.get(field_name, {}).items()
             if {"low", "estimate", "high"} <= set(b)
         }
 
-    def cohort(figures: dict[str, float]) -> LiveQuality:
+    @staticmethod
+    def _cohort(figures: dict[str, float]) -> LiveQuality:
         def thresholds(kind: str) -> dict[str, float]:
             return {k.split(":", 1)[1]: v for k, v in figures.items() if k.startswith(kind + ":")}
 
@@ -278,9 +280,9 @@ def build_quality(series: Mapping[str, list[Sample]]) -> dict[str, VersionQualit
             frauds=figures.get("frauds"),
         )
 
-    def quality(version: str) -> VersionQuality:
-        f = flat.get(version, {})
-        cohorts = live.get(version, {})
+    def quality(self, version: str) -> VersionQuality:
+        """The version's figures."""
+        f = self.flat
         return VersionQuality(
             version=version,
             psi=dict(f.get("psi", {})),
@@ -288,13 +290,22 @@ def build_quality(series: Mapping[str, list[Sample]]) -> dict[str, VersionQualit
             decisions=dict(f.get("decisions", {})),
             decision_ratio=dict(f.get("decision_ratio", {})),
             reference_decision_ratio=dict(f.get("reference_decision_ratio", {})),
-            live={m: cohort(cohorts[m]) for m in sorted(cohorts, key=_maturity_order)},
-            reference_precision=intervals(version, catalogue.REFERENCE_PRECISION.name),
-            reference_recall=intervals(version, catalogue.REFERENCE_RECALL.name),
-            retraining_advised=advised.get(version),
+            live={m: self._cohort(self.live[m]) for m in sorted(self.live, key=_maturity_order)},
+            reference_precision=self._intervals("reference_precision"),
+            reference_recall=self._intervals("reference_recall"),
+            retraining_advised=self.advised,
         )
 
-    return {v: quality(v) for v in sorted(versions, key=_version_order)}
+
+def build_quality(series: Mapping[str, list[Sample]]) -> dict[str, VersionQuality]:
+    """Every version the monitor's gauges name (``series``: samples by gauge name), with its
+    figures; a figure without a finite value is left out."""
+    gathered: dict[str, _Gathered] = collections.defaultdict(_Gathered)
+    for name, samples in series.items():
+        for sample in samples:
+            if (version := _version(sample)) is not None:
+                gathered[version].add(name, sample.labels, sample.value)
+    return {v: gathered[v].quality(v) for v in sorted(gathered, key=_version_order)}
 
 
 def _maturity_order(maturity: str) -> tuple[int, str]:

@@ -105,20 +105,26 @@ class Mesh:
         )
         self._envoy_config = envoy_config
         if c.observability:
-            url = f"http://{c.host}:{c.console_port}/healthz"
-            tls = c.edge_settings().tls
-            self.processes["console"] = Process(
-                "console",
-                [sys.executable, "-m", "services.console"],
-                # Over TLS the mesh holds no client trust of its own: an open port will do.
-                ready=(lambda: tcp_open(c.host, c.console_port)) if tls else (lambda: http_ok(url)),
-                env=c.console_env(),
-                log_path=logs / "console.log",
-                niceness=c.background_niceness,
-            )
+            self._add_console()
         self._lock = threading.Lock()
         self._held: set[str] = set()
         self._stopping = False
+
+    def _add_console(self) -> None:
+        """Adds the web console, started last: it reads the decision log and reports verdicts
+        through Envoy."""
+        c = self.config
+        url = f"http://{c.host}:{c.console_port}/healthz"
+        tls = c.edge_settings().tls
+        self.processes["console"] = Process(
+            "console",
+            [sys.executable, "-m", "services.console"],
+            # Over TLS the mesh holds no client trust of its own: an open port will do.
+            ready=(lambda: tcp_open(c.host, c.console_port)) if tls else (lambda: http_ok(url)),
+            env=c.console_env(),
+            log_path=c.logs_path / "console.log",
+            niceness=c.background_niceness,
+        )
 
     def _envoy_ready(self) -> bool:
         """Plaintext: the edge answers health with SERVING. With TLS the mesh holds no client

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -465,3 +466,43 @@ def test_the_overview_shows_what_prometheus_answers(
         assert shown[figure.key] == pytest.approx(value * figure.scale, abs=0.051), figure.key
     assert "features" in breakers and "closed" in breakers
     assert watch.errors == []
+
+
+def test_without_prometheus_or_the_monitor_the_pages_say_so(
+    browser: Any, watch: PageWatch, tmp_path: Path
+) -> None:
+    """A console whose sources are down shows each page with a notice saying which source is
+    away, and no figure of its own making."""
+    port, away = free_port(), free_port()
+    env = {
+        **os.environ,
+        **to_env(
+            ConsoleSettings,
+            port=port,
+            var_dir=tmp_path,
+            prometheus_url=f"http://127.0.0.1:{away}",
+            monitor_url=f"http://127.0.0.1:{away}/metrics",
+            outcome_target=f"127.0.0.1:{away}",
+        ),
+    }
+    log = (tmp_path / "console.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.console"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    origin = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_ok(f"{origin}/healthz"), "the console answering", timeout_s=30)
+        watch.open(origin + "/")
+        notice = watch.page.inner_text("#figures .notice")
+        assert f"Prometheus at http://127.0.0.1:{away} is not reachable" in notice
+        assert watch.page.locator("#figures .figure").count() == 0
+        watch.open(origin + "/models")
+        absent = watch.page.inner_text("#quality-absent")
+        assert f"the monitor at http://127.0.0.1:{away}/metrics is not reachable" in absent
+        assert watch.page.locator("section.quality").count() == 0
+        assert watch.errors == []
+        assert [u for u in watch.requests if not u.startswith(origin + "/")] == []
+    finally:
+        process.terminate()
+        process.wait(15)
+        log.close()
