@@ -90,7 +90,8 @@ def run(
     config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
 ) -> None:
     """Sends every sample through Envoy and prints each answer under what was expected;
-    then the live attack, when the loop runs."""
+    then, when the loop runs, the live attack and payments the model holds for review; and
+    where the console runs, its address."""
     console.rule("sample transactions through Envoy")
     for sample in samples(config):
         console.print(f"[bold]{sample.label}[/]  (expected: {sample.expect})")
@@ -100,14 +101,20 @@ def run(
             console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
             continue
         _print_answer(console, response)
+    held: list[str] = []
     if config.live_loop:
         live_attack(config, console, credentials)
-        held_for_review(config, console, credentials)
+        held = held_for_review(config, console, credentials)
     if config.observability:
+        waiting = (
+            f"the {len(held)} payments held for review above wait there for an analyst's "
+            "verdict (within seconds, once the decision log has them)"
+            if held
+            else "REVIEW decisions wait there for an analyst's verdict"
+        )
         console.print(
-            f"[bold]console[/]: {config.console_url}/reviews — the payments held for review "
-            "above wait there for an analyst's verdict (within seconds, once the decision log "
-            f"has them); any decision: {config.console_url}/decisions\n"
+            f"[bold]console[/]: {config.console_url}/reviews — {waiting}; any decision: "
+            f"{config.console_url}/decisions\n"
         )
 
 
@@ -218,10 +225,14 @@ def held_for_review(
         card = f"card-new-{uuid.uuid4().hex[:8]}"
         for amount in _GROWING_AMOUNTS:
             sample = client.Sample("held", card, merchant, amount, card_not_present=True)
-            response = client.score(
-                config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
-            )
             sent += 1
+            try:
+                response = client.score(
+                    config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
+                )
+            except grpc.RpcError as error:  # said and passed over: the demo goes on
+                console.print(f"  [yellow]{error.code().name}[/]: {error.details()}")
+                continue
             if response.decision != scoring_pb2.DECISION_REVIEW:
                 continue
             held.append(response.transaction_id)
