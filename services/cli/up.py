@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 console = Console()
 
-METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
+METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog", "monitor")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
 this order."""
 
@@ -50,6 +50,14 @@ _Store = Annotated[str, typer.Option(help="Online store: sqlite (embedded) or re
 _VarDir = Annotated[Path, typer.Option(help="State folder: data, Feast, models, logs.")]
 _Demo = Annotated[bool, typer.Option(help="Send sample transactions once the mesh is up.")]
 _DecisionLogPort = Annotated[int, typer.Option(help="Health port of the decision sink.")]
+_MonitorPort = Annotated[int, typer.Option(help="Health port of the monitor.")]
+_Monitor = Annotated[
+    bool,
+    typer.Option(
+        help="With the live loop: the monitor judges the traffic against each version's "
+        "reference (drift, decision rates, live precision and recall)."
+    ),
+]
 _MetricsPort = Annotated[int, typer.Option(help=_METRICS_HELP)]
 _GatewayInProcess = Annotated[
     bool,
@@ -133,6 +141,8 @@ def up(
     updater_port: int = 50054,
     observability: _Observability = True,
     console_port: _ConsolePort = 8090,
+    monitor_port: _MonitorPort = 50056,
+    monitor: _Monitor = True,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -165,6 +175,8 @@ def up(
         updater_port=updater_port,
         observability=observability,
         console_port=console_port,
+        monitor_port=monitor_port,
+        monitor=monitor,
     )
     try:
         edge.check_files()
@@ -251,6 +263,8 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
         "console": f"{config.console_url}  review queue, decision lookup, models, overview",
+        "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
+        f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }
 
 

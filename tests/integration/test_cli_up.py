@@ -24,7 +24,17 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater", "console")
+    names = (
+        "envoy",
+        "admin",
+        "gateway",
+        "features",
+        "scorer",
+        "decisionlog",
+        "updater",
+        "monitor",
+        "console",
+    )
     ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",

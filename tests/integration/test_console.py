@@ -10,6 +10,7 @@ also saved there (``docs/console/`` holds the README's).
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import json
@@ -40,8 +41,11 @@ from services.cli import demo
 from services.cli.main import app
 from services.common.settings import to_env
 from services.console import overview
+from services.console.models import read_models
 from services.console.settings import ConsoleSettings
+from services.console.sources import VersionQuality, build_quality, parse_metrics_page
 from services.mesh import Mesh, free_port, http_ok
+from services.monitor.settings import MonitorSettings
 from tests.ci import unavailable
 
 from .conftest import Known
@@ -84,8 +88,13 @@ def console_mesh(
     mesh = start_live_mesh(
         var_dir,
         var_dir / "logs",
+        metrics=("updater", "gateway", "monitor"),
         observability=True,
-        extra_env=to_env(ConsoleSettings, prometheus_url=prometheus),
+        extra_env={
+            **to_env(ConsoleSettings, prometheus_url=prometheus),
+            # The monitor publishes every second and gives a PSI from a test's few payments.
+            **to_env(MonitorSettings, publish_interval_s=1, min_decisions=20),
+        },
     )
     yield mesh
     mesh.stop()
@@ -235,7 +244,6 @@ def test_each_page_loads_without_errors_or_requests_elsewhere(
     watch.open(_url(console_mesh, "/models"))
     live = console_mesh.config.var_dir / "models" / "fraud-lgbm"
     assert watch.page.locator("table.versions tr.state-live").count() == 1, live
-    watch.shot("models")
     watch.open(_url(console_mesh, "/reviews"))
     _give_name(watch)
     for tid in held:
@@ -285,6 +293,75 @@ def test_marking_a_held_payment_as_fraud_lands_an_analyst_outcome(
     assert watch.errors == []
     elsewhere = [u for u in watch.requests if not u.startswith(console_mesh.config.console_url)]
     assert elsewhere == []
+
+
+def _monitor_now(mesh: Mesh) -> dict[str, VersionQuality]:
+    url = f"http://{mesh.config.host}:{mesh.config.metrics_ports['monitor']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return build_quality(parse_metrics_page(reply.read().decode()))
+
+
+def _shown(q: VersionQuality) -> dict[str, str]:
+    """What the Models page shows of ``q``, as the page formats it."""
+    shown = {"score": f"{q.psi['score']:.3f}"} if "score" in q.psi else {}
+    for maturity, c in q.live.items():
+        for kind, figures in (("precision", c.precision), ("recall", c.recall)):
+            for threshold in ("review", "decline"):
+                value = figures.get(threshold)
+                shown[f"{maturity} {kind}-{threshold}"] = "-" if value is None else f"{value:.3f}"
+        ap = c.average_precision
+        shown[f"{maturity} average-precision"] = "-" if ap is None else f"{ap:.3f}"
+        shown[f"{maturity} frauds"] = "-" if c.frauds is None else f"{c.frauds:.0f}"
+    return shown
+
+
+def test_the_models_page_shows_what_the_monitor_measures(
+    console_mesh: Mesh, held: list[str], watch: PageWatch, known: Known
+) -> None:
+    """Drift and live quality on the page are the monitor's own figures: read from its
+    metrics page before and after the page, equal when the two reads agree."""
+    # Enough decisions in the monitor's window for a PSI (the module sets its minimum to 20).
+    sample = client.Sample("models", known.card_id, known.merchant_id, known.amount_minor)
+    answered = 0
+    with grpc.insecure_channel(console_mesh.config.envoy_target) as channel:
+        stub = pb_grpc.FraudScoringStub(channel)
+        for _ in range(90):  # a late answer on a busy machine is not what this test is about
+            with contextlib.suppress(grpc.RpcError):
+                stub.Score(sample.request(), timeout=2.0)
+                answered += 1
+            if answered == 30:
+                break
+    assert answered == 30, answered
+    live = next(
+        v.version
+        for v in read_models(console_mesh.config.var_dir / "models", "fraud-lgbm").versions
+        if v.state == "live"
+    )
+    wait_for(
+        lambda: "score" in _monitor_now(console_mesh).get(live, VersionQuality(live)).psi,
+        "the monitor's score PSI for the live version",
+        timeout_s=60,
+    )
+    for _ in range(10):
+        before = _shown(_monitor_now(console_mesh)[live])
+        watch.open(_url(console_mesh, "/models"))
+        section = watch.page.locator(f'section.quality[data-version="{live}"]')
+        page = {"score": section.locator('tr[data-feature="score"] td.num').inner_text()}
+        for row in section.locator("table.live tr[data-maturity]").all():
+            maturity = row.get_attribute("data-maturity")
+            if maturity == "reference":
+                continue
+            for cell in row.locator("td[data-figure]").all():
+                page[f"{maturity} {cell.get_attribute('data-figure')}"] = cell.inner_text()
+            page[f"{maturity} frauds"] = row.locator("td.frauds").inner_text()
+        if before == _shown(_monitor_now(console_mesh)[live]):
+            break
+    assert page == before
+    features = section.locator("table.drift tr[data-feature]").count()
+    assert features > 10, features
+    assert section.locator("table.live tr[data-maturity=reference]").count() == 1
+    watch.shot("models")
+    assert watch.errors == []
 
 
 def _post(url: str, fields: dict[str, str], headers: dict[str, str]) -> int:
