@@ -148,10 +148,7 @@ def up(
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
     from services.mesh import Mesh, MeshConfig, RestartPolicy
 
-    if store not in ("sqlite", "redis"):
-        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
-    if auth not in (None, "none", "jwt"):
-        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    _check_choices(store, auth)
     # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
@@ -197,6 +194,14 @@ def up(
     console.print(_endpoints_table(mesh, edge))
     policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_choices(store: str, auth: str | None) -> None:
+    """Refuses a store or an authentication the mesh does not know."""
+    if store not in ("sqlite", "redis"):
+        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if auth not in (None, "none", "jwt"):
+        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
 
 
 def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:
