@@ -118,6 +118,7 @@ def outcome_event(report: OutcomeReport, received_at_s: float) -> events_pb2.Eve
     event.transaction_id = report.transaction_id
     event.outcome = _VERDICT_NUMBER[report.verdict]  # type: ignore[assignment]
     event.source = _REPORTER_NUMBER[report.reporter]  # type: ignore[assignment]
+    event.reported_by = report.reported_by
     set_time(event.reported_at, report.reported_at_s)
     set_time(event.received_at, received_at_s)
     return envelope
