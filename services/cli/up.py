@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,12 +30,19 @@ console = Console()
 
 METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
-this order."""
+this order; replicas (``gateway-2``, …) follow them."""
 
 
-def metrics_ports(first: int) -> dict[str, int]:
-    """The /metrics port of each of ``METRICS_PROCESSES``, counting up from ``first``."""
-    return {name: first + i for i, name in enumerate(METRICS_PROCESSES)}
+def metrics_ports(first: int, replicas: Sequence[str] = ()) -> dict[str, int]:
+    """The /metrics port of each of ``METRICS_PROCESSES`` and then of each replica, counting
+    up from ``first``."""
+    names = [*METRICS_PROCESSES, *(r for r in replicas if r not in METRICS_PROCESSES)]
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def replica_ports(first: int, replicas: int, step: int) -> tuple[int, ...]:
+    """Ports of the replicas after the first: ``first + step``, ``first + 2 × step``, …"""
+    return tuple(first + step * i for i in range(1, replicas))
 
 
 _METRICS_HELP = (
@@ -96,6 +103,38 @@ _EventLog = Annotated[
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
+_GatewayReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Gateway processes behind Envoy. With two or more, Envoy retries a call whose "
+        "gateway died before answering on another, and a killed gateway costs no call.",
+    ),
+]
+_EnvoyReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Envoy processes sharing the edge port (SO_REUSEPORT): a killed one takes only "
+        "its own connections, and clients reconnect to another.",
+    ),
+]
+_FeaturesReplicas = Annotated[
+    int, typer.Option(min=1, max=9, help="Feature service processes; gateways spread calls.")
+]
+_ScorerReplicas = Annotated[
+    int, typer.Option(min=1, max=9, help="Scorer processes; gateways spread calls.")
+]
+_ReplicaPortStep = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Replica N of a part listens on its port + (N-1) × this (an Envoy: its admin "
+        "port); their metrics follow the other /metrics ports.",
+    ),
+]
 
 
 def up(
@@ -121,6 +160,11 @@ def up(
     eventlog: _EventLog = None,
     kafka_bootstrap: _KafkaBootstrap = None,
     updater_port: int = 50054,
+    gateway_replicas: _GatewayReplicas = 2,
+    envoy_replicas: _EnvoyReplicas = 2,
+    features_replicas: _FeaturesReplicas = 1,
+    scorer_replicas: _ScorerReplicas = 1,
+    replica_port_step: _ReplicaPortStep = 100,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -134,6 +178,23 @@ def up(
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
     _check_eventlog(store, eventlog, kafka_bootstrap)
+    step = replica_port_step
+    extra = {
+        "extra_gateway_ports": replica_ports(gateway_port, gateway_replicas, step),
+        "extra_admin_ports": replica_ports(admin_port, envoy_replicas, step),
+        "extra_features_ports": replica_ports(features_port, features_replicas, step),
+        "extra_scorer_ports": replica_ports(scorer_port, scorer_replicas, step),
+    }
+    _check_ports(extra)
+    replicas = [
+        f"{part}-{i}"
+        for part, count in (
+            ("gateway", gateway_replicas),
+            ("features", features_replicas),
+            ("scorer", scorer_replicas),
+        )
+        for i in range(2, count + 1)
+    ]
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -145,12 +206,16 @@ def up(
         redis_port=redis_port,
         decisionlog_port=decisionlog_port,
         gateway_in_process=gateway_in_process,
-        metrics_ports=metrics_ports(metrics_port),
+        metrics_ports=metrics_ports(metrics_port, replicas),
         edge=edge,
         live_loop=live_loop,
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
         updater_port=updater_port,
+        extra_gateway_ports=extra["extra_gateway_ports"],
+        extra_admin_ports=extra["extra_admin_ports"],
+        extra_features_ports=extra["extra_features_ports"],
+        extra_scorer_ports=extra["extra_scorer_ports"],
     )
     try:
         edge.check_files()
@@ -171,6 +236,16 @@ def up(
     console.print(_endpoints_table(mesh, edge))
     policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_ports(extra: dict[str, tuple[int, ...]]) -> None:
+    """Refuses replica ports past 65535 (a large --replica-port-step)."""
+    for name, ports in extra.items():
+        if any(port > 65535 for port in ports):
+            raise typer.BadParameter(
+                f"{name.removeprefix('extra_').replace('_', ' ')} would pass 65535: {ports}",
+                param_hint="--replica-port-step",
+            )
 
 
 def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:
@@ -222,7 +297,7 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         )
         if part
     )
-    return {
+    rows = {
         "envoy": f"{scheme}://{config.envoy_target}  (admin http://{host}:{config.admin_port})"
         + (f"  {security}" if security else ""),
         "gateway": f"grpc://{host}:{config.gateway_port}  fraud.v1.FraudScoring"
@@ -237,6 +312,12 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
     }
+    for part in ("gateway", "features", "scorer"):
+        for name, port in list(config.replica_ports(part).items())[1:]:
+            rows[name] = f"grpc://{host}:{port}  replica  (metrics :{metrics.get(name, '-')})"
+    for name, admin in list(config.replica_ports("envoy").items())[1:]:
+        rows[name] = f"{scheme}://{config.envoy_target}  (admin http://{host}:{admin})"
+    return rows
 
 
 def _supervise(
