@@ -8,10 +8,10 @@ every Envoy holds some. Each row lets the load run, SIGKILLs one process, lets t
 on while the supervisor restarts it, and reports:
 
 * calls failed (any status but OK and DEADLINE_EXCEEDED) and calls late (DEADLINE_EXCEEDED,
-  or OK past the 42 ms budget) from the kill on, against the same row's calls before the
-  kill: the late share may grow by at most ``max(SLACK_CALLS, SLACK_SHARE)`` of the window
-  (a loaded machine is late now and then whatever the mesh does); failures are not timing
-  and must be none, but for an Envoy the calls in flight on it at the kill;
+  or OK past the 42 ms budget) from the kill on, judged by ``loadtest.faultwindow`` against
+  the run's calls while nothing was faulted (the baseline row and every row before its
+  kill): a loaded machine is late now and then whatever the mesh does. Failures are not
+  timing and must be none, but for an Envoy the calls in flight on it at the kill;
 * answered decisions missing from the decision log afterwards (read as ``fraudmesh
   decisions export`` reads it, once the sink has had time to write everything);
 * how long until the killed process was ready again, and until every answer was again
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import gc
 import signal
 import threading
 import time
@@ -39,7 +39,7 @@ import grpc
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from loadtest import data
+from loadtest import data, faultwindow
 from loadtest.drive import score_request
 from loadtest.runner import copy_state
 from services import client
@@ -51,12 +51,7 @@ from services.gateway.settings import GatewaySettings
 from services.mesh import CrashLoop, Mesh, MeshConfig, RestartPolicy, Supervisor
 from services.pipelines import decisions
 
-BUDGET_MS = 42.0
-"""The end-to-end budget a call must be answered within, as the client measures it."""
-SLACK_CALLS = 2
-"""Late calls a kill's window may have beyond the baseline's share, at least."""
-SLACK_SHARE = 0.01
-"""Share of a kill's window that may be late beyond the baseline's share."""
+BUDGET_MS = faultwindow.BUDGET_MS
 WARMUP_S = 0.5
 """The first half second of a row's load is left out (the connections' first calls)."""
 FAILED = "failed"
@@ -121,7 +116,14 @@ class Load:
         self._ready = threading.Event()
 
     def start(self) -> None:
-        """Starts sending once every connection is up."""
+        """Starts sending once every connection is up.
+
+        What the process holds by now is moved out of the garbage collector's reach first
+        (as ``loadtest.drive`` does): a full collection of it would hold the sending thread
+        for a tenth of a second or more, and the calls owed meanwhile would leave together
+        and be late for the client alone."""
+        gc.collect()
+        gc.freeze()
         self._thread = threading.Thread(target=self._run, name="crash-load", daemon=True)
         self._thread.start()
         if not self._ready.wait(30) and self._error is None:
@@ -192,22 +194,6 @@ class Load:
         self.calls.append(Call(sent, time.monotonic() - sent, OK, tx_id, degraded))
 
 
-@dataclass(frozen=True)
-class Window:
-    """Calls in one window and how many of them were late."""
-
-    calls: int
-    late: int
-
-    @property
-    def share(self) -> float:
-        """Share of the window's calls that were late (0 for an empty window)."""
-        return self.late / self.calls if self.calls else 0.0
-
-    def __str__(self) -> str:
-        return f"{self.late}/{self.calls}"
-
-
 def _steady(calls: Sequence[Call], seconds: float) -> bool:
     """True when every call of the last ``seconds`` was answered at full quality."""
     if not calls:
@@ -215,12 +201,6 @@ def _steady(calls: Sequence[Call], seconds: float) -> bool:
     end = max(c.ended_s for c in calls)
     recent = [c for c in calls if c.ended_s >= end - seconds]
     return all(c.status == OK and not c.degraded for c in recent)
-
-
-def allowed_late(baseline: Window, calls: int) -> int:
-    """The most late calls a window of ``calls`` may have: the baseline's share of them plus
-    ``max(SLACK_CALLS, SLACK_SHARE × calls)``."""
-    return math.floor(baseline.share * calls + max(SLACK_CALLS, SLACK_SHARE * calls))
 
 
 @dataclass
@@ -236,7 +216,7 @@ class Row:
     """Seconds from the kill until the supervisor had the process ready again."""
     missing: list[str] = field(default_factory=list)
     """Answered transactions the decision log does not hold."""
-    reference: Window | None = None
+    reference: faultwindow.Tally | None = None
     """The run's calls while nothing was faulted (``reference``); None: this row's own
     calls before its kill."""
 
@@ -251,14 +231,14 @@ class Row:
         warm = self.calls[0].sent_s + WARMUP_S
         return [c for c in self.calls if c.sent_s >= warm]
 
-    def windows(self) -> tuple[Window, Window]:
+    def windows(self) -> tuple[faultwindow.Tally, faultwindow.Tally]:
         """(before, from the kill on): a call still in flight at the kill is the kill's."""
         calls = self._judged()
         before = [c for c in calls if c.ended_s < self.kill_s]
         after = [c for c in calls if c.ended_s >= self.kill_s]
         return (
-            Window(len(before), sum(c.late for c in before)),
-            Window(len(after), sum(c.late for c in after)),
+            faultwindow.Tally(len(before), sum(c.late for c in before)),
+            faultwindow.Tally(len(after), sum(c.late for c in after)),
         )
 
     def failed(self) -> list[Call]:
@@ -293,7 +273,7 @@ class Row:
     def late_allowed(self) -> int:
         """Late calls the window from the kill on may have."""
         before, after = self.windows()
-        return allowed_late(self.reference or before, after.calls)
+        return faultwindow.allowed(self.reference or before, after.calls)
 
     def failures_allowed(self) -> int:
         """Failed calls the kill may cost: the calls in flight at it for an Envoy, else none."""
@@ -311,7 +291,7 @@ class Row:
         allowed = self.late_allowed()
         if after.calls == 0:
             out.append("no calls after the kill")
-        elif after.late > allowed:
+        elif after.bad > allowed:
             out.append(f"{after} late, at most {allowed} allowed")
         if self.missing:
             out.append(f"{len(self.missing)} answered decision(s) missing from the log")
@@ -363,17 +343,17 @@ class CrashPlan:
         )
 
 
-def reference(rows: Sequence[Row]) -> Window:
+def reference(rows: Sequence[Row]) -> faultwindow.Tally:
     """The run's calls while nothing was faulted: the baseline row's and every row's before
     its kill. A few seconds of one row are too few to show how often a loaded machine is
     late by itself; the whole run's are the same run's baseline, many times over."""
     calls = late = 0
     for row in rows:
         before, after = row.windows()
-        calls, late = calls + before.calls, late + before.late
+        calls, late = calls + before.calls, late + before.bad
         if row.process is None:
-            calls, late = calls + after.calls, late + after.late
-    return Window(calls, late)
+            calls, late = calls + after.calls, late + after.bad
+    return faultwindow.Tally(calls, late)
 
 
 def processes(mesh: Mesh) -> list[str]:
@@ -552,8 +532,8 @@ def markdown(rows: Sequence[Row], plan: CrashPlan) -> str:
         "",
         f"Late: DEADLINE_EXCEEDED or OK past {BUDGET_MS:.0f} ms; the window from the kill on "
         f"may have the late share of the run's unfaulted calls (the baseline row and every "
-        f"row before its kill: {reference(rows)}) plus max({SLACK_CALLS} calls, "
-        f"{SLACK_SHARE:.0%}). Failed: any other status; none allowed but, for an Envoy, the "
+        f"row before its kill: {reference(rows)}) plus max({faultwindow.SLACK_CALLS} calls, "
+        f"{faultwindow.SLACK_SHARE:.0%}). Failed: any other status; none allowed but, for an Envoy, the "
         "calls in flight at the kill. Missing: answered decisions the decision log does not "
         "hold at the end of the run. Quality back: until the last answer by the rules or on "
         "default features.",

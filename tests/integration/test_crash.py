@@ -13,7 +13,7 @@ import pytest
 
 from loadtest.crash import Crash, CrashPlan, Row, markdown
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 KILLED = ("envoy", "gateway", "features", "scorer", "updater", "decisionlog")
 PLAN = CrashPlan(rps=100, before_s=3.0, after_s=4.0, tail_s=2.0, log_wait_s=60.0)

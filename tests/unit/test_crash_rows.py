@@ -3,7 +3,8 @@ pooled reference, the time until answers are at full quality again."""
 
 from __future__ import annotations
 
-from loadtest.crash import Call, Row, Window, allowed_late, reference
+from loadtest.crash import Call, Row, reference
+from loadtest.faultwindow import Tally, allowed
 
 
 def _calls(start: float, n: int, step: float = 0.01, **kw: object) -> list[Call]:
@@ -37,10 +38,10 @@ def test_late_calls_are_judged_against_the_pooled_reference() -> None:
     after = _calls(3.0, 300)
     late = [Call(6.0 + i * 0.01, 0.05, "OK", f"l{i}") for i in range(8)]
     row = Row("scorer", calls=[*before, *after, *late], kill_s=3.0, ready_again_s=1.0)
-    assert row.windows() == (Window(250, 0), Window(300 + 8, 8))
-    assert row.late_allowed() == allowed_late(Window(250, 0), 308) == 3
+    assert row.windows() == (Tally(250, 0), Tally(300 + 8, 8))
+    assert row.late_allowed() == allowed(Tally(250, 0), 308) == 3
     assert not row.passed()
-    row.reference = Window(1000, 20)  # a machine late 2 % of the time anyway
+    row.reference = Tally(1000, 20)  # a machine late 2 % of the time anyway
     assert row.late_allowed() == 9 and row.passed()
 
 
@@ -49,7 +50,7 @@ def test_the_reference_is_every_unfaulted_call_of_the_run() -> None:
     killed = Row("features", calls=[*_calls(10.0, 300, latency_s=0.05)], kill_s=11.5)
     pooled = reference([baseline, killed])
     # The baseline row whole (less its warm-up), the killed row before its kill only.
-    assert pooled == Window(250 + 95, 95)
+    assert pooled == Tally(250 + 95, 95)
 
 
 def test_quality_is_back_after_the_last_degraded_answer() -> None:
