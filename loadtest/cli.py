@@ -72,7 +72,9 @@ def loadtest_command(
             metavar="NAME:KEY=VALUE[,KEY=VALUE…]",
             help="A variant of the mesh for a side-by-side run: a name, then environment "
             "settings for its service processes (e.g. stream:FRAUD_GATEWAY_TRANSPORT=stream; "
-            "a name alone: the mesh as configured). Give it two or more times: every round "
+            "a name alone: the mesh as configured) and the processes it runs of each part "
+            "(gateway_replicas, envoy_replicas, features_replicas, scorer_replicas, e.g. "
+            "two:gateway_replicas=2,envoy_replicas=2). Give it two or more times: every round "
             "starts a fresh mesh per variant, in an order that rotates each round, on the same "
             "store, rates and requests; the first variant is the baseline of the ratios. "
             "Report: compare-<store>-<a>-vs-<b>.md/.json/.png.",
