@@ -8,8 +8,11 @@ They join the product's command through the ``fraudmesh.commands`` entry point
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -210,8 +213,8 @@ def crash_command(
     after_s: Annotated[float, typer.Option(min=1, help="Load after each kill.")] = 12.0,
     gateway_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
     envoy_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
-    features_replicas: Annotated[int, typer.Option(min=1, max=9)] = 1,
-    scorer_replicas: Annotated[int, typer.Option(min=1, max=9)] = 1,
+    features_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    scorer_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
     journal: Annotated[
         str, typer.Option(help="The gateways' FRAUD_GATEWAY_JOURNAL: write, fsync or off.")
     ] = "write",
@@ -220,8 +223,9 @@ def crash_command(
         typer.Option(help="Markdown report; default loadtest/results/crash-<store>.md."),
     ] = None,
 ) -> None:
-    """Run the crash matrix: SIGKILL each process in turn under load; print the table."""
-    from loadtest.crash import Crash, CrashPlan, markdown
+    """Run the crash matrix: SIGKILL each process in turn under load; print the table and
+    write it with its figures (``--out``, and the same name with ``.json``)."""
+    from loadtest.crash import Crash, CrashPlan, markdown, summary
 
     console = Console()
     if store not in ("sqlite", "redis"):
@@ -252,7 +256,13 @@ def crash_command(
     report = markdown(rows, plan)
     target = out or Path("loadtest/results") / f"crash-{store}.md"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(report)
+    machine = f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()[0]:.1f} at the end."
+    target.write_text(f"{report}\n{machine}\n")
+    figures = summary(rows, plan) | {
+        "command": " ".join(["fraudmesh", *sys.argv[1:]]),
+        "machine": machine,
+    }
+    target.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
     console.print(report, markup=False, highlight=False)
     if not all(row.passed() for row in rows):
         raise typer.Exit(1)

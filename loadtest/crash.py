@@ -1,10 +1,11 @@
 """The crash matrix: SIGKILL of each process of the mesh in turn under steady load.
 
 The mesh runs as ``fraudmesh up`` runs it by default (two Envoys sharing the edge port, two
-gateways, the journal on, the live loop on, a supervisor that restarts what dies), on a
-fresh copy of the state. Load comes from the project's Python client (its retry policy and
-waitForReady, docs/reliability.md) at a fixed rate over several connections, so that
-every Envoy holds some. Each row lets the load run, SIGKILLs one process, lets the load run
+gateways, two feature services, two scorers, the journal on, the live loop on, a supervisor
+that restarts what dies), on a fresh copy of the state. Load comes from the project's Python
+client (its retry policy and waitForReady, docs/reliability.md) in a process of its own
+(``loadtest.crashload``), at a fixed rate over several connections, so that every Envoy
+holds some. Each row lets the load run, SIGKILLs one process, lets the load run
 on while the supervisor restarts it, and reports:
 
 * calls failed (any status but OK and DEADLINE_EXCEEDED) and calls late (DEADLINE_EXCEEDED,
@@ -24,10 +25,12 @@ makes of the machine's noise alone.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
+import json
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -51,6 +54,7 @@ from services.gateway.settings import GatewaySettings
 from services.mesh import CrashLoop, Mesh, MeshConfig, RestartPolicy, Supervisor
 from services.pipelines import decisions
 
+REPO = Path(__file__).resolve().parents[1]
 BUDGET_MS = faultwindow.BUDGET_MS
 WARMUP_S = 0.5
 """The first half second of a row's load is left out (the connections' first calls)."""
@@ -92,7 +96,8 @@ class Call:
 
 class Load:
     """Score calls through the edge at a fixed rate over ``connections`` channels of the
-    project's Python client (open loop: a slow answer never delays the next call)."""
+    project's Python client (open loop: a slow answer never delays the next call), sent from
+    a process of its own (``loadtest.crashload``)."""
 
     def __init__(
         self,
@@ -102,32 +107,64 @@ class Load:
         connections: int = 4,
         deadline_s: float = BUDGET_MS / 1000,
         prefix: str = "crash",
+        work_dir: Path | None = None,
     ) -> None:
         self.target = target
-        self.population = population
-        self.rps = rps
-        self.connections = connections
-        self.deadline_s = deadline_s
         self.prefix = prefix
         self.calls: list[Call] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        folder = work_dir or Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        self._requests = folder / f"{prefix}-requests.json"
+        self._requests.write_text(
+            json.dumps(
+                [
+                    [t.card_id, t.merchant_id, t.amount_minor, t.currency, t.card_not_present]
+                    for t in population
+                ]
+            )
+        )
+        self._argv = [
+            sys.executable, "-m", "loadtest.crashload",
+            "--target", target, "--requests", str(self._requests), "--rps", str(rps),
+            "--connections", str(connections), "--deadline-s", str(deadline_s),
+            "--prefix", prefix,
+        ]  # fmt: skip
+        self._process: subprocess.Popen[str] | None = None
+        self._reader = threading.Thread(target=self._read, name="crash-load-reader", daemon=True)
         self._ready = threading.Event()
+        self._errors: list[str] = []
 
     def start(self) -> None:
-        """Starts sending once every connection is up.
+        """Starts the client process; returns once every connection is up."""
+        self._process = subprocess.Popen(
+            self._argv,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._reader.start()
+        if not self._ready.wait(60):
+            self.stop()
+            raise RuntimeError(f"no connection to {self.target} within 60 s")
+        if self._errors:
+            self.stop()
+            raise RuntimeError(f"the load failed: {self._errors[0]}")
 
-        What the process holds by now is moved out of the garbage collector's reach first
-        (as ``loadtest.drive`` does): a full collection of it would hold the sending thread
-        for a tenth of a second or more, and the calls owed meanwhile would leave together
-        and be late for the client alone."""
-        gc.collect()
-        gc.freeze()
-        self._thread = threading.Thread(target=self._run, name="crash-load", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30) and self._error is None:
-            raise RuntimeError(f"no connection to {self.target} within 30 s")
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            kind, _, rest = line.rstrip("\n").partition(" ")
+            if kind == "call":
+                sent, latency, status, tx_id, degraded = rest.split(" ")
+                self.calls.append(Call(float(sent), float(latency), status, tx_id, degraded == "1"))
+            elif kind == "ready":
+                self._ready.set()
+            elif kind == "error":
+                self._errors.append(rest)
+            elif kind == "end":
+                break
+        self._ready.set()
 
     def snapshot(self) -> list[Call]:
         """The calls ended so far."""
@@ -135,63 +172,21 @@ class Load:
 
     def stop(self) -> list[Call]:
         """Stops sending, waits for the calls in flight, returns every call."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        if self._error is not None:
-            raise RuntimeError("the load failed") from self._error
+        process = self._process
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.write("stop\n")
+                process.stdin.close()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        self._reader.join(30)
+        self._requests.unlink(missing_ok=True)
+        if self._errors:
+            raise RuntimeError(f"the load failed: {self._errors[0]}")
         return sorted(self.calls, key=lambda c: c.sent_s)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._drive())
-        except BaseException as error:  # reported by start() or stop()
-            self._error = error
-            self._ready.set()
-
-    async def _drive(self) -> None:
-        # A channel of its own per connection: channels to one target would otherwise
-        # share one connection, which a single Envoy would hold.
-        local = ("grpc.use_local_subchannel_pool", 1)
-        channels = [
-            client.PLAINTEXT.aio_channel(self.target, local) for _ in range(self.connections)
-        ]
-        try:
-            await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in channels)), 30)
-            stubs = [pb_grpc.FraudScoringStub(c) for c in channels]
-            self._ready.set()
-            tasks: set[asyncio.Task[None]] = set()
-            interval, start, i = 1.0 / self.rps, time.monotonic(), 0
-            while not self._stop.is_set():
-                delay = start + i * interval - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                txn = self.population[i % len(self.population)]
-                task = asyncio.create_task(
-                    self._call(stubs[i % len(stubs)], txn, f"{self.prefix}-{i}")
-                )
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                i += 1
-            if tasks:
-                await asyncio.wait(tasks)
-        finally:
-            for channel in channels:
-                await channel.close()
-
-    async def _call(self, stub: pb_grpc.FraudScoringStub, txn: data.Txn, tx_id: str) -> None:
-        request = score_request(txn, tx_id)
-        sent = time.monotonic()
-        try:
-            response = await stub.Score(request, timeout=self.deadline_s)
-        except grpc.aio.AioRpcError as error:
-            self.calls.append(Call(sent, time.monotonic() - sent, error.code().name, tx_id))
-            return
-        degraded = (
-            response.scored_by != pb.SCORED_BY_MODEL
-            or response.feature_source == pb.FEATURE_SOURCE_DEFAULT
-        )
-        self.calls.append(Call(sent, time.monotonic() - sent, OK, tx_id, degraded))
 
 
 def _steady(calls: Sequence[Call], seconds: float) -> bool:
@@ -322,8 +317,8 @@ class CrashPlan:
     store: str = "sqlite"
     gateway_replicas: int = 2
     envoy_replicas: int = 2
-    features_replicas: int = 1
-    scorer_replicas: int = 1
+    features_replicas: int = 2
+    scorer_replicas: int = 2
     journal: str = "write"
     """FRAUD_GATEWAY_JOURNAL of the mesh's gateways."""
     log_wait_s: float = 60.0
@@ -398,7 +393,7 @@ class Crash:
 
         def supervise() -> None:
             try:
-                supervisor.run(stop, interval_s=0.05)
+                supervisor.run(stop)
             except CrashLoop as error:
                 failure.append(error)
 
@@ -445,7 +440,12 @@ class Crash:
         row = Row(name)
         prefix = f"crash-{self.run_id}-{name or 'baseline'}"
         load = Load(
-            mesh.config.envoy_target, self.population, plan.rps, plan.connections, prefix=prefix
+            mesh.config.envoy_target,
+            self.population,
+            plan.rps,
+            plan.connections,
+            prefix=prefix,
+            work_dir=self.log_dir,
         )
         load.start()
         time.sleep(plan.before_s)
@@ -518,6 +518,56 @@ class Crash:
                 c.transaction_id for c in row.answered() if c.transaction_id not in held
             )
         log(f"decision log: {len(wanted & held)} of {len(wanted)} answered decisions")
+
+
+def summary(rows: Sequence[Row], plan: CrashPlan) -> dict[str, object]:
+    """The matrix's figures, for a results file."""
+    out_rows = []
+    for row in rows:
+        before, after = row.windows()
+        out_rows.append(
+            {
+                "killed": row.process,
+                "calls": len(row.calls),
+                "failed": len(row.failed()),
+                "failures_allowed": row.failures_allowed(),
+                "in_flight_at_kill": row.in_flight_at_kill(),
+                "late_before": before.bad,
+                "calls_before": before.calls,
+                "late_after": after.bad,
+                "calls_after": after.calls,
+                "late_allowed": row.late_allowed(),
+                "answered": len(row.answered()),
+                "missing": len(row.missing),
+                "ready_again_s": row.ready_again_s,
+                "quality_back_s": row.quality_back_s(),
+                "degraded_after": sum(
+                    1 for c in row.calls if c.degraded and c.ended_s >= row.kill_s
+                ),
+                "passed": row.passed(),
+                "problems": row.problems(),
+            }
+        )
+    pooled = reference(rows)
+    return {
+        "plan": {
+            k: getattr(plan, k)
+            for k in (
+                "rps",
+                "before_s",
+                "after_s",
+                "connections",
+                "store",
+                "gateway_replicas",
+                "envoy_replicas",
+                "features_replicas",
+                "scorer_replicas",
+                "journal",
+            )
+        },
+        "reference": {"calls": pooled.calls, "late": pooled.bad},
+        "rows": out_rows,
+    }
 
 
 def markdown(rows: Sequence[Row], plan: CrashPlan) -> str:

@@ -122,10 +122,22 @@ _EnvoyReplicas = Annotated[
     ),
 ]
 _FeaturesReplicas = Annotated[
-    int, typer.Option(min=1, max=9, help="Feature service processes; gateways spread calls.")
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Feature service processes; the gateways spread calls over them, so a killed one "
+        "costs the calls in flight on it default features, not every call until it is back.",
+    ),
 ]
 _ScorerReplicas = Annotated[
-    int, typer.Option(min=1, max=9, help="Scorer processes; gateways spread calls.")
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Scorer processes; the gateways spread calls over them, so a killed one costs "
+        "the calls in flight on it a rules answer, not every call until it is back.",
+    ),
 ]
 _ReplicaPortStep = Annotated[
     int,
@@ -162,8 +174,8 @@ def up(
     updater_port: int = 50054,
     gateway_replicas: _GatewayReplicas = 2,
     envoy_replicas: _EnvoyReplicas = 2,
-    features_replicas: _FeaturesReplicas = 1,
-    scorer_replicas: _ScorerReplicas = 1,
+    features_replicas: _FeaturesReplicas = 2,
+    scorer_replicas: _ScorerReplicas = 2,
     replica_port_step: _ReplicaPortStep = 100,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
