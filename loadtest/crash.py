@@ -370,6 +370,7 @@ class Crash:
         mix = data.Mix(known=0.95, unknown=0.0, fraud=0.05)
         self.population = data.sample_population(store.data_path, 400, mix)
         self._ready_at: dict[str, float] = {}
+        self._started: set[str] = set()
         self.reports: list[str] = []
 
     @contextlib.contextmanager
@@ -379,9 +380,12 @@ class Crash:
         mesh = Mesh(config)
 
         def ready(name: str) -> None:
+            first = name not in self._started
+            self._started.add(name)
             self._ready_at[name] = time.monotonic()
-            if name == "redis" and config.eventlog_backend != "redis":
-                # Without the event log on it, redis-server keeps no data across a restart.
+            # A fresh redis-server is empty; with the event log on it, it keeps its data
+            # across a restart (append-only file), without, it has to be filled again.
+            if name == "redis" and (first or config.eventlog_backend != "redis"):
                 settings = from_mapping(FeatureStoreSettings, config.service_env())
                 store_admin.materialize(settings)
 

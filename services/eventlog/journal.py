@@ -412,6 +412,9 @@ class JournalProducer:
             written = self._own.append(frame)
         except OSError as exc:
             if counted:
+                # Counted as appended and settled at once, so that flushes still wait for
+                # what was appended after it.
+                self._appended += 1
                 with self._stats_lock:
                     self._dropped += 1
                 self._settle(1)

@@ -26,6 +26,7 @@ from typing import Any
 
 from fraud.v1 import events_pb2, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
+from services.common.errors import Unavailable
 from services.eventlog import AnyProducer, JournalProducer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
@@ -264,10 +265,14 @@ class EventEmitter:
         envelope = outcome_event(report, received_at_s)
         if self.producer is not None:
             try:
-                self.producer.append(envelope)
+                written = self.producer.append(envelope)
             except Exception:
                 self._metrics.emit_errors.labels("outcome").inc()
                 raise
+            if isinstance(written, int) and written < 0:
+                # The journal's disk did not take it: the reporter must send it again.
+                self._metrics.emit_errors.labels("outcome").inc()
+                raise Unavailable("the outcome could not be recorded; retry")
         return envelope.outcome.event_id, received_at_s
 
     async def delivered(self, timeout_s: float) -> bool:
