@@ -1,8 +1,12 @@
-"""Time limits of the integration tests, one per module, and the logs of a failed test's processes.
+"""Time limits of the integration tests, one per module, and the logs a failed test carries.
 
 A hang fails its test, not the run: pytest-timeout's signal method raises inside the hung test,
 which fails with the stack where it waited; its fixtures are torn down (processes stopped by PID),
 the tails of the logs of the processes it ran are added to its report, and the run goes on.
+
+Any failed test carries, once each, the last lines of the logs of the processes it was handed
+as fixtures (a mesh, a broker, a process) and of the log folders registered for it, its module
+or its session with ``register_logs`` (meshes a test or module starts itself).
 
 A limit covers one test with its setup and teardown, including the session's prepared state or
 the brokers and the module's mesh when that test is the one that starts them. It sits well
@@ -15,7 +19,9 @@ listed. Loaded by ``tests/conftest.py``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +80,9 @@ LIMITS_S: dict[str, int] = {
 """Seconds each test of a module may take, keyed by its path under tests/integration."""
 
 LOG_LINES = 40
-"""Lines of each process's log added to a failed test's report."""
+"""Lines of each log added to a failed test's report."""
+TAIL_BYTES = 256 * 1024
+"""Bytes read from the end of a log file for its tail (a load test's log can be large)."""
 
 
 def limit_for(path: Path) -> int | None:
@@ -94,6 +102,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(limit))
 
 
+_FOLDERS: dict[str, list[Path]] = {}
+"""Log folders registered by fixtures and tests, by the node id of the requesting scope."""
+
+
+def register_logs(request: pytest.FixtureRequest, folder: Path) -> Path:
+    """Makes a failed test carry the tails of the ``*.log`` files in ``folder``: every test of
+    the requesting module when a module fixture asks, the one test when a test or a function
+    fixture does. For what a test starts without handing it out as a fixture (a mesh inside
+    a fault run, ``fraudmesh up`` in a subprocess); processes that are fixtures need nothing."""
+    _FOLDERS.setdefault(request.node.nodeid, []).append(folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class _Log:
+    """One log a failed test's report carries."""
+
+    title: str
+    path: Path | None
+    """The file, when known: a log reached two ways is reported once."""
+    process: Any = None
+    """Read through its ``log_tail`` when its file is not known."""
+
+    def read(self) -> str:
+        """The log's last ``LOG_LINES`` lines."""
+        if self.path is not None:
+            return _tail(self.path)
+        return str(self.process.log_tail(LOG_LINES))
+
+
+def _tail(path: Path) -> str:
+    """The last ``LOG_LINES`` lines of the file at ``path`` (none before it is written)."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as log:
+        log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
+        text = log.read().decode(errors="replace")
+    return "\n".join(text.splitlines()[-LOG_LINES:])
+
+
 def _processes(value: Any) -> Iterator[Any]:
     """The processes a fixture value runs: a mesh's, a broker's, or itself."""
     processes = getattr(value, "processes", None)
@@ -106,21 +154,47 @@ def _processes(value: Any) -> Iterator[Any]:
             return
 
 
-@pytest.hookimpl(hookwrapper=True)
+def _of_process(fixture: str, process: Any) -> _Log:
+    path = getattr(process, "log_path", None)
+    title = f"{fixture}: {getattr(process, 'name', fixture)} log"
+    return _Log(title, path if isinstance(path, Path) else None, process)
+
+
+def _logs(item: pytest.Item) -> Iterator[_Log]:
+    """The logs of the processes ``item`` was handed, then those in the folders registered for
+    it, its module or its session, each file once."""
+    logs = [
+        _of_process(name, process)
+        for name, value in getattr(item, "funcargs", {}).items()
+        for process in _processes(value)
+    ]
+    for node in item.listchain():
+        for folder in _FOLDERS.get(node.nodeid, []):
+            logs.extend(
+                _Log(path.relative_to(folder.parent).as_posix(), path)
+                for path in sorted(folder.rglob("*.log"))
+            )
+    seen: set[Path] = set()
+    for log in logs:
+        if log.path is not None:
+            if log.path.resolve() in seen:
+                continue
+            seen.add(log.path.resolve())
+        yield log
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[Any]
-) -> Generator[None, Any, None]:
-    """A failed test's report carries the last lines of each of its processes' logs."""
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()
-    if not report.failed:
-        return
-    for name, value in getattr(item, "funcargs", {}).items():
-        for process in _processes(value):
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries the last lines of each of its logs, once each."""
+    report = yield
+    if report.failed:
+        for log in _logs(item):
             try:
-                tail = process.log_tail(LOG_LINES)
+                tail = log.read()
             except OSError as error:
                 tail = f"(log unreadable: {error})"
             if tail:
-                label = getattr(process, "name", name)
-                report.sections.append((f"{name}: {label} log, last {LOG_LINES} lines", tail))
+                report.sections.append((f"{log.title}, last {LOG_LINES} lines", tail))
+    return report

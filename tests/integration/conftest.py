@@ -2,7 +2,9 @@
 
 A mesh a fixture hands out has given its first full-quality answer (the model on online
 features), so no test judges a mesh still warming. A test that fails (a timeout included)
-carries the last lines of every log its module's meshes wrote (``register_logs``).
+carries the last lines of its meshes' logs once each (``tests/timeouts.py``): those of the
+meshes it is handed, and those of the meshes its module starts in a folder given to
+``register_logs``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import shutil
 import socket
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,36 +28,12 @@ from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
+from tests.timeouts import register_logs
 
 T = TypeVar("T")
 
 FULL_QUALITY_WAIT_S = 60.0
 """How long a fresh mesh may take to give its first full-quality answer."""
-LOG_LINES = 40
-"""Lines of each log a failed test carries."""
-
-_LOGS: dict[Path, list[Path]] = {}
-"""Log folders of each test module's meshes, by the module's path."""
-
-
-def register_logs(request: pytest.FixtureRequest, folder: Path) -> Path:
-    """Makes a failed test of the requesting module carry the tails of the logs in ``folder``."""
-    _LOGS.setdefault(request.path, []).append(folder)
-    return folder
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A failed test (a timeout included) carries the tails of its module's mesh logs."""
-    report = yield
-    if report.failed:
-        for folder in _LOGS.get(item.path, []):
-            for path in sorted(folder.rglob("*.log")):
-                lines = path.read_text(errors="replace").splitlines()[-LOG_LINES:]
-                report.sections.append((f"{path.relative_to(folder.parent)}", "\n".join(lines)))
-    return report
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli.model import app
+from services.cli.main import app
 from services.models import repository
 from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle, VersionState
 
@@ -43,7 +43,7 @@ def root(tmp_path: Path) -> Path:
 
 
 def _run(root: Path, *args: str) -> tuple[int, str]:
-    result = runner.invoke(app, [*args, "--model-root", str(root)], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["model", *args, "--model-root", str(root)], env={"COLUMNS": "200"})
     return result.exit_code, result.output
 
 
@@ -103,7 +103,10 @@ def test_list_without_models_says_so(tmp_path: Path) -> None:
 def _run_split(root: Path, *args: str) -> tuple[int, str, str]:
     """Exit status, stdout and stderr; an exception escaping the command fails the test."""
     result = runner.invoke(
-        app, [*args, "--model-root", str(root)], env={"COLUMNS": "200"}, catch_exceptions=False
+        app,
+        ["model", *args, "--model-root", str(root)],
+        env={"COLUMNS": "200"},
+        catch_exceptions=False,
     )
     return result.exit_code, result.stdout, result.stderr
 
@@ -147,10 +150,9 @@ def test_an_unknown_version_exits_2_in_one_line(root: Path, command: str, versio
 def test_a_percent_that_is_not_a_share_exits_2_naming_the_option(root: Path, percent: str) -> None:
     ModelLifecycle(root).materialize()
     err = _bad_input(root, "canary", "2", "--percent", percent)
-    if percent == "ten":  # not a number at all: Typer's own message
-        assert "--percent" in err
-    else:
-        assert err.strip().startswith("Invalid value for '--percent': "), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.strip().startswith("fraudmesh model canary: Invalid value for '--percent': "), err
+    if percent != "ten":  # not a number at all: Typer's own reason
         assert err.strip().endswith("is not a share from 0.01 to 100"), err
 
 
@@ -210,7 +212,9 @@ def test_a_model_name_that_is_not_plain_exits_2_and_creates_nothing(
     before = sorted(tmp_path.rglob("*"))
     code, out, err = _run_split(root, "shadow", "2", "--name", name)
     assert code == 2 and "Traceback" not in out + err, (out, err)
-    assert err.strip().startswith("Invalid value for '--name': ") and "\n" not in err.strip()
+    line = err.strip()
+    assert line.startswith("fraudmesh model shadow: Invalid value for '--name': "), err
+    assert "\n" not in line
     assert sorted(tmp_path.rglob("*")) == before
 
 

@@ -15,32 +15,62 @@ REPO = Path(__file__).resolve().parents[2]
 
 HANGING = """
 import time
+
 import pytest
+
+from tests.timeouts import register_logs
 
 
 class Process:
-    name = "scorer"
+    def __init__(self, name, log_path=None, says=""):
+        self.name, self.log_path, self.says = name, log_path, says
 
     def log_tail(self, lines):
-        return "scorer: waiting for the model folder"
+        return self.log_path.read_text() if self.log_path else self.says
 
 
 class Mesh:
-    processes = {"scorer": Process()}
+    def __init__(self, folder):
+        self.processes = {"scorer": Process("scorer", folder / "scorer.log")}
+
+
+class Broker:
+    process = Process("kafka", says="kafka: controller elected")
+
+
+@pytest.fixture(scope="module")
+def mesh(request, tmp_path_factory):
+    # Handed to tests and in a registered folder: its log must come once.
+    folder = register_logs(request, tmp_path_factory.mktemp("mesh-logs"))
+    (folder / "scorer.log").write_text("scorer: waiting for the model folder\\n")
+    (folder / "envoy.log").write_text("envoy: upstream reset\\n")
+    return Mesh(folder)
 
 
 @pytest.fixture
-def mesh():
-    return Mesh()
+def broker():
+    return Broker()
+
+
+@pytest.fixture
+def own_mesh(request, tmp_path):
+    # A mesh the test starts itself: only its log folder is known, for this test alone.
+    folder = register_logs(request, tmp_path / "own-logs")
+    (folder / "gateway").mkdir(parents=True)
+    (folder / "gateway" / "gateway.log").write_text("gateway: features unavailable\\n")
 
 
 @pytest.mark.timeout(1)
-def test_hangs(mesh):
+def test_hangs(mesh, broker, own_mesh):
     time.sleep(30)
 
 
 def test_runs_after_the_hang():
     pass
+
+
+def test_fails_later_in_the_module():
+    assert False
 """
 
 
@@ -67,8 +97,19 @@ def test_a_hung_test_fails_with_its_logs_and_the_run_goes_on(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_hang=HANGING)
     result = pytester.runpytest_subprocess("-p", "tests.timeouts", "-p", "no:asyncio", timeout=120)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     text = result.stdout.str()
-    assert "Timeout" in text
-    assert "mesh: scorer log, last 40 lines" in text
-    assert "scorer: waiting for the model folder" in text
+    hung, later = text.split("_ test_fails_later_in_the_module _")
+    assert "Timeout" in hung
+    for section, line in [
+        ("mesh: scorer log, last 40 lines", "scorer: waiting for the model folder"),
+        ("mesh-logs0/envoy.log, last 40 lines", "envoy: upstream reset"),
+        ("broker: kafka log, last 40 lines", "kafka: controller elected"),
+        ("own-logs/gateway/gateway.log, last 40 lines", "gateway: features unavailable"),
+    ]:
+        assert hung.count(section) == 1 and hung.count(line) == 1, (section, hung)
+    # The module's mesh logs come with every failed test of the module; the test's own
+    # mesh and its fixtures do not.
+    assert later.count("scorer: waiting for the model folder") == 1, later
+    assert later.count("envoy: upstream reset") == 1, later
+    assert "gateway: features unavailable" not in later and "kafka" not in later, later
