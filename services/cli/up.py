@@ -180,7 +180,7 @@ def up(
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
-    from services.mesh import Mesh, MeshConfig, RestartPolicy
+    from services.mesh import MeshConfig, RestartPolicy
 
     if store not in ("sqlite", "redis"):
         raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
@@ -190,23 +190,13 @@ def up(
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
     _check_eventlog(store, eventlog, kafka_bootstrap)
-    step = replica_port_step
-    extra = {
-        "extra_gateway_ports": replica_ports(gateway_port, gateway_replicas, step),
-        "extra_admin_ports": replica_ports(admin_port, envoy_replicas, step),
-        "extra_features_ports": replica_ports(features_port, features_replicas, step),
-        "extra_scorer_ports": replica_ports(scorer_port, scorer_replicas, step),
-    }
-    _check_ports(extra)
-    replicas = [
-        f"{part}-{i}"
-        for part, count in (
-            ("gateway", gateway_replicas),
-            ("features", features_replicas),
-            ("scorer", scorer_replicas),
-        )
-        for i in range(2, count + 1)
-    ]
+    extra, replicas = _replicas(
+        replica_port_step,
+        gateway=(gateway_port, gateway_replicas),
+        admin=(admin_port, envoy_replicas),
+        features=(features_port, features_replicas),
+        scorer=(scorer_port, scorer_replicas),
+    )
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -229,6 +219,14 @@ def up(
         extra_features_ports=extra["extra_features_ports"],
         extra_scorer_ports=extra["extra_scorer_ports"],
     )
+    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
+    _run(config, edge, policy, demo)
+
+
+def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:
+    """Starts the mesh and supervises it until Ctrl-C/SIGTERM."""
+    from services.mesh import Mesh
+
     try:
         edge.check_files()
     except FileNotFoundError as error:
@@ -246,8 +244,25 @@ def up(
             console.print(f"[red]start failed:[/red] {error}")
             raise typer.Exit(1) from error
     console.print(_endpoints_table(mesh, edge))
-    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _replicas(step: int, **parts: tuple[int, int]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Per replicated part (``part=(port, count)``) the ports of its replicas beyond the
+    first, checked, and the names of the service replicas beyond the first (an Envoy's
+    part is its admin port; it has no service name)."""
+    extra = {
+        f"extra_{part}_ports": replica_ports(port, count, step)
+        for part, (port, count) in parts.items()
+    }
+    _check_ports(extra)
+    names = [
+        f"{part}-{i}"
+        for part, (_, count) in parts.items()
+        if part != "admin"
+        for i in range(2, count + 1)
+    ]
+    return extra, names
 
 
 def _check_ports(extra: dict[str, tuple[int, ...]]) -> None:

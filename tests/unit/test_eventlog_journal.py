@@ -19,7 +19,8 @@ from fraud.v1 import events_pb2
 from services.eventlog import BackendUnavailable, EventLogMetrics, EventLogSettings, KeyValue
 from services.eventlog import journal as journal_mod
 from services.eventlog.events import event_id_of
-from services.eventlog.journal import HEADER_SIZE, JournalFile, JournalProducer
+from services.eventlog.journal import JournalProducer
+from services.eventlog.journal_file import HEADER_SIZE, JournalFile
 
 
 class ReadableLog:
