@@ -2,7 +2,7 @@
 # Make sure the system programs the tests start are present: redis-server (Redis online
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
 # (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
-# gRPC library sends, in the hostile-input test). Missing
+# gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -14,6 +14,7 @@ declare -A wanted=(
   [java]=openjdk-17-jre-headless
   [mvn]=maven
   [curl]=curl
+  [promtool]=prometheus
 )
 
 missing=()

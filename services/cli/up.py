@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 console = Console()
 
-METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
+METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog", "monitor")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
 this order; replicas (``gateway-2``, …) follow them."""
 
@@ -57,6 +57,14 @@ _Store = Annotated[str, typer.Option(help="Online store: sqlite (embedded) or re
 _VarDir = Annotated[Path, typer.Option(help="State folder: data, Feast, models, logs.")]
 _Demo = Annotated[bool, typer.Option(help="Send sample transactions once the mesh is up.")]
 _DecisionLogPort = Annotated[int, typer.Option(help="Health port of the decision sink.")]
+_MonitorPort = Annotated[int, typer.Option(help="Health port of the monitor.")]
+_Monitor = Annotated[
+    bool,
+    typer.Option(
+        help="With the live loop: the monitor judges the traffic against each version's "
+        "reference (drift, decision rates, live precision and recall)."
+    ),
+]
 _MetricsPort = Annotated[int, typer.Option(help=_METRICS_HELP)]
 _GatewayInProcess = Annotated[
     bool,
@@ -177,6 +185,8 @@ def up(
     features_replicas: _FeaturesReplicas = 2,
     scorer_replicas: _ScorerReplicas = 2,
     replica_port_step: _ReplicaPortStep = 100,
+    monitor_port: _MonitorPort = 50056,
+    monitor: _Monitor = True,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -218,6 +228,8 @@ def up(
         extra_admin_ports=extra["extra_admin_ports"],
         extra_features_ports=extra["extra_features_ports"],
         extra_scorer_ports=extra["extra_scorer_ports"],
+        monitor_port=monitor_port,
+        monitor=monitor,
     )
     policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _run(config, edge, policy, demo)
@@ -338,6 +350,8 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+        "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
+        f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }
     for part in ("gateway", "features", "scorer"):
         for name, port in list(config.replica_ports(part).items())[1:]:

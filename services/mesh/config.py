@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,16 @@ from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
 from services.mesh.process import free_port
+from services.monitor.settings import MonitorSettings
 from services.scorer.settings import ScorerSettings
 from services.updater.settings import UpdaterSettings
+
+_GROUPS_WITHOUT_MONITOR = [
+    g
+    for g in EventLogSettings.model_fields["groups"].default
+    if g != MonitorSettings.model_fields["group"].default
+]
+"""The event log's declared consumer groups of a mesh without the monitor."""
 
 
 def replicas_target(host: str, ports: Sequence[int]) -> str:
@@ -47,6 +56,10 @@ class MeshConfig:
     redis_port: int = 6379
     decisionlog_port: int = 50055
     """Health port of the decision sink (it serves no other API)."""
+    monitor_port: int = 50056
+    """Health port of the monitor (it serves no other API)."""
+    monitor: bool = True
+    """With the live loop: the monitor judges the traffic (drift, live quality)."""
     extra_gateway_ports: tuple[int, ...] = ()
     """Ports of further gateway replicas behind Envoy (``gateway-2``, ``gateway-3``, …)."""
     extra_admin_ports: tuple[int, ...] = ()
@@ -102,6 +115,7 @@ class MeshConfig:
                 "redis_port",
                 "decisionlog_port",
                 "updater_port",
+                "monitor_port",
             )
         }
         for name, part in (
@@ -170,6 +184,9 @@ class MeshConfig:
                 backend=backend,
                 redis_url=f"redis://{host}:{self.redis_port}/0" if backend == "redis" else None,
                 kafka_bootstrap=self.kafka_bootstrap,
+                # Without the monitor its group is not declared, so that retention and
+                # trimming do not wait for a consumer that never comes.
+                groups=None if self.monitor else json.dumps(_GROUPS_WITHOUT_MONITOR),
             ),
             **to_env(UpdaterSettings, port=self.updater_port, var_dir=var),
             **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
@@ -182,6 +199,20 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    def monitor_env(self) -> dict[str, str]:
+        """Environment of the monitor: the event log and the model repository of the
+        services, and its own state under this mesh's state folder."""
+        return {
+            **self.service_env(),
+            **to_env(
+                MonitorSettings,
+                port=self.monitor_port,
+                var_dir=self.var_dir,
+                metrics_port=self.metrics_ports.get("monitor"),
+            ),
+            **self.extra_env,
+        }
 
     def decisionlog_env(self) -> dict[str, str]:
         """Environment of the decision sink: the event log it reads (this mesh's state folder

@@ -32,6 +32,32 @@ def _serving_probe(target: str) -> Callable[[], bool]:
     return lambda: grpc_serving(target)
 
 
+def _redis(c: MeshConfig) -> Process:
+    """The mesh's redis-server: the online store, and the event log on Redis Streams."""
+    return Process(
+        "redis",
+        [
+            "redis-server",
+            "--port",
+            str(c.redis_port),
+            "--bind",
+            c.host,
+            "--save",
+            "",
+            # The event log on Redis Streams must survive a restart of redis-server.
+            *(
+                ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
+                if c.eventlog_backend == "redis"
+                else ["--appendonly", "no"]
+            ),
+            "--protected-mode",
+            "yes",
+        ],
+        ready=lambda: tcp_open(c.host, c.redis_port),
+        log_path=c.logs_path / "redis.log",
+    )
+
+
 class Mesh:
     """The processes of one mesh, started in dependency order and stopped in reverse."""
 
@@ -42,28 +68,7 @@ class Mesh:
         logs = c.logs_path
         env = c.service_env()
         if c.store == "redis":
-            self.processes["redis"] = Process(
-                "redis",
-                [
-                    "redis-server",
-                    "--port",
-                    str(c.redis_port),
-                    "--bind",
-                    c.host,
-                    "--save",
-                    "",
-                    # The event log on Redis Streams must survive a restart of redis-server.
-                    *(
-                        ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
-                        if c.eventlog_backend == "redis"
-                        else ["--appendonly", "no"]
-                    ),
-                    "--protected-mode",
-                    "yes",
-                ],
-                ready=lambda: tcp_open(c.host, c.redis_port),
-                log_path=logs / "redis.log",
-            )
+            self.processes["redis"] = _redis(c)
         services: list[tuple[str, str, type[ServerSettings], int]] = [
             (name, part, settings_class, port)
             for part, settings_class in (
@@ -94,6 +99,15 @@ class Mesh:
                 ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
                 env=c.decisionlog_env(),
                 log_path=logs / "decisionlog.log",
+                niceness=c.background_niceness,
+            )
+        if c.live_loop and c.monitor:
+            self.processes["monitor"] = Process(
+                "monitor",
+                [sys.executable, "-m", "services.monitor"],
+                ready=_serving_probe(f"{c.host}:{c.monitor_port}"),
+                env=c.monitor_env(),
+                log_path=logs / "monitor.log",
                 niceness=c.background_niceness,
             )
         self.edge = c.edge_settings()
@@ -164,7 +178,7 @@ class Mesh:
         try:
             groups = (
                 ("redis",),
-                (*self._named("features", "scorer"), "decisionlog", "updater"),
+                (*self._named("features", "scorer"), "decisionlog", "updater", "monitor"),
                 self._named("gateway"),
                 self._named("envoy"),
             )

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
+    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater", "monitor")
     ports = up_ports(names, replicated=("admin", "gateway", "features", "scorer"))
     argv = [
         sys.executable, "-m", "services.cli", "up",

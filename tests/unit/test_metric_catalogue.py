@@ -16,6 +16,7 @@ from services.common import metric_catalogue as catalogue
 from services.decisionlog.metrics import SinkMetrics
 from services.eventlog.metrics import EventLogMetrics
 from services.gateway.metrics import GatewayMetrics
+from services.monitor.metrics import MonitorMetrics
 from services.updater.metrics import UpdaterMetrics
 
 SERVICES = Path(catalogue.__file__).resolve().parents[1]
@@ -24,6 +25,7 @@ EXPORTERS = {
     "eventlog": EventLogMetrics,
     "decisionlog": SinkMetrics,
     "updater": UpdaterMetrics,
+    "monitor": MonitorMetrics,
 }
 
 
