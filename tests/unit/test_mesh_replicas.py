@@ -63,8 +63,9 @@ def test_up_places_replicas_a_step_apart_and_their_metrics_after_the_others() ->
     ports = metrics_ports(9101, ["gateway-2", "features-2"])
     assert ports["gateway"] == 9101
     assert ports["decisionlog"] == 9105
-    assert ports["gateway-2"] == 9106
-    assert ports["features-2"] == 9107
+    assert ports["monitor"] == 9106
+    assert ports["gateway-2"] == 9107
+    assert ports["features-2"] == 9108
 
 
 def test_free_ports_for_every_replica() -> None:
