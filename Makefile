@@ -74,8 +74,10 @@ run: system data ## Set up and run the mesh on the embedded defaults, with sampl
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
 .PHONY: chaos
-chaos: data tools ## Run the fault matrix under ghz load and print the measured table
+chaos: data tools ## Run the fault matrix and the crash matrix (SIGKILL of each process) under load
 	$(FRAUDMESH) chaos --var-dir $(VAR)
+	$(FRAUDMESH) crash --var-dir $(VAR)
+	$(FRAUDMESH) crash --var-dir $(VAR) --store redis
 
 .PHONY: loadtest
 loadtest: data tools ## Load-test Score through Envoy (ghz open loop) up to saturation; report in loadtest/results/

@@ -152,13 +152,19 @@ def start_mesh(
     gateway_replicas: int = 1,
     gateway_in_process: bool = False,
     live_loop: bool = True,
+    replicas: Mapping[str, int] | None = None,
     monitor: bool = True,
     log: Log = print,
 ) -> Mesh:
-    """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
+    """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first.
+    ``replicas`` gives ``envoy_replicas``, ``features_replicas``, ``scorer_replicas`` (and may
+    override ``gateway_replicas``)."""
+    counts = {"gateway_replicas": gateway_replicas, **(replicas or {})}
+    gateway_replicas = counts.pop("gateway_replicas")
     gateways = ["gateway", *(f"gateway-{i}" for i in range(2, gateway_replicas + 1))]
     config = MeshConfig.on_free_ports(
         gateway_replicas=gateway_replicas,
+        **counts,
         gateway_in_process=gateway_in_process,
         var_dir=var_dir,
         store=store,
@@ -424,7 +430,7 @@ def check_env(mesh: Mesh, env: Mapping[str, str]) -> None:
     if not env:
         return
     for name, process in mesh.processes.items():
-        if name in ("envoy", "redis") or process.pid is None:
+        if name.split("-")[0] in ("envoy", "redis") or process.pid is None:
             continue
         seen = psutil.Process(process.pid).environ()
         wrong = {k: seen.get(k) for k, v in env.items() if seen.get(k) != v}
@@ -439,11 +445,12 @@ def measure_mesh(
     requests: Callable[[], Path],
     *,
     extra_env: Mapping[str, str] | None = None,
+    replicas: Mapping[str, int] | None = None,
     log: Log = print,
 ) -> tuple[list[report.Step], list[str]]:
     """Starts a mesh as ``cfg`` says on ``var_dir`` (with ``extra_env`` on top of the
-    config's), runs the rate schedule through its Envoy, stops it; returns the steps and
-    the measured processes' names."""
+    config's, and ``replicas`` as ``start_mesh`` takes them), runs the rate schedule through
+    its Envoy, stops it; returns the steps and the measured processes' names."""
     env = {**cfg.extra_env, **(extra_env or {})}
     mesh = start_mesh(
         var_dir,
@@ -454,6 +461,7 @@ def measure_mesh(
         gateway_replicas=cfg.gateway_replicas,
         gateway_in_process=cfg.gateway_in_process,
         live_loop=cfg.live_loop,
+        replicas=replicas,
         log=log,
     )
     try:

@@ -225,6 +225,12 @@ EVENT_EMIT_ERRORS = _counter(
     "Decision or outcome events that could not be handed to the event log, by kind.",
     "gateway", ("kind",),
 )  # fmt: skip
+JOURNAL_SYNC_LATE = _counter(
+    "fraudmesh_journal_sync_late_total",
+    "Score answers sent before the fsync of their decision event completed "
+    "(FRAUD_GATEWAY_JOURNAL=fsync): the budget ran out first.",
+    "gateway",
+)  # fmt: skip
 IN_FLIGHT = _gauge(
     "fraudmesh_in_flight", "Score calls being handled now.", "gateway",
 )  # fmt: skip

@@ -68,7 +68,11 @@ class GatewayApp:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         # The producer connects lazily: a log backend that is down only means spilling.
-        producer = open_producer(events) if events is not None and settings.emit_events else None
+        producer = (
+            open_producer(events, journal=settings.journal)
+            if events is not None and settings.emit_events
+            else None
+        )
         self.emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, self.metrics)
         self.pipeline: Pipeline | None = None
         """The scoring pipeline, once ``start`` has built and warmed it."""

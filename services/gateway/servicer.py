@@ -15,7 +15,7 @@ from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
-from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, set_time
+from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, Journaled, set_time
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Decision, Pipeline, ScoredBy, Source
 from services.gateway.validate import Limits, validate, validate_outcome
@@ -75,7 +75,15 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
         self._in_flight += 1
         try:
-            response, emit = await self._score(request, pipeline, budget, context)
+            response, emit, journaled = await self._score(request, pipeline, budget, context)
+            # Group commit: the answer waits for the fsync that covers its decision, but
+            # never past the budget (the event is in the page cache meanwhile).
+            if (
+                journaled is not None
+                and journaled.needs_sync
+                and not await journaled.durable(budget.remaining())
+            ):
+                self._metrics.journal_sync_late.inc()
         finally:
             self._in_flight -= 1
         if emit is not None:
@@ -89,7 +97,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         pipeline: Pipeline,
         budget: Budget,
         context: grpc.aio.ServicerContext,
-    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None]:
+    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None, Journaled | None]:
         try:
             tx = validate(
                 transaction_id=request.transaction_id,
@@ -129,14 +137,22 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             elapsed_ms=elapsed * 1000.0,
         )
         emitter = self._emitter
-        emit = None
-        if emitter is not None and emitter.enabled:
+        emit: Callable[..., None] | None = None
+        journaled: Journaled | None = None
+        decided_at = time.time()
+        if emitter is not None and emitter.journaled:
+            journaled = emitter.before_answer(
+                request, tx.card_not_present, result, response, decided_at
+            )
+            if journaled is not None and result.shadow is not None:
+                emit = journaled.complete
+        elif emitter is not None and emitter.enabled:
             emit = functools.partial(
-                emitter.decision, request, tx.card_not_present, result, response, time.time()
+                emitter.decision, request, tx.card_not_present, result, response, decided_at
             )
         shadow = result.shadow
         if shadow is None:
-            return response, emit
+            return response, emit, journaled
 
         def after_answer(_context: object = None) -> None:
             # Shadow scoring starts once the answer has been sent, never before; the decision
@@ -145,7 +161,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             if emit is not None:
                 shadow.when_done(emit)
 
-        return response, after_answer
+        return response, after_answer, journaled
 
 
 class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,19 @@ _GROUPS_WITHOUT_MONITOR = [
 """The event log's declared consumer groups of a mesh without the monitor."""
 
 
+def replicas_target(host: str, ports: Sequence[int]) -> str:
+    """The gRPC target of a service's replicas: ``host:port`` for one, else an ``ipv4:`` list
+    of every address, which the gateway's round-robin channel spreads calls over (and a
+    call finds the replicas still up when one dies)."""
+    if len(ports) == 1:
+        return f"{host}:{ports[0]}"
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"replicas need an IPv4 host, got {host!r}") from None
+    return "ipv4:" + ",".join(f"{host}:{port}" for port in ports)
+
+
 @dataclass(frozen=True)
 class MeshConfig:
     """Ports, store and state folder of one mesh."""
@@ -48,6 +62,15 @@ class MeshConfig:
     monitor: bool = True
     """With the live loop: the monitor judges the traffic (drift, live quality)."""
     extra_gateway_ports: tuple[int, ...] = ()
+    """Ports of further gateway replicas behind Envoy (``gateway-2``, ``gateway-3``, …)."""
+    extra_admin_ports: tuple[int, ...] = ()
+    """Admin ports of further Envoy processes (``envoy-2``, …): each shares the listening
+    port with the first through SO_REUSEPORT, so a killed one takes only its own
+    connections with it."""
+    extra_features_ports: tuple[int, ...] = ()
+    """Ports of further feature service replicas; the gateways spread calls over all."""
+    extra_scorer_ports: tuple[int, ...] = ()
+    """Ports of further scorer replicas; the gateways spread calls over all."""
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
@@ -78,7 +101,15 @@ class MeshConfig:
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
-        """A config whose every port is free now (for tests and side-by-side runs)."""
+        """A config whose every port is free now (for tests and side-by-side runs).
+        ``envoy_replicas``, ``features_replicas`` and ``scorer_replicas`` (like
+        ``gateway_replicas``; default 1) give the number of processes of each part."""
+        counts = {"gateway": gateway_replicas}
+        for part in ("envoy", "features", "scorer"):
+            count = overrides.pop(f"{part}_replicas", 1)
+            if not isinstance(count, int) or count < 1:
+                raise ValueError(f"{part}_replicas must be a positive int, got {count!r}")
+            counts[part] = count
         ports: dict[str, object] = {
             name: free_port()
             for name in (
@@ -94,8 +125,25 @@ class MeshConfig:
                 "monitor_port",
             )
         }
-        ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
+        for name, part in (
+            ("extra_gateway_ports", "gateway"),
+            ("extra_admin_ports", "envoy"),
+            ("extra_features_ports", "features"),
+            ("extra_scorer_ports", "scorer"),
+        ):
+            ports[name] = tuple(free_port() for _ in range(counts[part] - 1))
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    def replica_ports(self, part: str) -> dict[str, int]:
+        """Process name → port of every replica of ``part`` (gateway, features or scorer;
+        envoy: its admin ports), the first under the part's own name."""
+        first, extra = {
+            "gateway": (self.gateway_port, self.extra_gateway_ports),
+            "features": (self.features_port, self.extra_features_ports),
+            "scorer": (self.scorer_port, self.extra_scorer_ports),
+            "envoy": (self.admin_port, self.extra_admin_ports),
+        }[part]
+        return {part: first} | {f"{part}-{i}": port for i, port in enumerate(extra, 2)}
 
     @property
     def logs_path(self) -> Path:
@@ -130,8 +178,10 @@ class MeshConfig:
                 GatewaySettings,
                 port=self.gateway_port,
                 var_dir=var,
-                features_target=f"{host}:{self.features_port}",
-                scorer_target=f"{host}:{self.scorer_port}",
+                features_target=replicas_target(
+                    host, (self.features_port, *self.extra_features_ports)
+                ),
+                scorer_target=replicas_target(host, (self.scorer_port, *self.extra_scorer_ports)),
                 in_process=True if self.gateway_in_process else None,
                 emit_events=None if self.live_loop else False,
             ),

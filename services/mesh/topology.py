@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -69,13 +70,13 @@ class Mesh:
         if c.store == "redis":
             self.processes["redis"] = _redis(c)
         services: list[tuple[str, str, type[ServerSettings], int]] = [
-            ("features", "features", FeaturesSettings, c.features_port),
-            ("scorer", "scorer", ScorerSettings, c.scorer_port),
-            ("gateway", "gateway", GatewaySettings, c.gateway_port),
-        ]
-        services += [
-            (f"gateway-{i}", "gateway", GatewaySettings, port)
-            for i, port in enumerate(c.extra_gateway_ports, 2)
+            (name, part, settings_class, port)
+            for part, settings_class in (
+                ("features", FeaturesSettings),
+                ("scorer", ScorerSettings),
+                ("gateway", GatewaySettings),
+            )
+            for name, port in c.replica_ports(part).items()
         ]
         if c.live_loop:
             services.append(("updater", "updater", UpdaterSettings, c.updater_port))
@@ -109,15 +110,19 @@ class Mesh:
                 log_path=logs / "monitor.log",
                 niceness=c.background_niceness,
             )
-        envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
         self.edge = c.edge_settings()
-        self.processes["envoy"] = Process(
-            "envoy",
-            envoy.envoy_command(envoy_config),
-            ready=self._envoy_ready,
-            log_path=logs / "envoy.log",
-        )
-        self._envoy_config = envoy_config
+        self._envoy_configs: dict[str, tuple[Path, int]] = {}
+        """Each Envoy's bootstrap file and admin port."""
+        for name, admin_port in c.replica_ports("envoy").items():
+            # Every Envoy binds the same listening port (SO_REUSEPORT): the kernel spreads
+            # new connections over the live ones, and a killed one takes only its own.
+            self._envoy_configs[name] = (logs / f"{name}-{c.envoy_port}.yaml", admin_port)
+            self.processes[name] = Process(
+                name,
+                envoy.envoy_command(self._envoy_configs[name][0]),
+                ready=functools.partial(self._envoy_ready, admin_port),
+                log_path=logs / f"{name}.log",
+            )
         if c.observability:
             self._add_console()
         self._lock = threading.Lock()
@@ -140,18 +145,17 @@ class Mesh:
             niceness=c.background_niceness,
         )
 
-    def _envoy_ready(self) -> bool:
-        """Plaintext: the edge answers health with SERVING. With TLS the mesh holds no client
-        credentials of its own, so it asks Envoy's admin API instead: Envoy is ready and
-        every gateway host passes its health checks."""
-        c = self.config
-        if not self.edge.tls:
-            return grpc_serving(c.envoy_target)
-        admin = f"http://{c.host}:{c.admin_port}"
-        return http_ok(f"{admin}/ready") and self._gateways_healthy()
+    def _envoy_ready(self, admin_port: int) -> bool:
+        """An Envoy is ready once its admin API says so and it sees every gateway pass its
+        health checks. Asked of each Envoy's own admin port: through the shared listening
+        port a probe could reach another Envoy; and with TLS the mesh holds no client
+        credentials of its own."""
+        admin = f"http://{self.config.host}:{admin_port}"
+        return http_ok(f"{admin}/ready") and self._gateways_healthy(admin_port)
 
-    def _gateways_healthy(self) -> bool:
-        url = f"http://{self.config.host}:{self.config.admin_port}/clusters"
+    def _gateways_healthy(self, admin_port: int | None = None) -> bool:
+        port = self.config.admin_port if admin_port is None else admin_port
+        url = f"http://{self.config.host}:{port}/clusters"
         try:
             with urllib.request.urlopen(url, timeout=1) as reply:
                 text = reply.read().decode()
@@ -177,24 +181,24 @@ class Mesh:
         with self._lock:
             self._stopping = False
         self.edge.check_files()
-        self._envoy_config.parent.mkdir(parents=True, exist_ok=True)
-        rendered = envoy.render_config(
-            listen_port=c.envoy_port,
-            admin_port=c.admin_port,
-            gateway_port=c.gateway_port,
-            extra_gateway_ports=c.extra_gateway_ports,
-            rate_limit_rps=c.rate_limit_rps,
-            access_log_path=str(c.logs_path / "envoy-access.log"),
-        )
-        # Written once: a restarted Envoy reads the same file, so its ports never change.
-        self._envoy_config.write_text(edge_security.apply(rendered, self.edge))
+        c.logs_path.mkdir(parents=True, exist_ok=True)
+        for name, (path, admin_port) in self._envoy_configs.items():
+            rendered = envoy.render_config(
+                listen_port=c.envoy_port,
+                admin_port=admin_port,
+                gateway_port=c.gateway_port,
+                extra_gateway_ports=c.extra_gateway_ports,
+                rate_limit_rps=c.rate_limit_rps,
+                access_log_path=str(c.logs_path / f"{name}-access.log"),
+            )
+            # Written once: a restarted Envoy reads the same file, so its ports never change.
+            path.write_text(edge_security.apply(rendered, self.edge))
         try:
-            gateways = tuple(n for n in self.processes if n.startswith("gateway"))
             groups = (
                 ("redis",),
-                ("features", "scorer", "decisionlog", "updater", "monitor"),
-                gateways,
-                ("envoy",),
+                (*self._named("features", "scorer"), "decisionlog", "updater", "monitor"),
+                self._named("gateway"),
+                self._named("envoy"),
                 ("console",),
             )
             for group in groups:
@@ -217,14 +221,21 @@ class Mesh:
             process.stop()
             process.start()
             process.wait_ready(timeout_s)
-        if name.startswith("gateway"):
+        if name in self._named("gateway"):
             self.wait_edge_healthy(timeout_s)
 
+    def _named(self, *parts: str) -> tuple[str, ...]:
+        """The processes of ``parts`` (e.g. ``gateway``: gateway, gateway-2, …), in order."""
+        return tuple(
+            name for name in self.processes if name.rpartition("-")[0] in parts or name in parts
+        )
+
     def wait_edge_healthy(self, timeout_s: float = 30.0) -> None:
-        """Blocks until Envoy's admin API reports every gateway host healthy."""
+        """Blocks until every Envoy's admin API reports every gateway host healthy."""
+        admin_ports = [admin for _, admin in self._envoy_configs.values()]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._gateways_healthy():
+            if all(self._gateways_healthy(port) for port in admin_ports):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"Envoy did not report every gateway healthy within {timeout_s} s")
@@ -233,8 +244,8 @@ class Mesh:
         """Stops every process, front to back: Envoy first, redis-server last."""
         with self._lock:
             self._stopping = True
-        order = ["envoy", *(n for n in self.processes if n.startswith("gateway"))]
-        backends = ["features", "scorer", "redis"]
+        order = [*self._named("envoy"), *self._named("gateway")]
+        backends = [*self._named("features", "scorer"), "redis"]
         # Any other child (added by a later component) stops before the backends it may use.
         order += [n for n in self.processes if n not in order and n not in backends]
         order += backends
