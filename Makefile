@@ -26,11 +26,11 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 install: $(VENV)/.installed ## Create .venv and install the project
 
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven) if missing
+system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, Prometheus) if missing
 	bash scripts/system-deps.sh
 
 .PHONY: tools
-tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize
+tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize, otelcol-fraudmesh
 	bash scripts/tools.sh
 
 .PHONY: gen
