@@ -29,6 +29,7 @@ from services.common.errors import (
     NotFound,
     Unavailable,
 )
+from services.common.rpc_observer import observe_message
 from services.common.streaming import answer_concurrently
 from services.domain.validation import shown
 from services.models.onnx import OnnxModel
@@ -68,6 +69,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.registry = registry
         self._fault_delay_s = fault_delay_s
         self._fault_versions = fault_versions
+        self._observe_message = observe_message("/inference.GRPCInferenceService/ModelStreamInfer")
 
     def _registry(self) -> ModelRegistry:
         registry = self.registry
@@ -143,7 +145,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.send_initial_metadata(())
         if not self._fault_delay_s:
             async for request in request_iterator:
-                yield self._stream_reply(request, time.monotonic())
+                arrived = time.monotonic()
+                reply = self._stream_reply(request, arrived)
+                self._answered(reply, arrived)
+                yield reply
             return
 
         async def answer(
@@ -153,8 +158,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await asyncio.sleep(self._fault_delay_s)
             return self._stream_reply(request, arrived)
 
-        async for reply in answer_concurrently(request_iterator, answer):
+        async for reply in answer_concurrently(request_iterator, answer, self._answered):
             yield reply
+
+    def _answered(self, reply: pb.ModelStreamInferResponse, arrived: float) -> None:
+        """Observes one streamed request's latency, with its reply's status."""
+        code = 0
+        if reply.error_message:
+            name = reply.error_message.partition(":")[0]
+            code = grpc.StatusCode[name].value[0] if name in grpc.StatusCode.__members__ else 2
+        self._observe_message(time.monotonic() - arrived, code)
 
     def _delayed(self, request: pb.ModelInferRequest) -> bool:
         return not self._fault_versions or request.model_version in self._fault_versions
