@@ -93,6 +93,16 @@ _EventLog = Annotated[
         "redis, else the file log under the state folder)."
     ),
 ]
+_Observability = Annotated[
+    bool,
+    typer.Option(
+        help="Prometheus (its rules loaded, every process scraped) and the trace collector "
+        "(tail sampling; traces under the state folder), each when installed; the mesh "
+        "serves without them."
+    ),
+]
+_PrometheusPort = Annotated[int, typer.Option(help="Prometheus's port (127.0.0.1).")]
+_OtlpPort = Annotated[int, typer.Option(help="The trace collector's OTLP/gRPC port.")]
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
@@ -121,6 +131,9 @@ def up(
     eventlog: _EventLog = None,
     kafka_bootstrap: _KafkaBootstrap = None,
     updater_port: int = 50054,
+    observability: _Observability = True,
+    prometheus_port: _PrometheusPort = 9090,
+    otlp_port: _OtlpPort = 4317,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -151,6 +164,9 @@ def up(
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
         updater_port=updater_port,
+        observability=observability,
+        prometheus_port=prometheus_port,
+        otlp_port=otlp_port,
     )
     try:
         edge.check_files()
@@ -158,6 +174,12 @@ def up(
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(1) from error
     mesh = Mesh(config)
+    if observability:
+        for name, how in (("prometheus", "make system"), ("collector", "make tools")):
+            if name not in mesh.processes:
+                console.print(
+                    f"[yellow]{name} is not installed ({how}); running without it[/yellow]"
+                )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -236,6 +258,10 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+        "prometheus": f"http://{host}:{config.prometheus_port}  (rules, alerts, every process "
+        "scraped)",
+        "collector": f"otlp://{host}:{config.otlp_port}  traces kept → "
+        f"{config.traces_path}",
     }
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.edge_security import EdgeSettings
-from services.common.settings import from_mapping, to_env
+from services.common.settings import ServerSettings, from_mapping, to_env
+from services.common.telemetry import OtelEnvironment, TracePlan, plan
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
@@ -56,6 +57,18 @@ class MeshConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
     """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
+    observability: bool = False
+    """Run Prometheus and the trace collector beside the mesh, each when installed (``fraudmesh
+    up`` turns it on unless ``--no-observability``); the mesh never depends on them."""
+    prometheus_port: int = 9090
+    otlp_port: int = 4317
+    """The trace collector's OTLP/gRPC port."""
+    collector_metrics_port: int = 8888
+    """The trace collector's own /metrics."""
+    trace_keep_percent: float = 10.0
+    """Share of ordinary traces (no error, on time, approved) the collector keeps."""
+    observability_dir: Path | None = None
+    """Configs, Prometheus's data and the kept traces; unset: <var_dir>/observability."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
@@ -71,6 +84,9 @@ class MeshConfig:
                 "redis_port",
                 "decisionlog_port",
                 "updater_port",
+                "prometheus_port",
+                "otlp_port",
+                "collector_metrics_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -80,6 +96,16 @@ class MeshConfig:
     def logs_path(self) -> Path:
         """Folder of the processes' logs."""
         return self.log_dir or self.var_dir / "logs"
+
+    @property
+    def observability_path(self) -> Path:
+        """Folder of the observability processes' configs and data."""
+        return self.observability_dir or self.var_dir / "observability"
+
+    @property
+    def traces_path(self) -> Path:
+        """The file the mesh's collector appends kept traces to (OTLP JSON lines)."""
+        return self.observability_path / "traces" / "traces.jsonl"
 
     @property
     def envoy_target(self) -> str:
@@ -132,6 +158,20 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    def otel_environment(self) -> OtelEnvironment:
+        """The standard OTEL_* variables the mesh's processes see (this process's environment
+        under the mesh's ``extra_env``)."""
+        given = {k.lower(): v for k, v in self.extra_env.items() if k.upper().startswith("OTEL_")}
+        return OtelEnvironment.model_validate(
+            {**OtelEnvironment().model_dump(exclude_none=True), **given}
+        )
+
+    def trace_plan(self, collector: bool) -> TracePlan:
+        """How the mesh traces: the standard variables where set; else, with the mesh's own
+        collector running, the services' default share of new traces to it; else off."""
+        ratio = ServerSettings.model_fields["trace_sample_ratio"].default
+        return plan("mesh", "otlp" if collector else "off", ratio, self.otel_environment())
 
     def decisionlog_env(self) -> dict[str, str]:
         """Environment of the decision sink: the event log it reads (this mesh's state folder
