@@ -260,8 +260,7 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
         "prometheus": f"http://{host}:{config.prometheus_port}  (rules, alerts, every process "
         "scraped)",
-        "collector": f"otlp://{host}:{config.otlp_port}  traces kept → "
-        f"{config.traces_path}",
+        "collector": f"otlp://{host}:{config.otlp_port}  traces kept → {config.traces_path}",
     }
 
 
