@@ -76,6 +76,8 @@ class LoadtestConfig:
     """The started mesh's gateways read the store and run the model in process."""
     live_loop: bool = True
     """The started mesh emits decision events and runs the feature updater."""
+    observability: bool = False
+    """The started mesh runs Prometheus and the trace collector, as ``fraudmesh up`` does."""
 
     @property
     def variant(self) -> str:
@@ -85,6 +87,8 @@ class LoadtestConfig:
             parts.append("no-loop")
         if self.gateway_replicas > 1:
             parts.append(f"{self.gateway_replicas}gw")
+        if self.observability:
+            parts.append("observed")
         return "-".join(parts)
 
     @property
@@ -152,6 +156,7 @@ def start_mesh(
     gateway_replicas: int = 1,
     gateway_in_process: bool = False,
     live_loop: bool = True,
+    observability: bool = False,
     log: Log = print,
 ) -> Mesh:
     """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
@@ -166,6 +171,7 @@ def start_mesh(
         metrics_ports={name: free_port() for name in [*gateways, "updater"]},
         extra_env=extra_env or {},
         live_loop=live_loop,
+        observability=observability,
     )
     mesh = Mesh(config)
 
@@ -452,6 +458,7 @@ def measure_mesh(
         gateway_replicas=cfg.gateway_replicas,
         gateway_in_process=cfg.gateway_in_process,
         live_loop=cfg.live_loop,
+        observability=cfg.observability,
         log=log,
     )
     try:

@@ -95,8 +95,9 @@ class Runtime:
         self.service = service
         self.health = health.aio.HealthServicer()
         # Outermost first: the observer sees the status the error interceptor settles on.
+        observer = [rpc_observer.RpcObserver()] if settings.observe_rpcs else []
         self.server = grpc.aio.server(
-            interceptors=[rpc_observer.RpcObserver(), ErrorInterceptor()],
+            interceptors=[*observer, ErrorInterceptor()],
             options=server_options(settings),
         )
         self.port = 0
@@ -121,15 +122,17 @@ class Runtime:
         if self.port == 0:
             raise RuntimeError(f"cannot bind {address}")
         await self.server.start()
-        self._loop_lag = asyncio.create_task(rpc_observer.watch_loop_lag())
+        if self.settings.observe_rpcs:
+            self._loop_lag = asyncio.create_task(rpc_observer.watch_loop_lag())
         log.info("listening", extra={"port": self.port, "phase": "warming"})
         await self.service.start()
         # Objects alive after warm-up live for the whole process: keep them out of the
         # collector's generations so full collections stay short on the request path.
         gc.collect()
         gc.freeze()
-        # Collections from here on are the ones a request can meet: time them.
-        rpc_observer.GcPauses().install()
+        if self.settings.observe_rpcs:
+            # Collections from here on are the ones a request can meet: time them.
+            rpc_observer.GcPauses().install()
         ready = getattr(self.service, "ready", None)
         if callable(ready):
             self._follower = asyncio.create_task(self._follow(ready))

@@ -57,6 +57,11 @@ class ServerSettings(BaseSettings):
         "re-resolve the server's name and balance onto replicas added since (Kubernetes "
         "autoscaling); unset keeps connections open.",
     )
+    observe_rpcs: bool = Field(
+        True,
+        description="Server-side latency histograms of every call, garbage-collection pauses "
+        "and event-loop lag (off only to measure what they cost: docs/performance.md).",
+    )
     tracing: Literal["off", "console", "otlp"] = Field(
         "off",
         description="OpenTelemetry tracing of gRPC calls: off, spans to the log (console), or "

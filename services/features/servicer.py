@@ -42,12 +42,14 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         names: Sequence[str],
         executor: ThreadPoolExecutor | None,
         metrics: FeatureMetrics | None = None,
+        observe: bool = True,
     ) -> None:
         self._names = tuple(names)
         self._executor = executor
         self.read: Reader | None = None
         self.read_many: ManyReader | None = None
         self.metrics = metrics or feature_metrics()
+        self._observe = observe
         self._observe_message = observe_message("/fraud.v1.FeatureService/StreamFeatures")
 
     async def GetFeatures(
@@ -104,7 +106,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
 
     def _answered(self, reply: pb.StreamFeaturesResponse, arrived: float) -> None:
         """Observes one streamed request's latency, with its reply's status."""
-        self._observe_message(time.monotonic() - arrived, reply.error_code)
+        if self._observe:
+            self._observe_message(time.monotonic() - arrived, reply.error_code)
 
     def _stream_reply(
         self, request: pb.StreamFeaturesRequest, arrived: float
@@ -172,6 +175,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
                 stamp = feature.event_timestamp
                 nanos = round(event_s * 1e9)
                 stamp.seconds, stamp.nanos = divmod(nanos, 1_000_000_000)
+        if not self._observe:
+            return
         if oldest is None:
             self.metrics.empty.inc()
         else:

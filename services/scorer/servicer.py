@@ -65,10 +65,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         registry: ModelRegistry | None = None,
         fault_delay_s: float = 0.0,
         fault_versions: frozenset[str] = frozenset(),
+        observe: bool = True,
     ) -> None:
         self.registry = registry
         self._fault_delay_s = fault_delay_s
         self._fault_versions = fault_versions
+        self._observe = observe
         self._observe_message = observe_message("/inference.GRPCInferenceService/ModelStreamInfer")
 
     def _registry(self) -> ModelRegistry:
@@ -163,6 +165,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _answered(self, reply: pb.ModelStreamInferResponse, arrived: float) -> None:
         """Observes one streamed request's latency, with its reply's status."""
+        if not self._observe:
+            return
         code = 0
         if reply.error_message:
             name = reply.error_message.partition(":")[0]
