@@ -63,8 +63,9 @@ run: system data ## Set up and run the mesh on the embedded defaults, with sampl
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
 .PHONY: chaos
-chaos: data tools ## Run the fault matrix under ghz load and print the measured table
+chaos: system data tools ## Run the fault matrix under ghz load, then the degraded-answers alert end to end
 	$(FRAUDMESH) chaos --var-dir $(VAR)
+	$(PY) -m loadtest.alerting --var-dir $(VAR)
 
 .PHONY: loadtest
 loadtest: data tools ## Load-test Score through Envoy (ghz open loop) up to saturation; report in loadtest/results/
