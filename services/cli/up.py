@@ -30,7 +30,7 @@ console = Console()
 
 METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
-this order."""
+this order; the trace collector's own metrics take the port after theirs."""
 
 
 def metrics_ports(first: int) -> dict[str, int]:
@@ -167,6 +167,7 @@ def up(
         observability=observability,
         prometheus_port=prometheus_port,
         otlp_port=otlp_port,
+        collector_metrics_port=metrics_port + len(METRICS_PROCESSES),
     )
     try:
         edge.check_files()

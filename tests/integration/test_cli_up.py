@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from services import client
-from services.mesh import free_port, grpc_serving
+from services.mesh import free_port, grpc_serving, http_ok
 
 from .conftest import Known
 
@@ -24,7 +24,10 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
+    # With Prometheus and the trace collector (observability is on by default): they are
+    # children too, and must not outlive `up` either.
+    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater",
+             "prometheus", "otlp")  # fmt: skip
     ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",
@@ -43,6 +46,9 @@ def test_up_serves_and_stops_without_orphans(
             time.sleep(0.2)
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 5  # envoy, gateway, features, scorer, updater
+        names = {child.name() for child in children}
+        assert {"prometheus", "otelcol-fraudmesh"} <= names, names
+        assert http_ok(f"http://127.0.0.1:{ports['prometheus']}/-/ready")
         sample = client.Sample("cli", known.card_id, known.merchant_id, known.amount_minor)
         response = client.score(target, sample.request(), timeout_s=1.0)
         assert response.decision != 0

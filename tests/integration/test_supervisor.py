@@ -70,6 +70,7 @@ def up(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
         "--metrics-port", str(free_port()),
         "--max-restarts", str(MAX_RESTARTS), "--restart-window", "600",
+        "--no-observability",
     ]  # fmt: skip
     log_path = tmp / "up.log"
     with log_path.open("wb") as log:
