@@ -232,6 +232,17 @@ def test_prometheus_scrapes_every_process_and_answers_a_p999(observed: Mesh, kno
     ]:
         time.sleep(1)
     assert [r for r in _query(observed, recorded) if r["value"][1] != "NaN"]
+    # Every call is traced here: the buckets carry trace ids as exemplars (OpenMetrics).
+    now = time.time()
+    url = f"http://127.0.0.1:{observed.config.prometheus_port}/api/v1/query_exemplars?" + (
+        urllib.parse.urlencode(
+            {"query": catalogue.SCORE_LATENCY.bucket, "start": now - 300, "end": now}
+        )
+    )
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        series = json.load(reply)["data"]
+    trace_ids = {e["labels"].get("trace_id") for s in series for e in s["exemplars"]}
+    assert trace_ids - {None}, series
 
 
 def test_promtool_accepts_every_real_metrics_page(observed: Mesh, known: Known) -> None:
