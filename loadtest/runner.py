@@ -29,6 +29,7 @@ from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port, grpc_serving
+from services.mesh.topology import OBSERVABILITY
 from services.models import repository
 
 DEFAULT_RATES: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)
@@ -423,12 +424,13 @@ def request_source(population: Sequence[data.Txn], path: Path) -> Callable[[], P
 
 
 def check_env(mesh: Mesh, env: Mapping[str, str]) -> None:
-    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy and Redis
-    take none), so that no comparison passes off two alike meshes as two variants."""
+    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy, Redis,
+    Prometheus and the collector take none), so that no comparison passes off two alike
+    meshes as two variants."""
     if not env:
         return
     for name, process in mesh.processes.items():
-        if name in ("envoy", "redis") or process.pid is None:
+        if name in ("envoy", "redis", *OBSERVABILITY) or process.pid is None:
             continue
         seen = psutil.Process(process.pid).environ()
         wrong = {k: seen.get(k) for k, v in env.items() if seen.get(k) != v}
