@@ -259,3 +259,26 @@ def test_promtool_accepts_every_real_metrics_page(observed: Mesh, known: Known) 
             [tool, "check", "metrics"], input=text, capture_output=True, timeout=60, check=False
         )
         assert checked.returncode == 0, (name, checked.stdout.decode(), checked.stderr.decode())
+
+
+def test_the_mesh_serves_on_when_prometheus_and_the_collector_die(
+    observed: Mesh, known: Known
+) -> None:
+    # Last in the module: it kills the mesh's observability processes. Spans then go nowhere
+    # (the services' exporters drop them in their own threads); no Score waits or fails.
+    for name in ("collector", "prometheus"):
+        observed.processes[name].kill()
+        assert not observed.processes[name].alive()
+    # Every call is answered (an error would raise); on a machine shared with other work a
+    # call may still miss a slice of its budget now and then, as in the other mesh tests.
+    for phase in ("at once", "after the exporters gave up"):
+        answers = [_score(observed.config.envoy_target, known, f"orphaned-{n}") for n in range(30)]
+        full = [
+            a
+            for a in answers
+            if a.scored_by == pb.SCORED_BY_MODEL and a.feature_source == pb.FEATURE_SOURCE_ONLINE
+        ]
+        assert len(full) >= 27, (phase, [(a.scored_by, a.feature_source) for a in answers])
+        # Past the services' 1 s export interval and their exporters' 5 s timeout.
+        time.sleep(6)
+    assert not [p.name for p in observed.dead() if p.name not in ("collector", "prometheus")]
