@@ -26,7 +26,12 @@ histogram, so the on-time share is one bucket's count)."""
 LATENCY_OBJECTIVE_TARGET = 0.99
 """Share of Scores on time over 28 days; 1 % is the error budget the burn rates spend."""
 DEGRADED_THRESHOLD = 0.05
-"""Share of answers with default or partial features, or from the rules, that pages."""
+"""Share of answers made without the feature store (default features) or without the model
+(the rules) that pages: a dependency is failing."""
+PARTIAL_THRESHOLD = 0.3
+"""Share of answers with partial features that opens a ticket. A card or terminal seen for
+the first time is partial by nature (the simulator's mix has a tenth of them); a third of all
+answers means the store has lost or not yet received rows."""
 ERROR_THRESHOLD = 0.01
 """Share of calls a server fails (the conventions' server error codes) that pages."""
 FRESHNESS_OBJECTIVE_S = 0.05
@@ -150,12 +155,17 @@ def latency() -> list[Group]:
 def answers() -> list[Group]:
     """Degraded answers, server errors, breakers."""
     d, rpc = c.DECISIONS, c.RPC_SERVER_DURATION
-    full = f'{d.name}{{scored_by="model", feature_source="online"}}'
+    served_by_both = f'{d.name}{{scored_by="model", feature_source!="default"}}'
     served = f'rpc_service!~"{NOT_SERVING_PATHS}"'
     rules: list[Recording | Alert] = [
         Recording(
             "fraudmesh:answers_degraded:ratio_rate1m",
-            f"1 - (sum(rate({full}[1m])) or vector(0)) / sum(rate({d.name}[1m]))",
+            f"1 - (sum(rate({served_by_both}[1m])) or vector(0)) / sum(rate({d.name}[1m]))",
+        ),
+        Recording(
+            "fraudmesh:answers_partial:ratio_rate5m",
+            f'(sum(rate({d.name}{{feature_source="partial"}}[5m])) or vector(0)) '
+            f"/ sum(rate({d.name}[5m]))",
         ),
         Recording(
             f"job_rpc:{rpc.name}:errors_ratio_rate5m",
@@ -167,9 +177,19 @@ def answers() -> list[Group]:
             f"fraudmesh:answers_degraded:ratio_rate1m > {DEGRADED_THRESHOLD}",
             "Many answers come from default features or the rules",
             "{{ $value | humanizePercentage }} of Scores over the last minute were answered with "
-            "default or partial features or by the rules (threshold "
+            "default features or by the rules (threshold "
             f"{DEGRADED_THRESHOLD:.0%}): a dependency is slow, failing or behind an open breaker.",
             for_="1m",
+        ),
+        Alert(
+            "FraudmeshPartialFeatures",
+            f"fraudmesh:answers_partial:ratio_rate5m > {PARTIAL_THRESHOLD}",
+            "Many answers use partial features",
+            "{{ $value | humanizePercentage }} of Scores over 5 minutes found only some of their "
+            f"features in the online store (threshold {PARTIAL_THRESHOLD:.0%}; new cards and "
+            "terminals are partial by nature): the store lost rows or is not being fed.",
+            for_="15m",
+            severity="ticket",
         ),
         Alert(
             "FraudmeshServerErrors",
