@@ -19,6 +19,7 @@ latency histogram); the client side is ``client_interceptors``.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -335,6 +336,53 @@ class _ClientInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
                 # Client spans: every status but OK is an error (the conventions).
                 span.set_status(Status(StatusCode.ERROR, code.name))
             return call
+
+
+def traceparent() -> str:
+    """The W3C ``traceparent`` of the current span, to carry inside a stream message."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def start_stream_client_span(method: str) -> Any:
+    """A CLIENT span for one request sent on a persistent stream (a context manager that
+    makes it current, so ``traceparent`` names it)."""
+    return tracer().start_as_current_span(
+        method.lstrip("/"),
+        kind=SpanKind.CLIENT,
+        attributes=rpc_attributes(method),
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+def mark_error(span: trace.Span, reason: str) -> None:
+    """Marks ``span`` failed (a call that ended without its answer)."""
+    span.set_status(Status(StatusCode.ERROR, reason))
+
+
+def record_stream_server_span(method: str, parent: str, arrived: float, code: int) -> None:
+    """Records the SERVER span of one request message answered on a persistent stream: from
+    ``arrived`` (monotonic clock) to now, a child of its caller's ``parent`` traceparent."""
+    if _provider is None or not parent:
+        return
+    now_ns = time.time_ns()
+    started_ns = now_ns - int((time.monotonic() - arrived) * 1e9)
+    span = tracer().start_span(
+        method.lstrip("/"),
+        context=propagate.extract({"traceparent": parent}),
+        kind=SpanKind.SERVER,
+        attributes={**rpc_attributes(method), "rpc.grpc.status_code": code},
+        start_time=started_ns,
+    )
+    status = _STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    if status in _SERVER_ERRORS:
+        span.set_status(Status(StatusCode.ERROR, status.name))
+    span.end(end_time=now_ns)
+
+
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def client_interceptors(target: str) -> list[grpc.aio.ClientInterceptor]:

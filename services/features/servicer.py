@@ -13,6 +13,7 @@ from google.rpc import code_pb2
 
 from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.errors import (
     DeadlineExceeded,
     FraudmeshError,
@@ -34,6 +35,9 @@ ManyReader = Callable[[Sequence[tuple[str, str, float, str]]], list[list[Feature
 """Reads several such lookups at once (one round trip where the store allows)."""
 
 
+_STREAM_METHOD = "/fraud.v1.FeatureService/StreamFeatures"
+
+
 class FeatureServicer(pb_grpc.FeatureServiceServicer):
     """Reads one card's, merchant's and terminal's features; unknown entities come back MISSING."""
 
@@ -50,7 +54,7 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         self.read_many: ManyReader | None = None
         self.metrics = metrics or feature_metrics()
         self._observe = observe
-        self._observe_message = observe_message("/fraud.v1.FeatureService/StreamFeatures")
+        self._observe_message = observe_message(_STREAM_METHOD)
 
     async def GetFeatures(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
@@ -110,6 +114,18 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
             self._observe_message(time.monotonic() - arrived, reply.error_code)
 
     def _stream_reply(
+        self, request: pb.StreamFeaturesRequest, arrived: float
+    ) -> pb.StreamFeaturesResponse:
+        """The reply to one streamed request, and a span for each traced lookup's caller."""
+        reply = self._reply(request, arrived)
+        if request.traceparents and telemetry.enabled():
+            for parent in request.traceparents:
+                telemetry.record_stream_server_span(
+                    _STREAM_METHOD, parent, arrived, reply.error_code
+                )
+        return reply
+
+    def _reply(
         self, request: pb.StreamFeaturesRequest, arrived: float
     ) -> pb.StreamFeaturesResponse:
         """The reply to one streamed request: every lookup's features, or why it failed."""

@@ -166,10 +166,16 @@ def test_one_score_through_envoy_is_one_trace_across_the_mesh(
     server, client = 2, 3  # OTLP SpanKind numbers
     assert ("fraudmesh-envoy", "fraud.v1.FraudScoring/Score", server) in names
     assert ("fraudmesh-gateway", "fraud.v1.FraudScoring/Score", server) in names
-    assert ("fraudmesh-gateway", "fraud.v1.FeatureService/GetFeatures", client) in names
-    assert ("fraudmesh-features", "fraud.v1.FeatureService/GetFeatures", server) in names
-    assert ("fraudmesh-gateway", "inference.GRPCInferenceService/ModelInfer", client) in names
-    assert ("fraudmesh-scorer", "inference.GRPCInferenceService/ModelInfer", server) in names
+    # The gateway calls its dependencies over persistent streams; each traced request on a
+    # stream is a span on both sides, its context carried in the stream message.
+    features, scorer = (
+        "fraud.v1.FeatureService/StreamFeatures",
+        "inference.GRPCInferenceService/ModelStreamInfer",
+    )
+    assert ("fraudmesh-gateway", features, client) in names
+    assert ("fraudmesh-features", features, server) in names
+    assert ("fraudmesh-gateway", scorer, client) in names
+    assert ("fraudmesh-scorer", scorer, server) in names
     score = next(s for s in trace if s["service"] == "fraudmesh-gateway" and s["kind"] == server)
     assert score["attrs"]["rpc.system"] == "grpc"
     assert score["attrs"]["rpc.service"] == "fraud.v1.FraudScoring"
@@ -177,10 +183,18 @@ def test_one_score_through_envoy_is_one_trace_across_the_mesh(
     assert int(score["attrs"]["rpc.grpc.status_code"]) == 0
     assert score["attrs"]["fraudmesh.scored_by"] == "model"
     assert score["attrs"]["fraudmesh.decision"] in ("approve", "review", "decline")
-    # The gateway's span is a child of Envoy's: one trace, edge first.
+    # The gateway's span is a child of Envoy's, and each dependency's server span a child
+    # of the gateway's client span: one trace, edge first.
     by_id = {s["spanId"]: s for s in trace}
     parent = by_id.get(score.get("parentSpanId", ""))
     assert parent is not None and parent["service"] == "fraudmesh-envoy"
+    for service, method in (("fraudmesh-features", features), ("fraudmesh-scorer", scorer)):
+        span = next(s for s in trace if s["service"] == service and s["name"] == method)
+        caller = by_id[span["parentSpanId"]]
+        assert (caller["service"], caller["name"], caller["kind"]) == (
+            "fraudmesh-gateway", method, client
+        )  # fmt: skip
+        assert span["attrs"]["rpc.system"] == "grpc"
     # The mesh's own collector wrote the same trace under its folder.
     local = _spans(observed.config.traces_path)
     assert {s["spanId"] for s in trace} <= {s["spanId"] for s in local}
