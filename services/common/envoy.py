@@ -68,16 +68,29 @@ class EnvoyTracing:
     service_name: str = "fraudmesh-envoy"
 
     def hcm_block(self) -> str:
-        """The connection manager's ``tracing`` block."""
+        """The connection manager's ``tracing`` block. The OpenTelemetry tracer records every
+        call unless given a sampler of its own (the connection manager's ``random_sampling``
+        does not reach it, measured with Envoy 1.40): a parent-based trace-id-ratio one, as
+        the services' default."""
+        millionths = round(self.sample_percent * 10_000)
         return "\n".join(
             (
                 "                tracing:",
-                f"                  random_sampling: {{ value: {self.sample_percent:g} }}",
                 "                  provider:",
                 "                    name: envoy.tracers.opentelemetry",
                 "                    typed_config:",
                 '                      "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig',
                 f"                      service_name: {json.dumps(self.service_name)}",
+                "                      sampler:",
+                "                        name: envoy.tracers.opentelemetry.samplers.parent_based",
+                "                        typed_config:",
+                '                          "@type": type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3.ParentBasedSamplerConfig',
+                "                          wrapped_sampler:",
+                "                            name: envoy.tracers.opentelemetry.samplers.trace_id_ratio_based",
+                "                            typed_config:",
+                '                              "@type": type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3.TraceIdRatioBasedSamplerConfig',
+                "                              sampling_percentage: "
+                f"{{ numerator: {millionths}, denominator: MILLION }}",
                 "                      grpc_service:",
                 "                        envoy_grpc: { cluster_name: otel_collector }",
                 "                        timeout: 1s",

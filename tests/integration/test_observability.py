@@ -9,6 +9,7 @@ started here, stands for the team's own back end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.cli.up import METRICS_PROCESSES
+from services.common import envoy
 from services.common import metric_catalogue as catalogue
 from services.mesh import Mesh, MeshConfig, Process, free_port, http_ok
 from services.observability import collector
@@ -198,6 +200,46 @@ def test_one_score_through_envoy_is_one_trace_across_the_mesh(
     # The mesh's own collector wrote the same trace under its folder.
     local = _spans(observed.config.traces_path)
     assert {s["spanId"] for s in trace} <= {s["spanId"] for s in local}
+
+
+def test_envoy_starts_a_trace_for_its_share_of_calls(
+    downstream: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Envoy alone (no gateway behind it: each call is a local UNAVAILABLE reply, traced all
+    # the same) with the default 10 % share: about 30 traces of 300 calls, not 300.
+    endpoint, traces = downstream
+    port = int(endpoint.rsplit(":", 1)[1])
+    folder = tmp_path_factory.mktemp("envoy-sampling")
+    listen, admin = free_port(), free_port()
+    config = folder / "envoy.yaml"
+    config.write_text(
+        envoy.render_config(
+            listen_port=listen,
+            admin_port=admin,
+            gateway_port=free_port(),
+            tracing=envoy.EnvoyTracing("127.0.0.1", port, 10, "fraudmesh-envoy-sampling"),
+        )
+    )
+    edge = Process(
+        "envoy",
+        envoy.envoy_command(config),
+        ready=lambda: http_ok(f"http://127.0.0.1:{admin}/ready"),
+        log_path=folder / "envoy.log",
+    )
+    edge.start()
+    try:
+        edge.wait_ready(30)
+        with grpc.insecure_channel(f"127.0.0.1:{listen}") as channel:
+            stub = pb_grpc.FraudScoringStub(channel)
+            for _ in range(300):
+                with contextlib.suppress(grpc.RpcError):
+                    stub.Score(pb.ScoreRequest(), timeout=1.0)
+        time.sleep(8)  # Envoy's export interval, the collector's decision wait
+    finally:
+        edge.stop()
+    sampled = [s for s in _spans(traces) if s["service"] == "fraudmesh-envoy-sampling"]
+    # Binomial(300, 0.1): 30 expected, 12..60 lies beyond three standard deviations.
+    assert 12 <= len(sampled) <= 60, len(sampled)
 
 
 def _query(mesh: Mesh, promql: str) -> list[dict[str, Any]]:

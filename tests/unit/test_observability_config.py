@@ -120,7 +120,8 @@ def test_envoy_accepts_its_tracer(tmp_path: Path) -> None:
         gateway_port=15051,
         tracing=envoy.EnvoyTracing("127.0.0.1", 14317, 10),
     )
-    assert "envoy.tracers.opentelemetry" in text and "random_sampling: { value: 10 }" in text
+    assert "envoy.tracers.opentelemetry" in text
+    assert "sampling_percentage: { numerator: 100000, denominator: MILLION }" in text
     path = tmp_path / "envoy.yaml"
     path.write_text(text)
     checked = subprocess.run(
