@@ -15,18 +15,20 @@ VAR ?= var
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml requirements.lock
+# The product and, beside it, the load-test suite (its own distribution, loadtest/pyproject.toml,
+# which adds `fraudmesh loadtest` and `fraudmesh chaos`), both editable.
+$(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps -e . -e ./loadtest
 	touch $@
 
 .PHONY: install
-install: $(VENV)/.installed ## Create .venv and install the project
+install: $(VENV)/.installed ## Create .venv and install the project and its load-test suite
 
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, Prometheus) if missing
+system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl, Prometheus) if missing
 	bash scripts/system-deps.sh
 
 .PHONY: tools

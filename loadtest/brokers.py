@@ -3,6 +3,11 @@ broker in KRaft mode from the Maven Central jars that ``make test-brokers`` puts
 
 Both run on 127.0.0.1 ports and a data folder of their own, can be stopped and started again
 on the same ports and data (an outage and a recovery), and are stopped by PID.
+
+They live in the load-test suite, not under tests/, because the event-log benchmark starts them
+too: the tests may import the suite, the suite never imports the tests, and the product (which
+runs against managed brokers) ships neither. The pytest fixtures built on them are the tests'
+own (tests/integration/eventlog/conftest.py).
 """
 
 from __future__ import annotations

@@ -190,7 +190,9 @@ def chaos_command(
     selected = {r.strip() for r in rows.split(",") if r.strip()} or set(ROW_NAMES)
     unknown = selected - set(ROW_NAMES)
     if unknown:
-        raise typer.BadParameter(f"unknown rows {sorted(unknown)}; choose from {ROW_NAMES}")
+        raise typer.BadParameter(
+            f"unknown rows {sorted(unknown)}; choose from {ROW_NAMES}", param_hint="--rows"
+        )
     plan = ChaosPlan(rps=rps, duration_s=duration_s, overload_capacity_rps=capacity_rps)
     with console.status("running the fault matrix …"):
         result = Chaos(var_dir, var_dir / "logs" / "chaos", plan).run(selected)

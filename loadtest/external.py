@@ -206,7 +206,7 @@ def run(work: Path) -> dict[str, object]:
     var_dir = work / "var"
     maps = [f"--map={target}={column}" for target, column in MAPPING.items()]
     import_s = _run(
-        # A few amounts round to 0.00 in the generator: rejected (non-positive) and left out.
+        # A few amounts round to 0.00 in the generator: imported as account verifications.
         [
             fraudmesh,
             "data",

@@ -22,6 +22,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,18 @@ MODEL_INFER = Call(
 """The scorer (or any Open Inference Protocol v2 server), called directly."""
 
 
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One call of a run, from ghz's ``details``."""
+
+    started_s: float
+    """Wall-clock time (seconds since the epoch) the call was sent: ghz stamps a call when
+    it ends, so this is that stamp less the latency."""
+    latency_ms: float
+    status: str
+    """gRPC status name (``OK``, ``DeadlineExceeded``, …)."""
+
+
 @dataclass(frozen=True)
 class Result:
     """What one ghz run measured. Latencies in milliseconds, shares in 0..1."""
@@ -113,6 +126,8 @@ class Result:
     """Distinct error messages and how often each came."""
     status_p99_ms: Mapping[str, float] = field(default_factory=dict)
     """p99 latency of the calls of each status (e.g. of the OK ones alone)."""
+    calls: Sequence[CallRecord] = field(default=(), repr=False, compare=False)
+    """Every call, in the order ghz reported them (empty when the report had no details)."""
 
     @property
     def error_count(self) -> int:
@@ -165,6 +180,7 @@ def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
     by_status: dict[str, list[float]] = {}
     for d in details:
         by_status.setdefault(d.get("status") or "OK", []).append(d["latency"] / 1e6)
+    calls = tuple(_call_record(d) for d in details if d.get("timestamp"))
     count = int(report.get("count") or len(details))
     total_ns = float(report.get("total") or 0)
     p50, p90, p99, p999 = metrics.percentiles(latencies, (50, 90, 99, 99.9), empty=0.0)
@@ -182,7 +198,16 @@ def parse_report(report: Mapping[str, Any], offered_rps: float = 0.0) -> Result:
         status_counts=dict(statuses),
         errors=dict(report.get("errorDistribution") or {}),
         status_p99_ms={k: metrics.percentile(v, 99) for k, v in by_status.items()},
+        calls=calls,
     )
+
+
+def _call_record(detail: Mapping[str, Any]) -> CallRecord:
+    """A CallRecord from one entry of ghz's ``details`` (RFC 3339 end stamp, nanoseconds)."""
+    latency_ms = detail["latency"] / 1e6
+    # Python keeps microseconds of ghz's nanosecond stamp: plenty for windows of seconds.
+    ended = datetime.fromisoformat(detail["timestamp"]).timestamp()
+    return CallRecord(ended - latency_ms / 1000.0, latency_ms, detail.get("status") or "OK")
 
 
 def default_connections(rps: float) -> int:

@@ -86,6 +86,9 @@ fi
 step "wheels (host side, pinned by requirements.lock)"
 rm -rf "$CONTEXT"
 mkdir -p "$CONTEXT/wheels" "$CONTEXT/pip"
+# setuptools puts whatever an earlier build left in build/lib into the new wheel: start from an
+# empty one, or modules that left the product (the load-test suite) would ship again.
+rm -rf build/lib build/bdist.*
 "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
   --constraint requirements.lock .
 # Pins whose environment marker the host's Python skips but the image's may need (redis

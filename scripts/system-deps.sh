@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the system programs the tests start are present: redis-server (Redis online
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
-# (the Kafka broker of the event-log tests), Prometheus and promtool (the observability
+# (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
+# gRPC library sends, in the hostile-input test), Prometheus and promtool (the observability
 # processes of `fraudmesh up`, the alert-rule tests). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
@@ -13,6 +14,7 @@ declare -A wanted=(
   [setpriv]=util-linux
   [java]=openjdk-17-jre-headless
   [mvn]=maven
+  [curl]=curl
   [prometheus]=prometheus
   [promtool]=prometheus
 )

@@ -1,13 +1,17 @@
-"""Session fixtures shared by unit and integration tests.
+"""Fixtures shared by unit and integration tests.
 
-``prepared_env`` builds the small simulated dataset, the Feast registry and SQLite online
+``prepared_state`` builds the small simulated dataset, the Feast registry and SQLite online
 store, and a trained model once per test session (about 10 s), in a temporary folder laid
-out like ``var/``. Tests that start services point them at it with ``prepared_env.env``.
+out like ``var/``. Nothing runs on it: each test module gets its own copy, ``prepared_env``
+(a fraction of a second), so that what one module's meshes write (the live loop's feature
+updates, decision logs, published models) never reaches what another module reads. Tests
+that start services point them at it with ``prepared_env.env``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 
 # LightGBM's OpenMP threads spin while they wait by default: on a 2-core machine that also
 # runs the services under test, spinning threads starve everyone, and a training that takes
@@ -25,6 +29,10 @@ from services.featurestore import admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import repository
 from services.pipelines import dataset, simulate, train
+
+# No skip under CI (tests/ci.py); a time limit per integration module, logs on failure
+# (tests/timeouts.py).
+pytest_plugins = ("tests.ci", "tests.timeouts")
 
 
 @dataclass(frozen=True)
@@ -47,12 +55,36 @@ class PreparedEnv:
         fields: dict[str, Any] = {"var_dir": self.var_dir, "store": "sqlite", **overrides}
         return FeatureStoreSettings(**fields)
 
+    @classmethod
+    def at(cls, var_dir: Path, model_version: str) -> PreparedEnv:
+        """The prepared state in ``var_dir``."""
+        settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
+        return cls(
+            var_dir=var_dir,
+            data_dir=settings.data_path,
+            model_root=var_dir / "models",
+            model_version=model_version,
+            env={
+                f"FRAUD_{service}_VAR_DIR": str(var_dir)
+                for service in ("GATEWAY", "FEATURES", "SCORER")
+            }
+            | {"FRAUD_FEATURES_STORE": "sqlite"},
+        )
+
+    def copy_to(self, target: Path) -> PreparedEnv:
+        """A copy of this state in ``target`` (dataset, Feast registry and online store,
+        models), with the stock ``feast`` CLI's feature_store.yaml pointing at the copy."""
+        shutil.copytree(self.var_dir, target, symlinks=True, dirs_exist_ok=True)
+        copy = PreparedEnv.at(target, self.model_version)
+        admin.write_feature_store_yaml(copy.store_settings())
+        return copy
+
 
 @pytest.fixture(scope="session")
-def prepared_env(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
+def prepared_state(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     """Small preset (window ending today, so features are fresh now), applied,
-    materialized into SQLite, and a model trained and published on it."""
-    var_dir = tmp_path_factory.mktemp("var")
+    materialized into SQLite, and a model trained and published on it; only ever copied."""
+    var_dir = tmp_path_factory.mktemp("prepared")
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     sim = simulate.simulate(simulate.preset("small"))
     dataset.write(dataset.Dataset.from_transactions(sim.transactions), settings.data_path)
@@ -61,14 +93,12 @@ def prepared_env(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     model_root = var_dir / "models"
     result = train.train(settings, model_root)
     assert result.metadata.version == repository.latest_version(model_root)
-    return PreparedEnv(
-        var_dir=var_dir,
-        data_dir=settings.data_path,
-        model_root=model_root,
-        model_version=result.metadata.version,
-        env={
-            f"FRAUD_{service}_VAR_DIR": str(var_dir)
-            for service in ("GATEWAY", "FEATURES", "SCORER")
-        }
-        | {"FRAUD_FEATURES_STORE": "sqlite"},
-    )
+    return PreparedEnv.at(var_dir, result.metadata.version)
+
+
+@pytest.fixture(scope="module")
+def prepared_env(
+    prepared_state: PreparedEnv, tmp_path_factory: pytest.TempPathFactory
+) -> PreparedEnv:
+    """This module's own copy of the prepared state."""
+    return prepared_state.copy_to(tmp_path_factory.mktemp("var"))

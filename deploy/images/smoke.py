@@ -3,7 +3,8 @@
 Runs as the image's user inside the built image, with a published model mounted read-only
 under ``/var/lib/fraudmesh/models``. Checks what the Kubernetes manifests rely on: a
 non-root user who cannot write the root filesystem, no compiler, every installed
-distribution pinned by the lock, every entry point importable, the Envoy template shipped
+distribution pinned by the lock, every entry point importable, no load-test suite (module,
+distribution or ``fraudmesh`` command), the Envoy template shipped
 as package data, the event log's clients (Kafka's native library, Redis) and a CA bundle
 for TLS to managed brokers and stores, ``tar`` for ``kubectl cp`` of exports, the scorer
 answering SERVING on its gRPC health check with the mounted model, and the decision sink
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -117,6 +119,23 @@ def check_entry_points() -> None:
     if result.returncode != 0 or "train" not in result.stdout:
         fail(f"fraudmesh --help exited {result.returncode}: {result.stderr[-2000:]}")
     ok(f"entry points import ({', '.join(ENTRY_MODULES)}); fraudmesh --help answers")
+
+
+def check_no_load_test_suite() -> None:
+    """The load-test suite, its commands and its distribution are not in the image."""
+    if importlib.util.find_spec("loadtest") is not None:
+        fail("the module loadtest is importable in the runtime image")
+    prefix = Path(sys.prefix)
+    found = [str(p) for p in prefix.rglob("loadtest") if "site-packages" in p.parts]
+    if found:
+        fail(f"load-test files in the runtime image: {found}")
+    names = {_normalize(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+    if "fraudmesh-loadtest" in names:
+        fail("the fraudmesh-loadtest distribution is installed in the runtime image")
+    commands = importlib.metadata.entry_points(group="fraudmesh.commands")
+    if commands:
+        fail(f"fraudmesh.commands entry points in the runtime image: {list(commands)}")
+    ok("no load-test suite: no loadtest module, distribution or fraudmesh.commands entry point")
 
 
 def check_envoy_template() -> None:
@@ -245,6 +264,7 @@ def main() -> None:
     check_no_compiler()
     check_pinned()
     check_entry_points()
+    check_no_load_test_suite()
     check_envoy_template()
     check_eventlog_clients()
     check_scorer_serving()

@@ -3,7 +3,9 @@
 ``data import`` reads a CSV or Parquet file in the import schema, checks every row with
 serving's rules, computes the feature tables with serving's aggregation, publishes the
 dataset atomically, registers it with Feast and materializes the newest features into the
-online store. Exit status 2 means the file was rejected and nothing changed.
+online store. Exit status 2 means the file or an option was rejected and nothing changed
+(one line on stderr names the file, line, row, column or option); 1 means the dataset could
+not be written or, once it was, registering or materializing it failed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import enum
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -29,17 +32,20 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from services.cli.exits import BAD_INPUT, REFUSED, fail
 from services.common.errors import FailedPrecondition
 from services.featurestore.settings import from_env
 
 if TYPE_CHECKING:
-    from services.pipelines.dataimport import ImportResult
+    from services.pipelines.dataimport import ImportOptions, ImportResult
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 console = Console()
 
-REJECTED = 2
+REJECTED = BAD_INPUT
 """Exit status of an import that was rejected (nothing changed)."""
+MAX_LABEL_DELAY_DAYS = 3_650.0
+"""Longest default label delay accepted: chargebacks come within months, not decades."""
 
 
 class FileFormat(enum.StrEnum):
@@ -91,6 +97,7 @@ def import_command(
         float,
         typer.Option(
             min=0,
+            max=MAX_LABEL_DELAY_DAYS,
             help="Days from a transaction to its label, where fraud_reported_at is absent.",
         ),
     ] = 7.0,
@@ -113,21 +120,12 @@ def import_command(
 
     settings = from_env(var_dir=var_dir)
     started = time.perf_counter()
-    try:
-        options = dataimport.ImportOptions(
-            format=file_format.value if file_format else None,
-            mapping=dataimport.parse_mapping(map_ or []),
-            label_delay=timedelta(days=label_delay_days),
-            max_bad_rows=max_bad_rows,
-        )
-        with _bars() as report:
-            result = dataimport.import_transactions(path, settings.data_path, options, report)
-    except dataimport.ImportRejected as error:
-        if error.bad_rows is not None:
-            _print_bad_rows(error.bad_rows.lines(error.unit), title="rejected rows")
-        console.print(f"[red]import rejected:[/red] {error}")
-        raise typer.Exit(REJECTED) from error
-    _print_result(result)
+    options = dataimport.ImportOptions(
+        format=file_format.value if file_format else None,
+        label_delay=timedelta(days=label_delay_days),
+        max_bad_rows=max_bad_rows,
+    )
+    _print_result(_import(path, settings.data_path, options, map_ or []))
     if not materialize:
         return
     try:
@@ -135,12 +133,33 @@ def import_command(
             admin.apply(settings)
         materialize_with_progress(settings, console)
     except FailedPrecondition as error:
-        console.print(
-            f"[red]failed:[/red] {error}\nThe dataset is imported; the online store still "
-            "holds the previous features: run `fraudmesh features materialize`."
+        fail(
+            "failed",
+            f"{error}. The dataset is imported; the online store still holds the previous "
+            "features: run `fraudmesh features materialize`.",
+            REFUSED,
         )
-        raise typer.Exit(1) from error
     console.print(f"import done in {time.perf_counter() - started:.1f} s")
+
+
+def _import(path: Path, data_dir: Path, options: ImportOptions, mapping: list[str]) -> ImportResult:
+    """Imports with progress bars; a rejection or write failure ends the command."""
+    from services.pipelines import dataimport
+
+    try:
+        options = replace(options, mapping=dataimport.parse_mapping(mapping))
+        with _bars() as report:
+            return dataimport.import_transactions(path, data_dir, options, report)
+    except dataimport.ImportRejected as error:
+        if error.bad_rows is not None:
+            _print_bad_rows(error.bad_rows.lines(error.unit), title="rejected rows")
+        fail("import rejected", str(error), REJECTED)
+    except OSError as error:
+        fail(
+            "import failed",
+            f"cannot write the dataset in {data_dir}: {error}; nothing was changed",
+            REFUSED,
+        )
 
 
 @contextlib.contextmanager

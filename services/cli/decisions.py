@@ -9,10 +9,13 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
+import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.cli import checks
+from services.cli.exits import REFUSED, fail
 from services.decisionlog.settings import DecisionLogSettings
 from services.domain import money
 from services.pipelines import decisions as reader
@@ -68,11 +71,19 @@ def export(
 ) -> None:
     """Write the decisions, one per transaction, joined with their latest outcome."""
     log_root = _root(var_dir, root)
+    since, until = _utc(since), _utc(until)
+    checks.ordered(("--since", since), ("--until", until))
+    checks.output_file("--out", out)
     if not log_root.is_dir():
-        console.print(f"[red]no decision log in {log_root}[/red]")
-        raise typer.Exit(1)
-    with console.status("reading the decision log …"):
-        summary = reader.export(log_root, out, _utc(since), _utc(until), wide=wide)
+        what = "is a file, not a folder" if log_root.exists() else "does not exist"
+        fail("export rejected", f"the decision log {log_root} {what} (--root or --var-dir)")
+    try:
+        with console.status("reading the decision log …"):
+            summary = reader.export(log_root, out, since, until, wide=wide)
+    except pa.ArrowInvalid as error:  # a part that is not Parquet, or not the log's schema
+        fail("export rejected", f"a part of the decision log in {log_root} is corrupt: {error}")
+    except OSError as error:
+        fail("export failed", f"reading {log_root} or writing {out}: {error}", REFUSED)
     table = Table(title=f"exported to {out}", show_header=False)
     table.add_row("decisions (one per transaction)", f"{summary.decisions:,}")
     table.add_row("  with an outcome", f"{summary.with_outcome:,}")
@@ -124,11 +135,15 @@ def _json(landed: reader.Landed) -> str:
 
 @app.command()
 def tail(
-    last: Annotated[int, typer.Option(help="Events already in the log to print first.")] = 10,
+    last: Annotated[
+        int, typer.Option(min=0, help="Events already in the log to print first.")
+    ] = 10,
     json_lines: Annotated[
         bool, typer.Option("--json", help="One JSON object per event instead of a line of text.")
     ] = False,
-    interval_s: Annotated[float, typer.Option(help="How often to look for new parts.")] = 0.5,
+    interval_s: Annotated[
+        float, typer.Option(min=0.01, max=3600, help="How often to look for new parts.")
+    ] = 0.5,
     var_dir: VarDirOption = None,
     root: RootOption = None,
 ) -> None:
@@ -150,7 +165,8 @@ def tail(
 @app.command()
 def compact(
     older_than_days: Annotated[
-        int, typer.Option(help="Merge the parts of day partitions at least this many days old.")
+        int,
+        typer.Option(min=0, help="Merge the parts of day partitions at least this many days old."),
     ] = 2,
     var_dir: VarDirOption = None,
     root: RootOption = None,

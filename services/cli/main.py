@@ -21,6 +21,7 @@ from services import client
 from services.cli import certs as certs_cli
 from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
+from services.cli import exits
 from services.cli import features as features_cli
 from services.cli import model as model_cli
 from services.cli import train as train_cli
@@ -28,6 +29,7 @@ from services.cli import up as up_cli
 
 app = typer.Typer(
     name="fraudmesh",
+    cls=exits.OneLineErrors,
     help="Real-time fraud scoring mesh: Envoy, gateway, Feast features, ONNX scorer.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -55,7 +57,9 @@ console = Console()
 def score(
     card_id: Annotated[str, typer.Option(help="Card to charge.")],
     merchant_id: Annotated[str, typer.Option(help="Merchant paid.")],
-    amount_minor: Annotated[int, typer.Option(help="Amount in minor units (cents).")],
+    amount_minor: Annotated[
+        int, typer.Option(min=0, help="Amount in minor units (cents); 0 verifies the card.")
+    ],
     currency: Annotated[str, typer.Option(help="ISO 4217 code.")] = "EUR",
     card_not_present: Annotated[bool, typer.Option(help="E-commerce / card not present.")] = False,
     target: Annotated[str, typer.Option(help="Envoy (or gateway) host:port.")] = "127.0.0.1:8080",

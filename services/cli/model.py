@@ -2,7 +2,10 @@
 
 Each command changes the lifecycle file beside the models (``routing.json``); every
 gateway and scorer follows it within a fraction of a second, without a restart. Commands
-print what changed, and refuse, with the reason, what the lifecycle does not allow.
+print what changed. Exit status 1: the lifecycle does not allow the change (a refusal of a
+valid request, with the reason); 2: bad input (an unknown version, a percent outside
+0.01-100, a model name that is not a plain name, a corrupt ``routing.json``). Either way one
+line on stderr says why and nothing was changed.
 """
 
 from __future__ import annotations
@@ -15,10 +18,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.common.errors import FraudmeshError
+from services.cli.exits import BAD_INPUT, REFUSED, bad_option, fail
+from services.common.errors import FraudmeshError, InvalidArgument, NotFound
 from services.featurestore.settings import from_env
 from services.models import repository
-from services.models.lifecycle import LifecycleChange, LifecycleState, ModelLifecycle, Routing
+from services.models.lifecycle import (
+    CorruptLifecycleFile,
+    LifecycleChange,
+    LifecycleState,
+    ModelLifecycle,
+    Routing,
+)
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 console = Console()
@@ -30,7 +40,25 @@ VarDirOption = Annotated[
 ModelRootOption = Annotated[
     Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
 ]
-NameOption = Annotated[str, typer.Option(help="Model name.")]
+
+
+def _plain_name(name: str) -> str:
+    """Typer callback: a model name is one plain folder under the model root, nothing else
+    (the repository's own rule)."""
+    problem = repository.name_problem(name)
+    if problem is not None:
+        bad_option("--name", f"{problem} (e.g. fraud-lgbm)")
+    return name
+
+
+def _share(percent: float) -> float:
+    """Typer callback: a canary share in percent, 0.01 to 100 (NaN and infinities too)."""
+    if not 0 < round(percent, 2) <= 100:  # False for NaN; inf rounds to inf
+        bad_option("--percent", f"{percent:g} is not a share from 0.01 to 100")
+    return percent
+
+
+NameOption = Annotated[str, typer.Option(help="Model name.", callback=_plain_name)]
 VersionArgument = Annotated[str, typer.Argument(help="Model version, e.g. 3.")]
 
 
@@ -64,12 +92,14 @@ def _print_change(change: LifecycleChange) -> None:
 
 
 def _run(action: str, call: Callable[[], LifecycleChange]) -> None:
-    """Runs a lifecycle call, printing its change or why it was refused."""
+    """Runs a lifecycle call, printing its change, or in one line why it was not made:
+    bad input (exit 2) or a refusal of the lifecycle (exit 1)."""
     try:
         change = call()
+    except (InvalidArgument, NotFound, CorruptLifecycleFile) as error:
+        fail(f"{action} rejected", error.message, BAD_INPUT)
     except FraudmeshError as error:
-        console.print(f"[red]{action} refused[/red]: {error.message}")
-        raise typer.Exit(1) from error
+        fail(f"{action} refused", error.message, REFUSED)
     _print_change(change)
 
 
@@ -104,7 +134,7 @@ def _print_list(state: LifecycleState, root: Path, history: int) -> None:
         try:
             metadata, _ = repository.load(root, state.name, record.version)
             loaded[record.version] = metadata
-        except FileNotFoundError:
+        except (OSError, ValueError):  # a missing or unreadable version: listed, no metrics
             metadata = None
         gates = record.gates
         gates_text = "-" if gates is None else ("passed" if gates.passed else "[red]failed[/red]")
@@ -150,14 +180,16 @@ def list_command(
     var_dir: VarDirOption = None,
     model_root: ModelRootOption = None,
     name: NameOption = repository.DEFAULT_MODEL_NAME,
-    history: Annotated[int, typer.Option(help="How many recent changes to show.")] = 10,
+    history: Annotated[int, typer.Option(min=0, help="How many recent changes to show.")] = 10,
 ) -> None:
     """Versions, states, traffic shares, metrics, gates and the recent changes."""
     lifecycle = _lifecycle(var_dir, model_root, name)
-    state = lifecycle.read()
+    try:
+        state = lifecycle.read()
+    except CorruptLifecycleFile as error:
+        fail("list rejected", error.message, BAD_INPUT)
     if not state.versions:
-        console.print(f"no version of {name!r} is published in {lifecycle.model_root}")
-        raise typer.Exit(1)
+        fail("list", f"no version of {name!r} is published in {lifecycle.model_root}", REFUSED)
     _print_list(state, lifecycle.model_root, history)
 
 
@@ -176,7 +208,10 @@ def shadow(
 @app.command()
 def canary(
     version: VersionArgument,
-    percent: Annotated[float, typer.Option(help="Share of cards VERSION answers, in %.")],
+    percent: Annotated[
+        float,
+        typer.Option(callback=_share, help="Share of cards VERSION answers, in % (0.01-100)."),
+    ],
     var_dir: VarDirOption = None,
     model_root: ModelRootOption = None,
     name: NameOption = repository.DEFAULT_MODEL_NAME,

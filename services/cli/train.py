@@ -27,6 +27,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from services.cli import checks
 from services.common.errors import FailedPrecondition
 from services.decisionlog.settings import DecisionLogSettings
 from services.featurestore.settings import from_env
@@ -60,7 +61,8 @@ _ModelRoot = Annotated[
     Path | None, typer.Option(help="Folder of published models; default <var-dir>/models.")
 ]
 _Seed = Annotated[
-    int | None, typer.Option(help="LightGBM seed (default: the training default, 7).")
+    int | None,
+    typer.Option(min=0, max=2**31 - 1, help="LightGBM seed (default: the training default, 7)."),
 ]
 _VarDir = Annotated[
     Path | None,
@@ -126,11 +128,15 @@ _Promote = Annotated[
 ]
 _ApTolerance = Annotated[
     float,
-    typer.Option(min=0.0, help="How far below live's average precision the new version may be."),
+    typer.Option(
+        min=0.0, max=1.0, help="How far below live's average precision the new version may be."
+    ),
 ]
 _LatencyRatio = Annotated[
     float,
-    typer.Option(min=0.1, help="Most the new single-row p99 may be, as a multiple of live's."),
+    typer.Option(
+        min=0.1, max=100.0, help="Most the new single-row p99 may be, as a multiple of live's."
+    ),
 ]
 _FromDecisions = Annotated[
     bool,
@@ -203,6 +209,27 @@ def train_command(
 
     if not from_decisions:
         _refuse_decision_options(decisions_root, decisions_since, decisions_until, work_dir)
+    # Bad dates and paths end the command before any work (exit 2), not after training.
+    checks.ordered(
+        ("--train-from", _utc(train_from)),
+        ("--train-until", _utc(train_until)),
+        ("--test-from", _utc(test_from)),
+        ("--test-until", _utc(test_until)),
+        touching=("--train-until", "--test-from"),
+    )
+    checks.ordered(
+        ("--decisions-since", _utc_time(decisions_since)),
+        ("--decisions-until", _utc_time(decisions_until)),
+    )
+    for name, folder in (("--var-dir", var_dir), ("--decisions-root", decisions_root)):
+        checks.existing_folder(name, folder)
+    for name, folder in (
+        ("--model-root", model_root),
+        ("--report-dir", report_dir),
+        ("--work-dir", work_dir),
+    ):
+        checks.output_folder(name, folder)
+    checks.output_file("--scores-out", scores_out)
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
     existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)

@@ -47,18 +47,25 @@ class RequestDecoder:
 
     __slots__ = ("_check", "_descriptor", "_parse")
 
-    def __init__(self, message_class: type[Message]) -> None:
+    def __init__(self, message_class: type[Message], checked: bool = True) -> None:
         self._parse: Callable[[bytes], Message] = message_class.FromString
         self._descriptor: Any = message_class.DESCRIPTOR
-        self._check = compile_checks(message_class.DESCRIPTOR)  # type: ignore[arg-type]
+        self._check = (
+            compile_checks(message_class.DESCRIPTOR)  # type: ignore[arg-type]
+            if checked
+            else None
+        )
 
     @classmethod
-    def for_deserializer(cls, deserializer: Callable[[bytes], Any] | None) -> RequestDecoder | None:
+    def for_deserializer(
+        cls, deserializer: Callable[[bytes], Any] | None, checked: bool = True
+    ) -> RequestDecoder | None:
         """The decoder behind a generated stub's deserializer (``Message.FromString``), or
-        None when the deserializer is something else and must be kept as it is."""
+        None when the deserializer is something else and must be kept as it is. Unchecked,
+        it only parses (and names the field where the bytes break)."""
         owner = getattr(deserializer, "__self__", None)
         if isinstance(owner, type) and issubclass(owner, Message):
-            return cls(owner)
+            return cls(owner, checked)
         return None
 
     @property

@@ -5,7 +5,10 @@ holds for RPCs added later without their authors doing anything:
 
 * requests are decoded here, not by grpcio (``services.common.decoding``): bytes that are
   not a valid message, invalid UTF-8 in a string, an out-of-range Timestamp or an unknown
-  enum number are INVALID_ARGUMENT naming the field, never UNKNOWN or INTERNAL;
+  enum number are INVALID_ARGUMENT naming the field, never UNKNOWN or INTERNAL. Each
+  message of a streamed request is parsed here too (bytes that are not a message end the
+  stream, naming the field: no id in them can be trusted); its range checks are left to
+  the servicer, which answers a request that fails them on the stream and goes on;
 * a call whose deadline has already passed is DEADLINE_EXCEEDED before any work;
 * a ``FraudmeshError`` becomes its status, with a ``BadRequest`` detail for bad input;
   anything else is INTERNAL with a generic message and a log line;
@@ -130,13 +133,23 @@ def _unary_request_stream(
     return _unary_request(behavior, method, decode)
 
 
-def _streamed_request(behavior: _Behavior, method: str) -> _Behavior:
-    """Wraps a streamed-request behavior; grpcio decodes each message, errors are mapped."""
+async def _decoded(requests: AsyncIterator[bytes], decode: RequestDecoder) -> AsyncIterator[Any]:
+    async for data in requests:
+        yield decode(data)
+
+
+def _streamed_request(behavior: _Behavior, method: str, decode: RequestDecoder | None) -> _Behavior:
+    """Wraps a streamed-request behavior: each message parsed (``decode``, else by grpcio),
+    errors mapped."""
+
+    def incoming(requests: Any) -> Any:
+        return requests if decode is None else _decoded(requests, decode)
+
     if inspect.isasyncgenfunction(behavior):
 
         async def generator(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                async for response in behavior(requests, context):
+                async for response in behavior(incoming(requests), context):
                     yield response
             except grpc.aio.AbortError:
                 raise
@@ -147,7 +160,7 @@ def _streamed_request(behavior: _Behavior, method: str) -> _Behavior:
 
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await behavior(requests, context)
+            return await behavior(incoming(requests), context)
         except grpc.aio.AbortError:
             raise
         except Exception as error:
@@ -190,15 +203,17 @@ def wrap_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodH
             request_deserializer=deserializer,
             response_serializer=handler.response_serializer,
         )
+    parse = RequestDecoder.for_deserializer(handler.request_deserializer, checked=False)
+    deserializer = None if parse is not None else handler.request_deserializer
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(
-            _streamed_request(handler.stream_unary, method),
-            request_deserializer=handler.request_deserializer,
+            _streamed_request(handler.stream_unary, method, parse),
+            request_deserializer=deserializer,
             response_serializer=handler.response_serializer,
         )
     return grpc.stream_stream_rpc_method_handler(
-        _streamed_request(handler.stream_stream, method),
-        request_deserializer=handler.request_deserializer,
+        _streamed_request(handler.stream_stream, method, parse),
+        request_deserializer=deserializer,
         response_serializer=handler.response_serializer,
     )
 

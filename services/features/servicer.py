@@ -14,6 +14,7 @@ from google.rpc import code_pb2
 from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
 from services.common import telemetry
+from services.common.decoding import compile_checks
 from services.common.errors import (
     DeadlineExceeded,
     FraudmeshError,
@@ -33,6 +34,10 @@ Reader = Callable[[str, str, float, str], Sequence[FeatureRead]]
 
 ManyReader = Callable[[Sequence[tuple[str, str, float, str]]], list[list[FeatureRead]]]
 """Reads several such lookups at once (one round trip where the store allows)."""
+
+_CHECK_STREAMED = compile_checks(pb.StreamFeaturesRequest.DESCRIPTOR)  # type: ignore[arg-type]
+"""The range checks unary requests get in the runtime (``as_of`` within years 1..9999),
+run here on each streamed request so that a failing one is answered on the stream."""
 
 
 _STREAM_METHOD = "/fraud.v1.FeatureService/StreamFeatures"
@@ -131,6 +136,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         """The reply to one streamed request: every lookup's features, or why it failed."""
         reply = pb.StreamFeaturesResponse(id=request.id)
         try:
+            if _CHECK_STREAMED is not None:
+                _CHECK_STREAMED(request)
             if not request.lookups:
                 raise InvalidArgument("lookups", "at least one lookup is required")
             lookups = []

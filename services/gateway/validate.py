@@ -57,8 +57,9 @@ def validate(
     check_id("merchant_id", merchant_id)
     check_id("terminal_id", terminal_id, required=False)
     check_currency("currency", currency)
-    if amount_minor <= 0:
-        raise InvalidArgument("amount_minor", "must be positive")
+    # Zero is traffic: card schemes' account verifications, and card testers using them.
+    if amount_minor < 0:
+        raise InvalidArgument("amount_minor", "must not be negative")
     amount_eur = money.amount_eur(amount_minor, currency)
     if amount_eur > limits.max_amount_eur:
         raise InvalidArgument(

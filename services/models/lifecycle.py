@@ -18,6 +18,7 @@ import enum
 import errno
 import fcntl
 import getpass
+import math
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
@@ -25,9 +26,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.domain.validation import shown
 from services.models import repository
 
 ROUTING_FILE = "routing.json"
@@ -54,6 +56,11 @@ class LifecycleError(FailedPrecondition):
 
 class UnknownVersionError(NotFound):
     """No such version is published."""
+
+
+class CorruptLifecycleFile(FailedPrecondition):
+    """The lifecycle file cannot be read or is not a lifecycle (truncated, not JSON, wrong
+    shape); nothing can be changed until it is repaired. The message names the file."""
 
 
 class GateCheck(BaseModel):
@@ -166,7 +173,7 @@ class LifecycleState(BaseModel):
         except KeyError:
             known = ", ".join(sorted(self.versions, key=_version_key)) or "none"
             raise UnknownVersionError(
-                f"version {version!r} of {self.name!r} is not published (published: {known})"
+                f"version {shown(version)} of {self.name!r} is not published (published: {known})"
             ) from None
 
     def traffic(self, version: str) -> str:
@@ -212,8 +219,18 @@ def default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _first_problem(error: ValidationError) -> str:
+    """The first validation problem in a few words, e.g. ``routing.canary.percent: ...``."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return (f"{where}: " if where else "") + first["msg"].splitlines()[0] + more
+
+
 def _version_key(version: str) -> tuple[int, str]:
-    return (int(version), version) if version.isdigit() else (1 << 62, version)
+    return (
+        (int(version), version) if version.isascii() and version.isdigit() else (1 << 62, version)
+    )
 
 
 def _now() -> datetime:
@@ -253,10 +270,18 @@ class ModelLifecycle:
         """The current state, with published versions the file does not know added as
         candidates, or the migrated view when there is no file yet."""
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return self._migrated()
-        state = LifecycleState.model_validate_json(text)
+        except OSError as error:
+            raise CorruptLifecycleFile(f"{self.path} cannot be read: {error.strerror}") from error
+        try:
+            state = LifecycleState.model_validate_json(data)
+        except ValidationError as error:
+            raise CorruptLifecycleFile(
+                f"{self.path} is not a valid lifecycle file ({_first_problem(error)}): "
+                "repair or restore it"
+            ) from error
         published = repository.published_versions(self.model_root, self.name)
         for version in published:
             if version not in state.versions:
@@ -331,6 +356,12 @@ class ModelLifecycle:
         expected_generation: int | None = None,
     ) -> LifecycleChange | None:
         """Applies ``mutate`` under the lock; None when ``expected_generation`` is stale."""
+        if not self.folder.is_dir():
+            # Nothing is published here: every change refuses (an unknown version, nothing to
+            # roll back to), and must not leave a folder behind when it does.
+            state = self._migrated()
+            mutate(_Editor(state, by or default_actor(), self._clock()))
+            return LifecycleChange(state.routing, state.routing, state.generation)
         with self._locked():
             state = self.read()
             if expected_generation is not None and state.generation != expected_generation:
@@ -448,9 +479,12 @@ class ModelLifecycle:
 
     def canary(self, version: str, percent: float, by: str | None = None) -> LifecycleChange:
         """``version`` answers ``percent`` % of the cards (or changes its share)."""
-        if not 0 < percent <= 100:
-            raise InvalidArgument("percent", f"must be in (0, 100], got {percent:g}")
-        share = Canary(version=version, percent=round(percent, 2))
+        rounded = round(percent, 2) if math.isfinite(percent) else percent
+        if not 0 < rounded <= 100:  # False for NaN as well
+            raise InvalidArgument(
+                "percent", f"must be from 0.01 to 100 (resolution 0.01), got {percent:g}"
+            )
+        share = Canary(version=version, percent=rounded)
 
         def mutate(e: _Editor) -> None:
             record = e.state.record(version)

@@ -4,11 +4,17 @@ Layout: ``<model_root>/<name>/<version>/`` holds ``model.onnx``, ``metadata.json
 whatever else training wrote (metrics, curves). Versions are increasing integers. A
 version folder appears complete or not at all: it is written under a temporary name and
 renamed into place.
+
+Names and versions come from clients too (the scorer's repository RPCs), and both become
+path components: ``check_name`` and ``check_version`` accept only a plain name and a plain
+version number, so ``..``, separators, absolute paths or NUL never reach the filesystem;
+``load`` applies them before it looks at anything on disk.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -17,12 +23,70 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.common.errors import InvalidArgument
+from services.domain.validation import shown
+
 DEFAULT_MODEL_NAME = "fraud-lgbm"
 """Name of the fraud model the services load unless told otherwise."""
 MODEL_FILE = "model.onnx"
 """The ONNX model inside a version folder."""
 METADATA_FILE = "metadata.json"
 """The ``ModelMetadata`` inside a version folder; written last, so it marks completeness."""
+
+
+MAX_NAME_LENGTH = 128
+"""Longest model name accepted: a folder name, far below any filesystem's limit."""
+MAX_VERSION_DIGITS = 18
+"""Most digits a version may have: every such number fits an int64, and no repository
+publishes a quintillion versions."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_VERSION = re.compile(r"0|[1-9][0-9]*")
+
+
+def name_problem(name: str) -> str | None:
+    """What keeps ``name`` from being a model name (one plain folder name), or None."""
+    if not name:
+        return "is required"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"is longer than {MAX_NAME_LENGTH} characters"
+    if not (name.isascii() and _NAME.fullmatch(name)):
+        return (
+            f"{shown(name)} is not a model name: ASCII letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return None
+
+
+def version_problem(version: str) -> str | None:
+    """What keeps ``version`` from being a version number as published (digits, no sign,
+    no leading zero), or None."""
+    if not version:
+        return "is required"
+    if len(version) > MAX_VERSION_DIGITS:
+        return f"is longer than {MAX_VERSION_DIGITS} digits"
+    if not (version.isascii() and _VERSION.fullmatch(version)):
+        return f"{shown(version)} is not a version number: digits only, as in '3'"
+    return None
+
+
+def check_name(field: str, name: str) -> None:
+    """Raises InvalidArgument naming ``field`` unless ``name`` is a plain model name."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
+
+
+def check_version(field: str, version: str) -> None:
+    """Raises InvalidArgument naming ``field`` unless ``version`` is a plain version number."""
+    problem = version_problem(version)
+    if problem is not None:
+        raise InvalidArgument(field, problem)
+
+
+def _is_version_folder(entry_name: str) -> bool:
+    # Folders are named str(int): "01" or a non-ASCII digit is not a version, just a folder.
+    return version_problem(entry_name) is None
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -101,13 +165,14 @@ class ModelMetadata(BaseModel):
 
 
 def _versions(model_root: Path, name: str) -> list[int]:
+    check_name("name", name)
     folder = model_root / name
     if not folder.is_dir():
         return []
     return sorted(
         int(entry.name)
         for entry in folder.iterdir()
-        if entry.name.isdigit() and (entry / METADATA_FILE).is_file()
+        if _is_version_folder(entry.name) and (entry / METADATA_FILE).is_file()
     )
 
 
@@ -125,7 +190,11 @@ def latest_version(model_root: Path, name: str = DEFAULT_MODEL_NAME) -> str | No
 def load(
     model_root: Path, name: str = DEFAULT_MODEL_NAME, version: str | None = None
 ) -> tuple[ModelMetadata, Path]:
-    """Metadata and folder of ``version`` (default: the latest) of model ``name``."""
+    """Metadata and folder of ``version`` (default: the latest) of model ``name``; a name or
+    version that is not plain raises InvalidArgument before anything is looked up."""
+    check_name("name", name)
+    if version is not None:
+        check_version("version", version)
     if version is None:
         version = latest_version(model_root, name)
         if version is None:
@@ -152,6 +221,7 @@ def publish(model_root: Path, metadata: ModelMetadata, files: Mapping[str, Path]
     """
     if MODEL_FILE not in files:
         raise ValueError(f"a model version needs {MODEL_FILE}")
+    check_name("name", metadata.name)
     parent = model_root / metadata.name
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".publishing-", dir=parent))
@@ -160,7 +230,7 @@ def publish(model_root: Path, metadata: ModelMetadata, files: Mapping[str, Path]
             shutil.copyfile(source, staging / filename)
         while True:
             # Numbered after every folder, complete or not, so a stray one is skipped.
-            taken = [int(e.name) for e in parent.iterdir() if e.name.isdigit()]
+            taken = [int(e.name) for e in parent.iterdir() if _is_version_folder(e.name)]
             version = str(max(taken, default=0) + 1)
             final = metadata.model_copy(update={"version": version})
             (staging / METADATA_FILE).write_text(final.model_dump_json(indent=2))

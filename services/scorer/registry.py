@@ -120,7 +120,15 @@ class ModelRegistry:
             await self.load(default)
 
     async def load(self, version: str, explicit: bool = False) -> OnnxModel:
-        """Loads and warms ``version`` unless loaded; concurrent calls share one load."""
+        """Loads and warms ``version`` unless loaded; concurrent calls share one load.
+
+        A version that is not a plain version number is InvalidArgument and one that is
+        not published NotFound, both decided before anything but the model's own folder
+        listing is read: a client's version never becomes a path to look up.
+        """
+        repository.check_version("version", version)
+        if version not in self._models:
+            self._check_published(version)
         lock = self._locks.setdefault(version, asyncio.Lock())
         async with lock:
             model = self._models.get(version)
@@ -130,11 +138,8 @@ class ModelRegistry:
                 try:
                     model = await loop.run_in_executor(None, self._load_sync, version)
                 except FileNotFoundError as error:
-                    published = repository.published_versions(self.model_root, self.name)
-                    raise NotFound(
-                        f"version {version!r} of {self.name!r} is not published "
-                        f"(published: {', '.join(published) or 'none'})"
-                    ) from error
+                    # Published a moment ago, gone now (deleted by hand): as if never there.
+                    raise self._not_published(version) from error
                 self._models[version] = model
                 log.info(
                     "model version loaded",
@@ -149,6 +154,18 @@ class ModelRegistry:
                 self._explicit.add(version)
             return model
 
+    def _check_published(self, version: str) -> None:
+        """Raises NotFound unless ``version`` is in the model folder's listing."""
+        if version not in repository.published_versions(self.model_root, self.name):
+            raise self._not_published(version)
+
+    def _not_published(self, version: str) -> NotFound:
+        published = repository.published_versions(self.model_root, self.name)
+        return NotFound(
+            f"version {shown(version)} of {self.name!r} is not published "
+            f"(published: {', '.join(published) or 'none'})"
+        )
+
     def _load_sync(self, version: str) -> OnnxModel:
         metadata, folder = repository.load(self.model_root, self.name, version)
         model = OnnxModel(metadata, folder, self._threads)
@@ -157,7 +174,12 @@ class ModelRegistry:
 
     def unload(self, version: str) -> bool:
         """Unloads ``version`` now; refuses while the lifecycle routes traffic to it.
-        Returns False when it was not loaded. Calls holding it finish normally."""
+        Returns False when it was published but not loaded; a version that is neither is
+        NotFound, and one that is not a plain version number InvalidArgument. Calls
+        holding it finish normally."""
+        repository.check_version("version", version)
+        if version not in self._models:
+            self._check_published(version)
         if version in self.routing.routed() or version == self.default_version:
             raise FailedPrecondition(
                 f"version {version} of {self.name!r} carries traffic; retire it or roll "
@@ -254,4 +276,6 @@ class ModelRegistry:
 
 
 def _order(version: str) -> tuple[int, str]:
-    return (int(version), version) if version.isdigit() else (1 << 62, version)
+    return (
+        (int(version), version) if version.isascii() and version.isdigit() else (1 << 62, version)
+    )

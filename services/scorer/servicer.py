@@ -7,6 +7,12 @@ server's convention) or ``config``, a JSON model configuration whose
 ``version_policy.specific.versions`` lists the versions (what Triton clients send).
 Without one, load re-reads the lifecycle and loads every version it needs, and unload
 unloads every loaded version that carries no traffic.
+
+Names and versions are client values that the repository turns into folder names: one
+that is not a plain model name or version number (separators, ``..``, an absolute path,
+NUL, over-long, a sign or a non-digit in a version) is INVALID_ARGUMENT naming the field,
+decided before anything is looked up on disk; a plain one that is not published is
+NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from services.common.errors import (
 from services.common.rpc_observer import observe_message
 from services.common.streaming import answer_concurrently
 from services.domain.validation import shown
+from services.models import repository
 from services.models.onnx import OnnxModel
 from services.models.v2 import TRACEPARENTS
 from services.scorer.registry import ModelRegistry
@@ -92,8 +99,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise Unavailable("models are still loading")
         return registry
 
-    def _model(self, name: str, version: str) -> OnnxModel:
-        return self._registry().get(name, version)
+    def _model(self, name: str, version: str, fields: tuple[str, str]) -> OnnxModel:
+        """The loaded model; ``fields`` name the request's name and version fields."""
+        try:
+            return self._registry().get(name, version)
+        except NotFound:
+            # Only on a miss: the request path pays nothing for telling bad from unknown.
+            _check_model_id(name, version, fields)
+            raise
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
@@ -111,6 +124,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelReadyResponse:
         registry = self.registry
         ready = registry is not None and registry.ready(request.name, request.version)
+        if not ready:
+            _check_model_id(request.name, request.version, ("name", "version"))
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(
@@ -123,9 +138,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        if not request.name:
-            raise InvalidArgument("name", "model name is required")
-        model = self._model(request.name, request.version)
+        model = self._model(request.name, request.version, ("name", "version"))
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=model.name,
@@ -221,13 +234,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             )
 
     def _infer_model(self, request: pb.ModelInferRequest) -> OnnxModel:
-        if not request.model_name:
-            raise InvalidArgument("model_name", "model name is required")
-        return self._model(request.model_name, request.model_version)
+        return self._model(
+            request.model_name, request.model_version, ("model_name", "model_version")
+        )
 
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
+        _check_repository(request.repository_name)
         registry = self._registry()
         entry = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
@@ -240,9 +254,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
+        _check_repository(request.repository_name)
+        versions = _versions(request.parameters)
         registry = self._registry()
         _check_name(registry, request.model_name)
-        versions = _versions(request.parameters)
         # The lifecycle first: a version it routes to is then managed by it, not pinned.
         await registry.refresh(force=True)
         for version in versions:
@@ -252,9 +267,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
+        _check_repository(request.repository_name)
+        versions = _versions(request.parameters)
         registry = self._registry()
         _check_name(registry, request.model_name)
-        versions = _versions(request.parameters)
         await registry.refresh(force=True)
         if not versions:
             registry.unload_idle()
@@ -297,36 +313,91 @@ def _timeout_us(request: pb.ModelInferRequest) -> int:
     return value.int64_param
 
 
-def _check_name(registry: ModelRegistry, name: str) -> None:
+def _check_model_id(name: str, version: str, fields: tuple[str, str]) -> None:
+    """Raises InvalidArgument when the name, or a version given, is not plain."""
+    repository.check_name(fields[0], name)
+    if version:
+        repository.check_version(fields[1], version)
+
+
+def _check_repository(name: str) -> None:
+    """This server has one repository, named by nothing: ``repository_name`` stays empty."""
     if not name:
-        raise InvalidArgument("model_name", "model name is required")
+        return
+    repository.check_name("repository_name", name)
+    raise NotFound(
+        f"repository {shown(name)} is not on this server: it serves one repository; "
+        "leave repository_name empty"
+    )
+
+
+def _check_name(registry: ModelRegistry, name: str) -> None:
+    repository.check_name("model_name", name)
     if name != registry.name:
-        raise NotFound(f"model {name!r} is not in this repository (serving {registry.name!r})")
+        raise NotFound(f"model {shown(name)} is not in this repository (serving {registry.name!r})")
+
+
+_PARAMETERS = ("version", "config")
+"""The load and unload parameters this server reads; Triton's ``file:`` overrides (model
+files sent inline) are not supported, and are refused rather than ignored."""
 
 
 def _versions(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> list[str]:
     """The versions a load or unload request names: ``version``, or the specific versions
-    of a ``config`` JSON (Triton's version policy); empty when it names none."""
+    of a ``config`` JSON (Triton's version policy); empty when it names none. Each one is
+    a plain version number, or the request is InvalidArgument naming where it came from."""
+    for key in parameters:
+        if key not in _PARAMETERS:
+            raise InvalidArgument(
+                f"parameters[{shown(key)}]", "unknown parameter; this server reads version, config"
+            )
     if "version" in parameters:
+        field = "parameters[version]"
         value = parameters["version"]
         kind = value.WhichOneof("parameter_choice")
-        if kind == "string_param" and value.string_param.strip():
-            return [value.string_param.strip()]
-        if kind == "int64_param":
-            return [str(value.int64_param)]
-        raise InvalidArgument("parameters[version]", "expected a version string or integer")
+        if kind == "string_param":
+            version = value.string_param
+        elif kind == "int64_param":
+            version = str(value.int64_param)
+        else:
+            raise InvalidArgument(field, "expected a version string or integer")
+        repository.check_version(field, version)
+        return [version]
     if "config" in parameters:
-        value = parameters["config"]
-        text = value.string_param or value.bytes_param.decode("utf-8", "replace")
-        try:
-            config = json.loads(text)
-            specific = config.get("version_policy", {}).get("specific", {})
-            return [str(v) for v in specific.get("versions", [])]
-        except (ValueError, AttributeError) as error:
-            raise InvalidArgument(
-                "parameters[config]", "expected a JSON model configuration"
-            ) from error
+        return _config_versions(parameters["config"])
     return []
+
+
+def _config_versions(value: pb.ModelRepositoryParameter) -> list[str]:
+    """The ``version_policy.specific.versions`` of a ``config`` parameter's JSON."""
+    field = "parameters[config]"
+    kind = value.WhichOneof("parameter_choice")
+    try:
+        if kind == "string_param":
+            text = value.string_param
+        elif kind == "bytes_param":
+            text = value.bytes_param.decode("utf-8")
+        else:
+            raise InvalidArgument(field, "expected a JSON model configuration (string or bytes)")
+        config = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        # RecursionError: nesting deeper than the parser's stack, a JSON bomb of brackets.
+        raise InvalidArgument(field, "expected a JSON model configuration") from error
+    path = f"{field}.version_policy.specific.versions"
+    policy = config.get("version_policy", {}) if isinstance(config, dict) else None
+    specific = policy.get("specific", {}) if isinstance(policy, dict) else None
+    versions = specific.get("versions", []) if isinstance(specific, dict) else None
+    if not isinstance(versions, list):
+        raise InvalidArgument(path, "expected a JSON object holding a list of version numbers")
+    found = []
+    for index, item in enumerate(versions):
+        # JSON booleans are Python ints: they are not versions.
+        if isinstance(item, bool) or not isinstance(item, int | str):
+            raise InvalidArgument(f"{path}[{index}]", "expected a version number")
+        version = str(item)
+        repository.check_version(f"{path}[{index}]", version)
+        found.append(version)
+    return found
 
 
 def _input_batch(request: pb.ModelInferRequest, model: OnnxModel) -> np.ndarray:

@@ -10,8 +10,12 @@ own transactions gives exactly the feature tables ``make data`` writes.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
+import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 
@@ -41,7 +45,7 @@ RENAMED = {
 BROKEN = {
     # line in the CSV (header = line 1) → what is wrong with it
     "missing card_id": {"customer_ref": ""},
-    "non-positive amount": {"value": "-5.00"},
+    "negative amount": {"value": "-5.00"},
     "unknown currency": {"ccy": "XXX"},
     "unparseable timestamp": {"event_time": "yesterday"},
     "is_fraud is not 0/1 or true/false": {"label": "maybe"},
@@ -253,3 +257,163 @@ def test_importing_simulated_transactions_gives_the_tables_of_make_data(
         pd.testing.assert_frame_equal(
             pd.read_parquet(result.data_dir / name), pd.read_parquet(expected[name]), obj=name
         )
+
+
+# --- bad files and bad options through the command: exit 2, one line, nothing changed -------
+
+GOOD_HEADER = "transaction_id,timestamp,card_id,merchant_id,amount,currency,is_fraud\n"
+GOOD_ROWS = "".join(
+    f"g{i},2026-01-01T00:{i % 60:02d}:00Z,c{i % 4},m{i % 2},{i}.25,EUR,{int(i % 9 == 0)}\n"
+    for i in range(200)
+)
+GOOD = (GOOD_HEADER + GOOD_ROWS).encode()
+
+
+def _good_parquet() -> bytes:
+    out = io.BytesIO()
+    pd.read_csv(io.BytesIO(GOOD)).to_parquet(out, index=False)
+    return out.getvalue()
+
+
+# name → (file name, content, extra options, what stderr's one line says)
+BAD_FILES: dict[str, tuple[str, bytes, tuple[str, ...], str]] = {
+    "empty file": ("tx.csv", b"", (), "is empty (0 bytes)"),
+    "header only": ("tx.csv", GOOD_HEADER.encode(), (), "holds column names but no rows"),
+    "not UTF-8": ("tx.csv", GOOD + "x,2026-01-01,caf\xe9,m,1,EUR,0\n".encode("latin-1"), (), "line 202: not UTF-8 text"),
+    "truncated Parquet": ("tx.parquet", _good_parquet()[:700], (), "lacks the Parquet footer"),
+    "truncated gzip": ("tx.csv.gz", gzip.compress(GOOD)[:300], (), "its gzip data is truncated"),
+    "gzip CSV, a bad row": ("tx.csv.gz", gzip.compress(GOOD + b"bad,2026-01-01,c,m,-1,EUR,0\n"), (), "1 of 201 rows"),
+    "unknown extension": ("tx.json", GOOD, (), "cannot tell the format"),
+    "semicolons": ("tx.csv", GOOD.replace(b",", b";"), (), "split by semicolons"),
+    "repeated column": ("tx.csv", GOOD.replace(b"currency,", b"card_id,", 1), (), "more than one column named 'card_id'"),
+    "--map names a missing column": ("tx.csv", GOOD, ("--map", "card_id=customer_ref"), "--map names column(s) 'customer_ref'"),
+    "--map without =": ("tx.csv", GOOD, ("--map", "card_id"), "expected TARGET=SOURCE"),
+    "--format parquet on CSV": ("tx.csv", GOOD, ("--format", "parquet"), "is not a Parquet file"),
+}  # fmt: skip
+
+BAD_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "negative --max-bad-rows": (("--max-bad-rows", "-1"), "--max-bad-rows"),
+    "--max-bad-rows not a number": (("--max-bad-rows", "many"), "--max-bad-rows"),
+    "NaN --label-delay-days": (("--label-delay-days", "nan"), "--label-delay-days"),
+    "huge --label-delay-days": (("--label-delay-days", "1e12"), "--label-delay-days"),
+    "unknown --format": (("--format", "xlsx"), "--format"),
+}
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> Path:
+    """A state folder holding a small imported dataset: what a rejected import leaves alone."""
+    var_dir = tmp_path / "var"
+    good = tmp_path / "good.csv"
+    good.write_bytes(GOOD)
+    code, _, err = _cli("data", "import", str(good), "--var-dir", str(var_dir), "--no-materialize")
+    assert code == 0, err
+    return var_dir
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """Runs ``fraudmesh ARGS`` in this process; any exception escaping the command fails."""
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _tree(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every path under ``root`` with what identifies its content."""
+    out: dict[str, tuple[object, ...]] = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        if path.is_symlink():
+            out[key] = ("link", os.readlink(path))
+        elif path.is_file():
+            out[key] = ("file", path.stat().st_size, path.stat().st_mtime_ns)
+        else:
+            out[key] = ("folder",)
+    return out
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_file_exits_2_with_one_line_naming_it_and_changes_nothing(
+    imported: Path, tmp_path: Path, case: str
+) -> None:
+    name, content, extra, expected = BAD_FILES[case]
+    path = tmp_path / "in" / name
+    path.parent.mkdir()
+    path.write_bytes(content)
+    before = _tree(imported)
+    code, out, err = _cli("data", "import", str(path), "--var-dir", str(imported), *extra)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import rejected: "), err
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    assert _tree(imported) == before
+
+
+def test_paths_that_are_not_files_exit_2_naming_them(imported: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "history.csv"
+    folder.mkdir()
+    missing = tmp_path / "nope.csv"
+    before = _tree(imported)
+    for path, says in ((folder, "is a directory, not a file"), (missing, "does not exist")):
+        code, out, err = _cli("data", "import", str(path), "--var-dir", str(imported))
+        assert code == 2 and err.strip() == f"import rejected: {path} {says}", (out, err)
+    assert _tree(imported) == before
+
+
+@pytest.mark.parametrize("case", list(BAD_OPTIONS))
+def test_a_bad_option_exits_2_naming_it_and_changes_nothing(
+    imported: Path, tmp_path: Path, case: str
+) -> None:
+    options, named = BAD_OPTIONS[case]
+    path = tmp_path / "tx.csv"
+    path.write_bytes(GOOD)
+    before = _tree(imported)
+    code, out, err = _cli("data", "import", str(path), "--var-dir", str(imported), *options)
+    assert code == 2, (out, err)
+    assert named in err and "Traceback" not in out + err
+    assert _tree(imported) == before
+
+
+def test_the_installed_command_rejects_the_held_out_kinds_of_file(
+    imported: Path, tmp_path: Path
+) -> None:
+    """The console script itself (no test runner around it): exit 2, one line, no trace."""
+    fraudmesh = Path(sys.executable).parent / "fraudmesh"
+    before = _tree(imported)
+    for case in ("empty file", "not UTF-8", "truncated Parquet", "truncated gzip"):
+        name, content, _, expected = BAD_FILES[case]
+        path = tmp_path / case.replace(" ", "-") / name
+        path.parent.mkdir()
+        path.write_bytes(content)
+        ran = subprocess.run(
+            [str(fraudmesh), "data", "import", str(path), "--var-dir", str(imported)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ran.returncode == 2, (case, ran.stdout, ran.stderr)
+        lines = ran.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"import rejected: {path}"), ran.stderr
+        assert expected in lines[0] and "Traceback" not in ran.stdout + ran.stderr
+    assert _tree(imported) == before
+
+
+def test_zero_amounts_are_imported_as_account_verifications(tmp_path: Path) -> None:
+    path = tmp_path / "tx.csv"
+    verifications = (
+        b"v1,2026-01-01T02:00:00Z,c1,m1,0.00,EUR,0\nv2,2026-01-01T02:01:00Z,c1,m1,0,JPY,1\n"
+    )
+    path.write_bytes(GOOD + verifications)
+    var_dir = tmp_path / "var"
+    code, out, err = _cli(
+        "data", "import", str(path), "--var-dir", str(var_dir), "--no-materialize"
+    )
+    assert code == 0 and "imported 202 of 202 rows" in out, (out, err)
+    data_path = FeatureStoreSettings(var_dir=var_dir, store="sqlite").data_path
+    tx = pd.read_parquet(data_path / layout.TRANSACTIONS_FILE).set_index("transaction_id")
+    assert tx.loc[["v1", "v2"], "amount_minor"].tolist() == [0, 0]
+    cards = pd.read_parquet(data_path / layout.CARD_FEATURES_FILE)
+    last = cards[cards["card_id"] == "c1"].iloc[-1]
+    # Two payments of nothing in the last hour: card testing's signature, counted as small.
+    assert last["card_txn_count_1h"] == 2 and last["card_small_txn_count_1h"] == 2
+    assert last["card_amount_max_7d"] > 0.0  # the earlier payments of the week still count

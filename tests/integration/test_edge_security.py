@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,12 +30,22 @@ from services.common import edge_security, envoy
 from services.common.edge_security import EdgeSettings
 from services.mesh import Mesh, MeshConfig, free_port, grpc_serving, http_ok
 
-from .conftest import Known, go_tool
+from .conftest import (
+    FULL_QUALITY_WAIT_S,
+    Known,
+    first_of,
+    full_quality,
+    go_tool,
+    register_logs,
+)
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 SUBJECT_RPS = 50
+"""Each subject's bucket: this many calls at once, refilled by a tenth of it every 100 ms."""
+EDGE_RPS = 10_000
+"""The edge's shared bucket, far above any burst here: the per-subject limit is tested alone."""
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +58,34 @@ def tls_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secure_mesh(
-    prepared_env: Any, tls_var: Path, tmp_path_factory: pytest.TempPathFactory
+    prepared_env: Any,
+    tls_var: Path,
+    known: Known,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Mesh]:
-    """A mesh whose edge serves TLS only, requires tokens and has a plaintext health port."""
+    """A mesh whose edge serves TLS only, requires tokens and has a plaintext health port;
+    handed out once it has answered at full quality."""
     edge = EdgeSettings(
         var_dir=tls_var, tls=True, auth="jwt", health_port=free_port(), subject_rps=SUBJECT_RPS
     )
     config = MeshConfig.on_free_ports(
-        var_dir=prepared_env.var_dir, log_dir=tmp_path_factory.mktemp("edge-logs"), edge=edge
+        var_dir=prepared_env.var_dir,
+        log_dir=register_logs(request, tmp_path_factory.mktemp("edge-logs")),
+        edge=edge,
+        rate_limit_rps=EDGE_RPS,
     )
     mesh = Mesh(config)
     mesh.start(timeout_s=120)
-    yield mesh
-    mesh.stop()
+    try:
+        warm = creds(tls_var, token=token(tls_var, "warm-up"))
+        full_quality(
+            lambda: client.score(config.envoy_target, sample(known), 1.0, warm),
+            timeout_s=FULL_QUALITY_WAIT_S,
+        )
+        yield mesh
+    finally:
+        mesh.stop()
 
 
 ISSUED: list[str] = []
@@ -84,13 +110,8 @@ def sample(known: Known) -> pb.ScoreRequest:
 
 
 def test_tls_and_a_valid_token_score(secure_mesh: Mesh, tls_var: Path, known: Known) -> None:
-    answer = client.score(
-        secure_mesh.config.envoy_target,
-        sample(known),
-        1.0,
-        creds(tls_var, token=token(tls_var)),
-    )
-    assert answer.scored_by == pb.SCORED_BY_MODEL
+    valid = creds(tls_var, token=token(tls_var))
+    full_quality(lambda: client.score(secure_mesh.config.envoy_target, sample(known), 1.0, valid))
 
 
 @pytest.mark.parametrize(
@@ -153,22 +174,41 @@ def test_health_works_for_probes(secure_mesh: Mesh, tls_var: Path) -> None:
 def test_each_subject_has_its_own_rate_limit(
     secure_mesh: Mesh, tls_var: Path, known: Known
 ) -> None:
-    alice = [("authorization", f"Bearer {token(tls_var, 'alice')}")]
-    bob = [("authorization", f"Bearer {token(tls_var, 'bob')}")]
+    # A fresh subject starts with a full bucket. A burst of four bucketfuls sent at once gets
+    # through at least a bucketful and at most a bucketful plus what refilled while it lasted
+    # (the sender's speed only widens that window); everything else is refused at the edge.
+    alice = [("authorization", f"Bearer {token(tls_var, f'alice-{time.time_ns()}')}")]
+    bob = [("authorization", f"Bearer {token(tls_var, f'bob-{time.time_ns()}')}")]
+    burst = 4 * SUBJECT_RPS
+    refill_per_tick, tick_s = max(1, SUBJECT_RPS // 10), 0.1
     with creds(tls_var).channel(secure_mesh.config.envoy_target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
         stub = pb_grpc.FraudScoringStub(channel)
-        # One after another, faster than the bucket refills: no overload, only the limit.
+        began = time.monotonic()
+        futures = [
+            stub.Score.future(sample(known), timeout=5, metadata=alice) for _ in range(burst)
+        ]
         codes: Counter[str] = Counter()
-        for _ in range(3 * SUBJECT_RPS):
-            try:
-                stub.Score(sample(known), timeout=5, metadata=alice)
-                codes["OK"] += 1
-            except grpc.RpcError as error:
-                codes[f"{error.code().name}: {error.details()}"] += 1  # type: ignore[attr-defined]
-        # Alice's bucket holds a second's worth; Bob's is untouched by her burst.
-        assert codes["RESOURCE_EXHAUSTED: local_rate_limited"] > 0, codes
-        assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED: local_rate_limited"}, codes
-        assert stub.Score(sample(known), timeout=5, metadata=bob).decision != 0
+        for future in futures:
+            error = future.exception()
+            codes["OK" if error is None else f"{error.code().name}: {error.details()}"] += 1  # type: ignore[union-attr]
+        lasted_s = time.monotonic() - began
+        limited = codes["RESOURCE_EXHAUSTED: local_rate_limited"]
+        # Past the edge, a call is answered, shed by the gateway's in-flight limit
+        # (RESOURCE_EXHAUSTED with its own message) or cut at Envoy's 50 ms.
+        passed = burst - limited
+        refilled = refill_per_tick * (math.floor(lasted_s / tick_s) + 1)
+        print(f"burst of {burst} in {lasted_s:.3f} s: {passed} passed the edge, {dict(codes)}")
+        assert SUBJECT_RPS <= passed <= SUBJECT_RPS + refilled, (codes, lasted_s)
+        assert limited > 0, (codes, lasted_s)
+        assert codes["OK"] > 0, codes
+        kinds = {code.split(":")[0] for code in codes}
+        assert kinds <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes
+        # Bob's bucket is untouched by Alice's burst.
+        answer = first_of(
+            lambda: stub.Score(sample(known), timeout=5, metadata=bob), lambda a: True
+        )
+        assert answer.decision != 0
 
 
 def test_fraudmesh_score_with_tls_and_a_token_file(
@@ -183,9 +223,13 @@ def test_fraudmesh_score_with_tls_and_a_token_file(
         "--amount-minor", str(known.amount_minor), "--timeout-ms", "1000",
         "--ca", str(tls_var / "tls" / "ca.pem"), "--token-file", str(token_file),
     ]  # fmt: skip
-    ran = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "by=model" in ran.stdout
+
+    def run() -> subprocess.CompletedProcess[str]:
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        return ran
+
+    assert "by=model" in first_of(run, lambda ran: "by=model" in ran.stdout).stdout
     env = {k: v for k, v in os.environ.items() if k != "FRAUDMESH_TOKEN"}
     no_token = subprocess.run(argv[:-2], capture_output=True, text=True, timeout=60, env=env)
     assert no_token.returncode == 1
@@ -207,20 +251,27 @@ def test_go_client_with_tls_and_a_token(
     assert built.returncode == 0, built.stderr
     token_file = tmp_path / "token"
     token_file.write_text(token(tls_var))
-    ran = subprocess.run(
-        [
-            str(binary),
-            "-addr", secure_mesh.config.envoy_target, "-timeout", "1s",
-            "-ca", str(tls_var / "tls" / "ca.pem"), "-token-file", str(token_file),
-            "-card-id", known.card_id, "-merchant-id", known.merchant_id,
-            "-amount-minor", str(known.amount_minor), "-json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)["scoredBy"] == "SCORED_BY_MODEL"
+
+    def run() -> dict[str, Any]:
+        ran = subprocess.run(
+            [
+                str(binary),
+                "-addr", secure_mesh.config.envoy_target, "-timeout", "1s",
+                "-ca", str(tls_var / "tls" / "ca.pem"), "-token-file", str(token_file),
+                "-card-id", known.card_id, "-merchant-id", known.merchant_id,
+                "-amount-minor", str(known.amount_minor), "-json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        answer: dict[str, Any] = json.loads(ran.stdout)
+        return answer
+
+    assert first_of(run, lambda a: a["scoredBy"] == "SCORED_BY_MODEL")["scoredBy"] == (
+        "SCORED_BY_MODEL"
+    )
 
 
 def test_grpcurl_and_ghz_through_tls_and_jwt_without_proto_files(
@@ -253,7 +304,10 @@ def test_grpcurl_and_ghz_through_tls_and_jwt_without_proto_files(
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     report = json.loads(ran.stdout)
-    assert report["statusCodeDistribution"] == {"OK": 20}, report.get("errorDistribution")
+    # Authenticated and resolved by reflection: answered, or (a starved machine) cut at 50 ms.
+    statuses = report["statusCodeDistribution"]
+    assert set(statuses) <= {"OK", "DeadlineExceeded"}, report.get("errorDistribution")
+    assert statuses.get("OK", 0) > 0, report.get("errorDistribution")
 
 
 def _wait(check: Any, what: str, timeout_s: float = 60.0) -> None:
@@ -291,7 +345,8 @@ def test_mutual_tls_requires_a_client_certificate(
         target = f"127.0.0.1:{listen}"
         tls = tls_var / "tls"
         mutual = creds(tls_var, cert_path=tls / "client.pem", key_path=tls / "client-key.pem")
-        assert client.score(target, sample(known), 1.0, mutual).decision != 0
+        answer = first_of(lambda: client.score(target, sample(known), 1.0, mutual), lambda a: True)
+        assert answer.decision != 0
         with creds(tls_var).channel(target) as channel, pytest.raises(grpc.RpcError) as caught:
             pb_grpc.FraudScoringStub(channel).Score(sample(known), timeout=2)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]

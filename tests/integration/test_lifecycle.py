@@ -7,6 +7,13 @@ its slice of the budget) are canaried and must be rolled back automatically, eac
 exactly one writer, without the rules fallback ever answering for them. Every call must
 be answered, on time.
 
+"On time" and "never the rules" are judged against the same run's baseline, the calls before
+the first change: each phase between two changes may hold at most the baseline's share of
+calls that failed, were late (DEADLINE_EXCEEDED at the client's 42 ms deadline, or answered
+past it) or were answered by the rules, plus max(2 calls, 1 %) (``loadtest.faultwindow``).
+A machine that starves now and then misses a slice in every phase alike; a transition that
+costs calls does not.
+
 Each change is made through the lifecycle file, as the ``fraudmesh model`` commands do;
 the routing must hold everywhere one second after the change.
 """
@@ -27,8 +34,8 @@ import pytest
 
 from fraud.v1 import events_pb2
 from fraud.v1 import scoring_pb2 as pb
-from loadtest import data
-from loadtest.drive import Calls, Driver
+from loadtest import data, faultwindow
+from loadtest.drive import Call, Calls, Driver
 from services.common import metric_catalogue as catalogue
 from services.common import scrape
 from services.common.settings import to_env
@@ -40,9 +47,13 @@ from services.mesh import Mesh, MeshConfig, free_port
 from services.models import repository
 from services.models.lifecycle import CANARY_BUCKETS, ModelLifecycle, VersionState
 
+from .conftest import Known, first_full_quality, register_logs
+
 pytestmark = pytest.mark.integration
 
 RPS = 100
+BASELINE_S = 3.0
+"""Traffic before the first change: the baseline every phase is judged against."""
 SETTLE_S = 1.0
 """A routing change must hold on every replica this long after it was written."""
 SLOW_VERSION = "2"
@@ -71,7 +82,12 @@ class Stage:
 
 
 @pytest.fixture(scope="module")
-def stage(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stage]:
+def stage(
+    prepared_env: Any,
+    known: Known,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stage]:
     root = tmp_path_factory.mktemp("lifecycle-models")
     shutil.copytree(prepared_env.model_root, root, dirs_exist_ok=True)
     lifecycle = ModelLifecycle(root)
@@ -86,7 +102,7 @@ def stage(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         gateway_replicas=2,
         metrics_ports={"gateway": free_port(), "gateway-2": free_port()},
         var_dir=prepared_env.var_dir,
-        log_dir=tmp_path_factory.mktemp("lifecycle-logs"),
+        log_dir=register_logs(request, tmp_path_factory.mktemp("lifecycle-logs")),
         extra_env={
             "FRAUD_GATEWAY_MODEL_ROOT": str(root),
             "FRAUD_SCORER_MODEL_ROOT": str(root),
@@ -99,9 +115,12 @@ def stage(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     mesh = Mesh(config)
     mesh.start(timeout_s=120)
-    population = data.sample_population(prepared_env.data_dir, 2000, seed=11)
-    yield Stage(mesh, lifecycle, population)
-    mesh.stop()
+    try:
+        first_full_quality(config.envoy_target, known)
+        population = data.sample_population(prepared_env.data_dir, 2000, seed=11)
+        yield Stage(mesh, lifecycle, population)
+    finally:
+        mesh.stop()
 
 
 def _canary_share(population: list[data.Txn], percent: float) -> float:
@@ -113,28 +132,50 @@ def _canary_share(population: list[data.Txn], percent: float) -> float:
 EVENT_TOPIC = f"lifecycle-{uuid.uuid4().hex[:8]}"
 """The event log topic of this module's mesh."""
 
-LATE_SHARE = 0.05
-"""Share of calls a CPU-starved machine may end with DEADLINE_EXCEEDED, or answer by the
-rules because the model's slice of the budget ran out, as in the fault-matrix tests (the
-benchmark, not this test, measures latency: ``python -m loadtest.lifecycle``). Nothing
-else may fail."""
+CANARY_CUT_OFF_SHARE = 0.05
+"""Share of a canary's model answers that live may give instead: a canary call cut off by
+its own slice of the budget (8 ms) is answered by live, by design, and a starved machine
+cuts one off now and then. The rules never answer for it (judged against the baseline)."""
 
 
-def _all_answered(calls: Calls, marks: dict[str, float]) -> None:
-    """Every call answered OK by a model, but for the few a starved machine cannot."""
+def _bad(call: Call) -> bool:
+    """Failed, late (at or past the client's 42 ms deadline), or answered by the rules."""
+    late = faultwindow.late_or_failed(call.status == "OK", call.latency_s * 1000)
+    return late or call.scored_by != pb.SCORED_BY_MODEL
+
+
+def _ended(calls: Calls, start_s: float, end_s: float) -> list[Call]:
+    """Calls that ended in [start_s, end_s): a call in flight at a change belongs to it."""
+    return [c for c in calls.calls if start_s <= c.sent_s + c.latency_s < end_s]
+
+
+def _where(calls: Calls, t0: float) -> list[tuple[float, str, float, str]]:
+    """(s from ``t0``, status, ms, answering version) of every bad call."""
+    return [
+        (round(c.sent_s - t0, 2), c.status, round(c.latency_s * 1000, 1), c.model_version)
+        for c in calls.calls
+        if _bad(c)
+    ]
+
+
+def _phases_cost_no_more_than_the_baseline(calls: Calls, marks: dict[str, float]) -> None:
+    """No status but OK and DEADLINE_EXCEEDED; each phase between two marks (in time order)
+    judged against the calls that ended before the first mark."""
     statuses = calls.statuses()
-    late = statuses.get("DEADLINE_EXCEEDED", 0)
-    rules = [c for c in calls.ok() if c.scored_by != pb.SCORED_BY_MODEL]
-    allowed = LATE_SHARE * len(calls)
-    if set(statuses) - {"OK", "DEADLINE_EXCEEDED"} or late > allowed or len(rules) > allowed:
-        t0 = min(marks.values())
-        where = [
-            (round(c.sent_s - t0, 2), c.status, round(c.latency_s * 1000, 1), c.model_version)
-            for c in calls.calls
-            if c.status != "OK" or c.scored_by != pb.SCORED_BY_MODEL
-        ]
-        relative = {k: round(v - t0, 2) for k, v in marks.items()}
-        pytest.fail(f"calls not answered by a model: {dict(statuses)}; marks {relative}; {where}")
+    t0 = min(marks.values())
+    relative = {k: round(v - t0, 2) for k, v in marks.items()}
+    assert set(statuses) <= {"OK", "DEADLINE_EXCEEDED"}, (dict(statuses), relative)
+    baseline = faultwindow.tally(_ended(calls, 0.0, t0), _bad)
+    assert baseline.calls > 0, "no baseline traffic"
+    bounds = sorted(marks.items(), key=lambda item: item[1])
+    ends = [moment for _, moment in bounds[1:]] + [float("inf")]
+    failed = []
+    for (name, start), end in zip(bounds, ends, strict=True):
+        verdict = faultwindow.judge(baseline, faultwindow.tally(_ended(calls, start, end), _bad))
+        print(f"{name}: {verdict}")
+        if verdict.fault.calls and not verdict.ok:
+            failed.append(f"{name}: {verdict}")
+    assert not failed, f"{failed}; marks {relative}; {_where(calls, t0)}"
 
 
 def _shadow_comparisons(mesh: Mesh, version: str) -> float:
@@ -183,7 +224,7 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
     driver.start()
     marks: dict[str, float] = {}
     try:
-        time.sleep(2)
+        time.sleep(BASELINE_S)
         marks["published"] = time.monotonic()
         live_metadata = repository.load(lifecycle.model_root, lifecycle.name, live)[0]
         t = live_metadata.thresholds
@@ -216,7 +257,7 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
         calls = driver.stop()
 
     assert len(calls) >= 0.8 * RPS * (marks["end"] - marks["published"])
-    _all_answered(calls, marks)
+    _phases_cost_no_more_than_the_baseline(calls, marks)
 
     before_canary = calls.between(0, marks["canary"])
     assert set(before_canary.model_versions()) == {live}, "a candidate or shadow answered"
@@ -228,10 +269,8 @@ def test_publish_canary_promote_rollback_under_load(stage: Stage) -> None:
     for call in by_model:
         if call.card_id not in canary_cards:
             assert call.model_version == live, (call, "a card outside the canary got it")
-    # A canary call cut off by its slice of the budget is answered by live: a starved
-    # machine may do that now and then.
     fell_back = [c for c in by_model if c.card_id in canary_cards and c.model_version != new]
-    assert len(fell_back) <= LATE_SHARE * len(canary), fell_back[:3]
+    assert len(fell_back) <= CANARY_CUT_OFF_SHARE * len(canary), fell_back[:3]
     assert {c.model_version for c in fell_back} <= {live}
     share = canary.model_versions()[new] / canary.model_versions().total()
     assert abs(share - _canary_share(population, 20)) < 0.03, share
@@ -288,7 +327,7 @@ def test_bad_canary_is_rolled_back_automatically(stage: Stage, version: str, sym
     driver = Driver(stage.mesh.config.envoy_target, stage.population, RPS)
     driver.start()
     try:
-        time.sleep(1)
+        time.sleep(BASELINE_S)
         started = time.monotonic()
         lifecycle.canary(version, 20)
         assert _wait(lambda: lifecycle.read().versions[version].state is VersionState.RETIRED, 30)
@@ -298,12 +337,18 @@ def test_bad_canary_is_rolled_back_automatically(stage: Stage, version: str, sym
     finally:
         calls = driver.stop()
 
-    _all_answered(calls, {"canary": started, "rolled back": rolled_back, "end": ended})
+    _phases_cost_no_more_than_the_baseline(
+        calls, {"canary": started, "rolled back": rolled_back, "end": ended}
+    )
     cut = round(20 * CANARY_BUCKETS / 100)
     during = [c for c in calls.between(started, rolled_back).ok() if card_bucket(c.card_id) < cut]
     assert {c.model_version for c in during} <= {version, live, f"rules-{_rules_version()}"}
-    rules = [c for c in during if c.scored_by != pb.SCORED_BY_MODEL]
-    assert len(rules) <= max(1, LATE_SHARE * len(during)), rules
+    # The canary's own cards meet the rules (or fail, or wait) no more than the baseline did.
+    mine = Calls([c for c in _ended(calls, started, rolled_back) if card_bucket(c.card_id) < cut])
+    baseline = faultwindow.tally(_ended(calls, 0.0, started), _bad)
+    verdict = faultwindow.judge(baseline, faultwindow.tally(mine.calls, _bad))
+    print(f"the canary's cards: {verdict}")
+    assert verdict.ok, f"the canary's cards: {verdict}; {_where(mine, started)}"
     state = lifecycle.read()
     assert state.routing.canary is None and state.routing.live == live
     record = state.versions[version]

@@ -195,6 +195,24 @@ async def test_reflection_stream_refuses_garbage_clearly(channel: grpc.aio.Chann
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_streamed_message_that_breaks_names_the_field(channel: grpc.aio.Channel) -> None:
+    # Field 3 of ServerReflectionRequest is file_by_filename, a string: invalid UTF-8 in it.
+    valid = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
+    call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    stream = call(timeout=5)
+    await stream.write(valid)
+    await stream.write(b"\x1a\x02\xc3\x28")
+    await stream.done_writing()
+    replies = 0
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in stream:
+            replies += 1
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("file_by_filename: ")
+    assert _violation(caught.value) == "file_by_filename"
+    assert replies == 1
+
+
 async def test_reflection_resolves_the_method_symbol(channel: grpc.aio.Channel) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     stream = stub.ServerReflectionInfo(timeout=5)

@@ -207,7 +207,8 @@ def _hostile_frame(seed: int, n: int = 400) -> pd.DataFrame:
             "t": float(t[i]),
             "card_id": f"c{rng.integers(3)}",
             "merchant_id": f"m{rng.integers(3)}",
-            "amount_minor": int(rng.choice([5, 150, 2_000, 99_999])),
+            # 0: account verifications, traffic like any payment.
+            "amount_minor": int(rng.choice([0, 5, 150, 2_000, 99_999])),
             "currency": str(rng.choice(["EUR", "JPY", "GBP"])),
             "is_fraud": bool(is_fraud[i]),
             "card_home_country": rng.choice([276.0, 250.0, np.nan]),
@@ -559,6 +560,28 @@ def test_shuffled_late_and_duplicated_events_give_the_same_final_rows(
         want = table.groupby(key).last()
         got = pd.DataFrame.from_dict(rows, orient="index").loc[want.index]
         _assert_rows_close(got, want, names)
+
+
+def test_zero_amounts_are_payments_of_nothing_in_batch_and_replay_alike() -> None:
+    """Account verifications (amount 0) count in every window and as small payments, and
+    pull the card's mean down; a window of verifications only has mean and spread 0."""
+    rows = [(5_000, 0.0), (0, 31 * DAY), (0, 31 * DAY + 60), (0, 31 * DAY + 120)]
+    rows += [(2_500, 32 * DAY), (0, 32 * DAY + 60)]
+    tx = _frame(
+        {"transaction_id": f"v{i}", "t": T0 + dt, "amount_minor": m, "terminal_id": "t1"}
+        for i, (m, dt) in enumerate(rows)
+    )
+    tx["fraud_reported_at"] = pd.Series(pd.NaT, index=tx.index, dtype="datetime64[us, UTC]")
+    tables = _tables(tx)
+    _assert_replay_matches(tx, list(agg.events_from_frame(tx.assign(is_fraud=None))), tables)
+    cards = tables.cards  # one card: a row per transaction, in time order
+    only_zeros = cards.iloc[3]  # three verifications; the 50 EUR payment is 31 days back
+    assert only_zeros["card_txn_count_1h"] == 3 and only_zeros["card_small_txn_count_1h"] == 3
+    assert only_zeros["card_amount_mean_30d"] == 0.0 == only_zeros["card_amount_std_30d"]
+    assert only_zeros["card_amount_max_7d"] == 0.0
+    last = cards.iloc[-1]
+    assert last["card_amount_mean_7d"] == pytest.approx(25.0 / 5)
+    assert last["card_small_txn_count_1h"] == 1
 
 
 # --- window edges, ties, eviction, idempotency, late events --------------------------------

@@ -14,6 +14,7 @@ from services.domain.validation import MAX_ID_LENGTH
 from services.featurestore import layout
 from services.pipelines import dataimport
 from services.pipelines.dataimport import ImportOptions, ImportRejected
+from services.pipelines.dataimport.reading import csv_lines
 
 HEADER = "transaction_id,timestamp,card_id,merchant_id,amount,currency,is_fraud\n"
 
@@ -46,16 +47,26 @@ def test_values_are_normalized_as_serving_reads_them(tmp_path: Path) -> None:
         "c,1767225602,c1,m1,1.234,KWD,TRUE\n"
         "d,1767225602.5,c1,m1,7,,0\n"
         "e,2026-01-01T00:00:03Z,c1,m1,0.01,EUR,0\n"
+        "f,2026-01-01T00:00:04Z,c1,m1,0.00,EUR,0\n"  # an account verification
+        "g,2026-01-01T00:00:05Z,c1,m1,0,JPY,1\n"
     )
     result = _import(_csv(tmp_path, body))
     assert result.bad_rows.total == 0
     tx = pd.read_parquet(result.data_dir / layout.TRANSACTIONS_FILE).set_index("transaction_id")
     t0 = pd.Timestamp("2026-01-01", tz="UTC")
     seconds = (tx["timestamp"] - t0).dt.total_seconds().to_dict()
-    assert seconds == {"a": 0.0, "b": 1.0, "c": 2.0, "d": 2.5, "e": 3.0}
-    assert tx["amount_minor"].to_dict() == {"a": 1234, "b": 1234, "c": 1234, "d": 700, "e": 1}
+    assert seconds == {"a": 0.0, "b": 1.0, "c": 2.0, "d": 2.5, "e": 3.0, "f": 4.0, "g": 5.0}
+    assert tx["amount_minor"].to_dict() == {
+        "a": 1234,
+        "b": 1234,
+        "c": 1234,
+        "d": 700,
+        "e": 1,
+        "f": 0,
+        "g": 0,
+    }
     assert tx["currency"].to_dict()["d"] == "EUR"  # the default
-    assert tx["is_fraud"].tolist() == [True, False, True, False, False]
+    assert tx["is_fraud"].tolist() == [True, False, True, False, False, False, True]
     assert set(tx["channel"]) == {featurespec.CARD_PRESENT}
     assert result.defaulted == [
         "channel",
@@ -87,7 +98,7 @@ def test_each_broken_row_is_counted_by_reason_with_its_line(tmp_path: Path) -> N
     assert bad is not None and caught.value.unit == "line"
     assert bad.examples == {
         "missing card_id": [7],
-        "non-positive amount": [8],
+        "negative amount": [8],
         "unknown currency": [9],
         "unparseable timestamp": [10],
         f"card_id is longer than {MAX_ID_LENGTH} characters": [11],
@@ -108,16 +119,16 @@ def test_examples_are_the_first_lines_of_each_reason(tmp_path: Path) -> None:
         _import(_csv(tmp_path, body), batch_bytes=200)
     bad = caught.value.bad_rows
     assert bad is not None
-    assert bad.counts == {"non-positive amount": 12}
-    assert bad.examples["non-positive amount"] == [2, 3, 4, 5, 6]
-    assert bad.lines("line") == ["12 × non-positive amount (line 2, 3, 4, 5, 6, …)"]
+    assert bad.counts == {"negative amount": 12}
+    assert bad.examples["negative amount"] == [2, 3, 4, 5, 6]
+    assert bad.lines("line") == ["12 × negative amount (line 2, 3, 4, 5, 6, …)"]
 
 
 def test_malformed_lines_reject_the_file_and_shift_no_line_number() -> None:
     # Data rows 1..5 after the header; lines 3 and 4 were malformed and skipped.
-    assert dataimport._csv_lines(np.arange(1, 4), [3, 4]).tolist() == [2, 5, 6]
-    assert dataimport._csv_lines(np.arange(1, 4), []).tolist() == [2, 3, 4]
-    assert dataimport._csv_lines(np.arange(1, 3), [2]).tolist() == [3, 4]
+    assert csv_lines(np.arange(1, 4), [3, 4]).tolist() == [2, 5, 6]
+    assert csv_lines(np.arange(1, 4), []).tolist() == [2, 3, 4]
+    assert csv_lines(np.arange(1, 3), [2]).tolist() == [3, 4]
 
 
 def test_a_malformed_line_is_reported(tmp_path: Path) -> None:

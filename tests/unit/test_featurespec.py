@@ -124,7 +124,8 @@ def _sample(n: int, seed: int) -> pd.DataFrame:
     frame["card_last_txn_s"] = np.where(
         rng.random(n) < 0.2, np.nan, timestamp_s - rng.integers(-60, 40 * 86_400, n)
     )
-    frame["amount_minor"] = rng.integers(1, 5_000_000, n)
+    # Some zero amounts (account verifications), also against a card mean of zero.
+    frame["amount_minor"] = np.where(rng.random(n) < 0.05, 0, rng.integers(1, 5_000_000, n))
     frame["currency"] = rng.choice(CURRENCIES, n)
     frame["card_not_present"] = rng.random(n) < 0.3
     return frame

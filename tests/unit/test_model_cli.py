@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli.model import app
+from services.cli.main import app
+from services.models import repository
 from services.models.lifecycle import GateCheck, GateReport, ModelLifecycle, VersionState
 
 from .tiny_models import publish
@@ -42,7 +43,7 @@ def root(tmp_path: Path) -> Path:
 
 
 def _run(root: Path, *args: str) -> tuple[int, str]:
-    result = runner.invoke(app, [*args, "--model-root", str(root)], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["model", *args, "--model-root", str(root)], env={"COLUMNS": "200"})
     return result.exit_code, result.output
 
 
@@ -80,20 +81,162 @@ def test_shadow(root: Path) -> None:
     ("args", "message"),
     [
         (("promote", "3"), "promote refused: v3 failed its gates"),
-        (("canary", "9", "--percent", "5"), "canary refused: version '9'"),
-        (("canary", "2", "--percent", "150"), "canary refused: percent"),
         (("retire", "1"), "retire refused: v1 is live"),
         (("rollback",), "rollback refused: no previous live version"),
     ],
 )
 def test_refusals_exit_1_with_the_reason(root: Path, args: tuple[str, ...], message: str) -> None:
-    before = ModelLifecycle(root).read().generation
-    code, out = _run(root, *args)
+    """A valid request the lifecycle does not allow: exit 1, one line saying why."""
+    before = _files(root)
+    code, _, err = _run_split(root, *args)
     assert code == 1
-    assert message in " ".join(out.split())
-    assert ModelLifecycle(root).read().generation == before
+    assert err.strip().startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert _files(root) == before
 
 
 def test_list_without_models_says_so(tmp_path: Path) -> None:
     code, out = _run(tmp_path / "none", "list")
     assert code == 1 and "no version" in out
+    assert not (tmp_path / "none").exists()
+
+
+def _run_split(root: Path, *args: str) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr; an exception escaping the command fails the test."""
+    result = runner.invoke(
+        app,
+        ["model", *args, "--model-root", str(root)],
+        env={"COLUMNS": "200"},
+        catch_exceptions=False,
+    )
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with the bytes of its routing files (None: a folder or a
+    model file, compared by presence)."""
+    return {
+        str(p.relative_to(root)): (
+            p.read_bytes() if p.is_file() and p.name.startswith(("routing", ".")) else None
+        )
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _bad_input(root: Path, *args: str) -> str:
+    """Runs a command that must reject its input: exit 2, one line on stderr, no change."""
+    before = _files(root)
+    code, out, err = _run_split(root, *args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    assert _files(root) == before
+    return err
+
+
+@pytest.mark.parametrize("command", ["shadow", "promote", "retire", "canary"])
+@pytest.mark.parametrize("version", ["9", "../1", "/etc", "", "1 ", "v" * 5000])
+def test_an_unknown_version_exits_2_in_one_line(root: Path, command: str, version: str) -> None:
+    ModelLifecycle(root).materialize()
+    extra = ("--percent", "5") if command == "canary" else ()
+    err = _bad_input(root, command, version, *extra)
+    line = err.strip()
+    assert len(line.splitlines()) == 1 and len(line) < 150, err  # a long version is cut
+    assert line.startswith(f"{command} rejected: version "), line
+    assert line.endswith("is not published (published: 1, 2, 3)"), line
+
+
+@pytest.mark.parametrize(
+    "percent", ["nan", "NaN", "inf", "-inf", "-5", "0", "0.001", "100.5", "1e9", "ten"]
+)
+def test_a_percent_that_is_not_a_share_exits_2_naming_the_option(root: Path, percent: str) -> None:
+    ModelLifecycle(root).materialize()
+    err = _bad_input(root, "canary", "2", "--percent", percent)
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.strip().startswith("fraudmesh model canary: Invalid value for '--percent': "), err
+    if percent != "ten":  # not a number at all: Typer's own reason
+        assert err.strip().endswith("is not a share from 0.01 to 100"), err
+
+
+def test_the_smallest_and_largest_shares_are_accepted(root: Path) -> None:
+    code, out = _run(root, "canary", "2", "--percent", "0.01")
+    assert code == 0 and "canary at 0.01%" in out
+    code, out = _run(root, "canary", "2", "--percent", "100")
+    assert code == 0 and "0.01% → 100%" in out
+
+
+CORRUPT: dict[str, bytes] = {
+    "truncated": b'{"schema_version": 1, "name": "fraud", "generation": 3, "routing": {"li',
+    "empty": b"",
+    "not JSON": b"live: 1\ncanary: 2\n",
+    "not UTF-8": b'{"name": "fraud\xe9"}',
+    "a list": b"[]",
+    "no name": b'{"generation": 1}',
+    "a negative generation": b'{"name": "fraud", "generation": "many"}',
+    "canary percent NaN": b'{"name": "fraud", "routing": {"canary": {"version": "2", "percent": NaN}}}',
+    "canary percent 500": b'{"name": "fraud", "routing": {"canary": {"version": "2", "percent": 500}}}',
+    "unknown state": b'{"name": "fraud", "versions": {"1": {"version": "1", "state": "gone", "since": "2026-01-01T00:00:00Z"}}}',
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CORRUPT))
+@pytest.mark.parametrize(
+    "args",
+    [("list",), ("shadow", "2"), ("canary", "2", "--percent", "5"), ("promote", "2"),
+     ("rollback",), ("retire", "3")],
+    ids=lambda args: args[0],
+)  # fmt: skip
+def test_a_corrupt_routing_file_exits_2_naming_it_and_is_left_alone(
+    root: Path, case: str, args: tuple[str, ...]
+) -> None:
+    routing = root / repository.DEFAULT_MODEL_NAME / "routing.json"
+    routing.parent.mkdir(parents=True, exist_ok=True)
+    routing.write_bytes(CORRUPT[case])
+    err = _bad_input(root, *args)
+    line = err.strip()
+    assert len(line.splitlines()) == 1, err
+    assert line.startswith(f"{args[0]} rejected: {routing} is not a valid lifecycle file ("), line
+    assert routing.read_bytes() == CORRUPT[case]
+
+
+def test_an_unreadable_routing_file_exits_2_naming_it(root: Path) -> None:
+    routing = root / repository.DEFAULT_MODEL_NAME / "routing.json"
+    routing.unlink(missing_ok=True)
+    routing.mkdir()
+    err = _bad_input(root, "shadow", "2")
+    assert err.strip() == f"shadow rejected: {routing} cannot be read: Is a directory"
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "a/b", ".", "..", "", "x\ny", "n" * 200])
+def test_a_model_name_that_is_not_plain_exits_2_and_creates_nothing(
+    tmp_path: Path, root: Path, name: str
+) -> None:
+    before = sorted(tmp_path.rglob("*"))
+    code, out, err = _run_split(root, "shadow", "2", "--name", name)
+    assert code == 2 and "Traceback" not in out + err, (out, err)
+    line = err.strip()
+    assert line.startswith("fraudmesh model shadow: Invalid value for '--name': "), err
+    assert "\n" not in line
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_missing_model_root_is_an_unknown_version_and_is_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "no-models"
+    for args in (("shadow", "1"), ("canary", "1", "--percent", "5"), ("promote", "1")):
+        code, _, err = _run_split(missing, *args)
+        assert (
+            code == 2
+            and f"version '1' of '{repository.DEFAULT_MODEL_NAME}' is not published" in err
+        ), err
+    code, _, err = _run_split(missing, "rollback")
+    assert code == 1 and "no previous live version" in err
+    assert not missing.exists()
+
+
+def test_a_negative_history_exits_2(root: Path) -> None:
+    assert "--history" in _bad_input(root, "list", "--history", "-1")
+
+
+@pytest.mark.parametrize("command", [("list",), ("promote", "2"), ("rollback",)])
+def test_a_model_name_that_is_a_path_exits_2(root: Path, command: tuple[str, ...]) -> None:
+    code, output = _run(root, *command, "--name", "x/../fraud-lgbm")
+    assert code == 2, output
+    assert "not a model name" in output

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from services.common.errors import InvalidArgument
 from services.domain.featurespec import MODEL_FEATURES
 from services.models import repository
+
+from .path_like import PATH_LIKE_NAMES, PATH_LIKE_VERSIONS
 
 
 def metadata(**changes: object) -> repository.ModelMetadata:
@@ -119,3 +122,58 @@ def test_metadata_validation() -> None:
     with pytest.raises(ValidationError, match="default_features lacks"):
         metadata(default_features={"amount_eur": 1.0})
     assert metadata().name == repository.DEFAULT_MODEL_NAME
+
+
+@pytest.mark.parametrize("version", ["0", "1", "42", "9" * repository.MAX_VERSION_DIGITS])
+def test_plain_versions_are_accepted(version: str) -> None:
+    assert repository.version_problem(version) is None
+    repository.check_version("version", version)
+
+
+@pytest.mark.parametrize("version", PATH_LIKE_VERSIONS)
+def test_path_like_versions_are_invalid_naming_the_field(version: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        repository.check_version("parameters[version]", version)
+    assert caught.value.field == "parameters[version]"
+    # The value echoed back is cut short: a long version never fills a status header.
+    assert len(caught.value.message) < 200
+
+
+@pytest.mark.parametrize(
+    "name", ["fraud-lgbm", "m", "Model_2.onnx", "x" * repository.MAX_NAME_LENGTH]
+)
+def test_plain_names_are_accepted(name: str) -> None:
+    assert repository.name_problem(name) is None
+
+
+@pytest.mark.parametrize("name", PATH_LIKE_NAMES)
+def test_path_like_names_are_invalid(name: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        repository.check_name("model_name", name)
+    assert caught.value.field == "model_name"
+
+
+@pytest.mark.parametrize("version", PATH_LIKE_VERSIONS)
+def test_load_refuses_a_path_like_version_that_would_resolve(
+    tmp_path: Path, model_file: Path, version: str
+) -> None:
+    # Every folder a path-like version could reach holds a complete version: a lookup of
+    # the path would find one.
+    root = tmp_path / "models"
+    repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
+    repository.publish(root, metadata(name="other"), {repository.MODEL_FILE: model_file})
+    (root / "fraud-lgbm" / "latest").symlink_to("1")
+    with pytest.raises(InvalidArgument):
+        repository.load(root, "fraud-lgbm", version)
+
+
+def test_folders_that_are_not_plain_versions_are_not_published(
+    tmp_path: Path, model_file: Path
+) -> None:
+    root = tmp_path / "models"
+    repository.publish(root, metadata(), {repository.MODEL_FILE: model_file})
+    for stray in ("01", "\u00b2", "\u0661"):
+        (root / "fraud-lgbm" / stray).mkdir()
+        (root / "fraud-lgbm" / stray / repository.METADATA_FILE).write_text("{}")
+    assert repository.published_versions(root) == ["1"]
+    assert repository.publish(root, metadata(), {repository.MODEL_FILE: model_file}).name == "2"

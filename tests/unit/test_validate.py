@@ -44,7 +44,6 @@ def test_valid_transaction_passes() -> None:
         ({"card_id": "x" * 129}, "card_id"),
         ({"merchant_id": "bad\nid"}, "merchant_id"),
         ({"terminal_id": "t" * 200}, "terminal_id"),
-        ({"amount_minor": 0}, "amount_minor"),
         ({"amount_minor": -5}, "amount_minor"),
         ({"amount_minor": 10**14}, "amount_minor"),
         ({"currency": "XYZ"}, "currency"),
@@ -61,6 +60,12 @@ def test_invalid_field_is_named(overrides: dict[str, Any], field: str) -> None:
     assert caught.value.field == field
     assert caught.value.code == "INVALID_ARGUMENT"
     assert str(caught.value).startswith(field)
+
+
+def test_a_zero_amount_is_an_account_verification_not_an_error() -> None:
+    assert validate(**_tx(amount_minor=0)).amount_minor == 0
+    with pytest.raises(InvalidArgument, match="must not be negative"):
+        validate(**_tx(amount_minor=-1))
 
 
 def test_small_clock_skew_is_tolerated() -> None:

@@ -70,6 +70,7 @@ type options struct {
 	merchantID     string
 	terminalID     string
 	amountMinor    int64
+	amountGiven    bool
 	currency       string
 	channel        string
 	timestamp      string
@@ -99,7 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.cardID, "card-id", "", "card (PAN token) that pays (required)")
 	fs.StringVar(&o.merchantID, "merchant-id", "", "merchant that is paid (required)")
 	fs.StringVar(&o.terminalID, "terminal-id", "", "merchant terminal that took the payment (optional)")
-	fs.Int64Var(&o.amountMinor, "amount-minor", 0, "amount in minor units of the currency, e.g. cents (required, > 0)")
+	fs.Int64Var(&o.amountMinor, "amount-minor", 0, "amount in minor units of the currency, e.g. cents (required, >= 0; 0 is an account verification)")
 	fs.StringVar(&o.currency, "currency", "EUR", "ISO 4217 alphabetic currency code")
 	fs.StringVar(&o.channel, "channel", "", "card-present or card-not-present (default: unspecified, scored as card present)")
 	fs.StringVar(&o.timestamp, "time", "", "when the transaction happened, RFC 3339 (default: now)")
@@ -119,6 +120,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	// 0 is a valid amount, so only whether the flag was given tells that it is missing.
+	fs.Visit(func(f *flag.Flag) { o.amountGiven = o.amountGiven || f.Name == "amount-minor" })
 	return o, o.check()
 }
 
@@ -152,8 +155,10 @@ func (o options) check() error {
 			problems = append(problems, fmt.Sprintf("%s is longer than %d characters", id.flag, maxIDLength))
 		}
 	}
-	if o.amountMinor <= 0 {
-		problems = append(problems, "-amount-minor must be positive")
+	if !o.amountGiven {
+		problems = append(problems, "-amount-minor is required")
+	} else if o.amountMinor < 0 {
+		problems = append(problems, "-amount-minor must not be negative")
 	}
 	if !isCurrencyCode(o.currency) {
 		problems = append(problems, fmt.Sprintf("-currency %q is not a three-letter ISO 4217 code", o.currency))

@@ -81,6 +81,16 @@ func TestRequest(t *testing.T) {
 	}
 }
 
+func TestZeroAmountIsAnAccountVerification(t *testing.T) {
+	opts, err := parseFlags([]string{"-card-id", "c", "-merchant-id", "m", "-amount-minor", "0"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("parseFlags: %v", err)
+	}
+	if got := opts.request(time.Now()).GetAmountMinor(); got != 0 {
+		t.Errorf("amount = %d, want 0", got)
+	}
+}
+
 func TestGeneratedTransactionID(t *testing.T) {
 	opts, err := parseFlags([]string{"-card-id", "c", "-merchant-id", "m", "-amount-minor", "1"}, &bytes.Buffer{})
 	if err != nil {
@@ -102,10 +112,9 @@ func TestBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"nothing", nil, "-card-id is required; -merchant-id is required; -amount-minor must be positive"},
+		{"nothing", nil, "-card-id is required; -merchant-id is required; -amount-minor is required"},
 		{"empty card", with("-card-id", ""), "-card-id is required"},
-		{"zero amount", with("-amount-minor", "0"), "-amount-minor must be positive"},
-		{"negative amount", with("-amount-minor", "-5"), "-amount-minor must be positive"},
+		{"negative amount", with("-amount-minor", "-5"), "-amount-minor must not be negative"},
 		{"amount not a number", with("-amount-minor", "12.99"), "invalid value"},
 		{"lower-case currency", with("-currency", "eur"), `-currency "eur" is not a three-letter ISO 4217 code`},
 		{"long currency", with("-currency", "EURO"), "is not a three-letter ISO 4217 code"},
@@ -129,10 +138,10 @@ func TestBadFlags(t *testing.T) {
 
 func TestRunExitCodesWithoutNetwork(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if got := run(context.Background(), with("-amount-minor", "0"), &stdout, &stderr); got != exitUsage {
+	if got := run(context.Background(), with("-amount-minor", "-1"), &stdout, &stderr); got != exitUsage {
 		t.Errorf("bad flags: exit %d, want %d", got, exitUsage)
 	}
-	if !strings.Contains(stderr.String(), "-amount-minor must be positive") {
+	if !strings.Contains(stderr.String(), "-amount-minor must not be negative") {
 		t.Errorf("bad flags: stderr = %q", stderr.String())
 	}
 	stderr.Reset()

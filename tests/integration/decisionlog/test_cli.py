@@ -16,12 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from fraud.v1 import outcomes_pb2
-from loadtest.brokers import REPO
 from services.eventlog import EventLogSettings, open_producer
 from tests.integration.decisionlog.conftest import Sink, wait_written
 from tests.integration.decisionlog.sample import decision, outcome
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def fraudmesh(*args: str) -> subprocess.CompletedProcess[str]:

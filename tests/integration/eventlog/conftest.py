@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from loadtest.brokers import REPO, KafkaBroker, RedisServer, kafka_available
+from loadtest.brokers import KafkaBroker, RedisServer, kafka_available
 from services.eventlog import Consumer, EventLogSettings, Record
 
+REPO = Path(__file__).resolve().parents[3]
 BACKENDS = ("file", "redis", "kafka")
 
 SettingsFactory = Callable[..., EventLogSettings]

@@ -242,7 +242,8 @@ type ScoreRequest struct {
 	CardId string `protobuf:"bytes,2,opt,name=card_id,json=cardId,proto3" json:"card_id,omitempty"`
 	// Merchant that is paid.
 	MerchantId string `protobuf:"bytes,3,opt,name=merchant_id,json=merchantId,proto3" json:"merchant_id,omitempty"`
-	// Amount in minor units of `currency` (cents for EUR/USD, yen for JPY); must be > 0.
+	// Amount in minor units of `currency` (cents for EUR/USD, yen for JPY); must be >= 0
+	// (0: an account verification).
 	AmountMinor int64 `protobuf:"varint,4,opt,name=amount_minor,json=amountMinor,proto3" json:"amount_minor,omitempty"`
 	// ISO 4217 alphabetic currency code, e.g. "EUR".
 	Currency string `protobuf:"bytes,5,opt,name=currency,proto3" json:"currency,omitempty"`
