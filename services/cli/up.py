@@ -169,18 +169,10 @@ def up(
         otlp_port=otlp_port,
         collector_metrics_port=metrics_port + len(METRICS_PROCESSES),
     )
-    try:
-        edge.check_files()
-    except FileNotFoundError as error:
-        console.print(f"[red]{error}[/red]")
-        raise typer.Exit(1) from error
+    _check_edge_files(edge)
     mesh = Mesh(config)
     if observability:
-        for name, how in (("prometheus", "make system"), ("collector", "make tools")):
-            if name not in mesh.processes:
-                console.print(
-                    f"[yellow]{name} is not installed ({how}); running without it[/yellow]"
-                )
+        _warn_missing_observability(mesh)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -194,6 +186,22 @@ def up(
     console.print(_endpoints_table(mesh, edge))
     policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_edge_files(edge: EdgeSettings) -> None:
+    """Exits 1 naming every file the edge needs (TLS, JWT) that does not exist."""
+    try:
+        edge.check_files()
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from error
+
+
+def _warn_missing_observability(mesh: Mesh) -> None:
+    """Says which observability process is not installed: the mesh runs without it."""
+    for name, how in (("prometheus", "make system"), ("collector", "make tools")):
+        if name not in mesh.processes:
+            console.print(f"[yellow]{name} is not installed ({how}); running without it[/yellow]")
 
 
 def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:

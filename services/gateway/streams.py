@@ -118,16 +118,8 @@ class StreamSettings:
 class _Waiter:
     """One caller waiting for its result."""
 
-    __slots__ = (
-        "deadline",
-        "future",
-        "lane",
-        "queued_at",
-        "request_id",
-        "sent_at",
-        "timer",
-        "traceparent",
-    )
+    __slots__ = ("deadline", "future", "lane", "queued_at", "request_id", "sent_at", "timer",
+                 "traceparent")  # fmt: skip
 
     def __init__(self, future: asyncio.Future[Any], queued_at: float, deadline: float) -> None:
         self.future = future
