@@ -574,12 +574,13 @@ def bench_scorer(
     ]
     intro = (
         f"ghz ModelInfer open loop, {step_s:g} s per step, 1 s deadline, the same 2,000 "
-        "requests for both (one FP32 [1, 20] row each as raw_input_contents, the vectors the "
-        "gateway builds for the load-test mix; no outputs named). Same model version: "
-        "model.onnx for the scorer, lightgbm.txt (the booster it was exported from) for "
-        "MLServer. MLServer 1.7.1 with mlserver-lightgbm 1.7.1 in its own virtual "
-        "environment, default settings (parallel_workers 1: inference in one worker "
-        "process), OMP_NUM_THREADS=1; its RSS is the sum of its process tree."
+        f"requests for both (one FP32 [1, {len(metadata.feature_order)}] row each as "
+        "raw_input_contents, the vectors the gateway builds for the load-test mix; no "
+        "outputs named). Same model version: model.onnx for the scorer, lightgbm.txt (the "
+        "booster it was exported from) for MLServer. MLServer 1.7.1 with mlserver-lightgbm "
+        "1.7.1 in its own virtual environment, default settings (parallel_workers 1: "
+        "inference in one worker process), OMP_NUM_THREADS=1; its RSS is the sum of its "
+        "process tree."
     )
     md = _write(out_dir, "scorer", "Scorer vs MLServer", intro, sides, verdicts, 10.0, names)
     shutil.rmtree(work, ignore_errors=True)

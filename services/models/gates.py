@@ -112,24 +112,7 @@ def evaluate(
     cand_x = _matrix(cand_model, holdout)
     cand_ap = metrics.average_precision(y, cand_model.predict(cand_x))
     if live is None:
-        (cand_p99,) = _single_row_p99([cand_model], [cand_x], policy.latency_calls, policy.seed)
-        checks += [
-            GateCheck(
-                name="average_precision",
-                passed=bool(np.isfinite(cand_ap)),
-                value=_finite(cand_ap),
-                limit=None,
-                detail=f"{cand_ap:.4f}; no live version to compare with",
-            ),
-            GateCheck(
-                name="latency_p99",
-                passed=True,
-                value=cand_p99,
-                limit=None,
-                detail=f"{cand_p99 * 1e6:.1f} µs; no live version to compare with",
-            ),
-        ]
-        return _report(checks, None)
+        return _report(checks + _unopposed_checks(cand_model, cand_x, cand_ap, policy), None)
 
     try:
         live_meta, live_folder = repository.load(model_root, candidate.name, live)
@@ -173,6 +156,27 @@ def evaluate(
         )
     )
     return _report(checks, live)
+
+
+def _unopposed_checks(model: OnnxModel, x: Any, ap: float, policy: GatePolicy) -> list[GateCheck]:
+    """The first version of a name has no live version to beat: its figures are recorded."""
+    (p99,) = _single_row_p99([model], [x], policy.latency_calls, policy.seed)
+    return [
+        GateCheck(
+            name="average_precision",
+            passed=bool(np.isfinite(ap)),
+            value=_finite(ap),
+            limit=None,
+            detail=f"{ap:.4f}; no live version to compare with",
+        ),
+        GateCheck(
+            name="latency_p99",
+            passed=True,
+            value=p99,
+            limit=None,
+            detail=f"{p99 * 1e6:.1f} µs; no live version to compare with",
+        ),
+    ]
 
 
 def _finite(value: float) -> float | None:

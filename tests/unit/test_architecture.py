@@ -183,3 +183,36 @@ def test_the_scan_finds_a_planted_cycle(
     path.write_text(path.read_text() + f"\n{line}\n")
     # The planted import closes a cycle through (at least) these modules.
     assert any(set(cycle) <= set(found) for found in _cycles(_import_graph(root)))
+
+
+# One job a function and a module: past these sizes a piece of the product is doing several.
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 700
+
+
+def _oversized(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        lines = source.count("\n")
+        name = path.relative_to(root.parent).as_posix()
+        if lines > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_function_or_module_in_the_product_is_oversized() -> None:
+    assert _oversized(REPO / "services") == []
+
+
+def test_the_size_scan_finds_a_long_function(tmp_path: Path) -> None:
+    package = tmp_path / "services"
+    package.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (package / "long.py").write_text(f"def long() -> None:\n{body}", encoding="utf-8")
+    assert _oversized(package) == [f"services/long.py:1 long: {MAX_FUNCTION_LINES + 1} lines"]
