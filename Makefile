@@ -92,6 +92,10 @@ bench: data tools $(MLSERVER_VENV)/.installed ## Side by side: mesh vs no-work f
 bench-loop: data tools ## Live loop on vs off side by side (CPU per Score, p99); report in loadtest/results/
 	$(PY) -m loadtest.liveloop --var-dir $(VAR) $(BENCH_ARGS)
 
+.PHONY: bench-monitor
+bench-monitor: data tools ## The mesh with the monitor vs without, side by side (monitor CPU per decision, p99)
+	$(PY) -m loadtest.monitor --var-dir $(VAR) $(BENCH_ARGS)
+
 .PHONY: k8s-envoy
 k8s-envoy: install ## Render deploy/k8s/base/envoy-bootstrap.yaml from the Envoy template
 	bash scripts/k8s-check.sh render

@@ -6,9 +6,9 @@ online store and model, and measures three sides:
 
 - **on**: the gateway appends a decision event after every answer (a done callback), the
   feature updater applies the events to the online store, the decision sink writes them;
-- **emit-only**: the same mesh with its updater and decision sink paused (SIGSTOP) during
-  the run: what emitting alone does, without the consumers' CPU on the same two cores
-  (resumed, they catch up before the next run);
+- **emit-only**: the same mesh with its updater, decision sink and monitor paused (SIGSTOP)
+  during the run: what emitting alone does, without the consumers' CPU on the same two
+  cores (resumed, they catch up before the next run);
 - **off**: ``live_loop=False``: no producer, no done callback, no updater, no sink.
 
 ghz drives ``Score`` through the mesh's Envoy, open loop, 42 ms deadline per call, the same
@@ -74,7 +74,7 @@ EMIT_BUDGET_MS = 0.15
 """Most CPU emitting may cost per Score."""
 SERVING = ("envoy", "gateway", "features", "scorer", "redis")
 """Processes on the request path (Redis only with the Redis store)."""
-CONSUMERS = ("updater", "decisionlog")
+CONSUMERS = ("updater", "decisionlog", "monitor")
 """Processes that only the loop runs."""
 LIKE_FOR_LIKE = 0.05
 """Largest difference of degraded-answer shares within a like-for-like pair."""
@@ -356,7 +356,8 @@ def markdown(
         "process over the run, per call made; *gateway main*: its event-loop thread (grpc "
         "callbacks, pipeline, the done callback that builds and appends the event); *other*: "
         "its other threads (grpc pollers, the event log's sender thread). *Serving*: Envoy, "
-        "gateway, feature service, scorer (and Redis); *loop*: updater and decision sink. "
+        "gateway, feature service, scorer (and Redis); *loop*: updater, decision sink and "
+        "monitor. "
         "*Idle mesh*: CPU the other mesh used meanwhile (share of a core). Load average: "
         "1-minute, at the start and the end of the run.",
         "",
@@ -488,8 +489,8 @@ def _decisions_consumed(url: str) -> float:
 
 @contextlib.contextmanager
 def consumers_paused(mesh: Side, catch_up_s: float = 120.0) -> Iterator[None]:
-    """Stops the mesh's updater and decision sink (SIGSTOP) for the block, then lets them
-    catch up with what the gateway appended meanwhile before returning."""
+    """Stops the mesh's updater, decision sink and monitor (SIGSTOP) for the block, then lets
+    them catch up with what the gateway appended meanwhile before returning."""
     pids = [mesh.procs[n].pid for n in CONSUMERS if n in mesh.procs]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)

@@ -158,6 +158,7 @@ def start_mesh(
     gateway_in_process: bool = False,
     live_loop: bool = True,
     observability: bool = False,
+    monitor: bool = True,
     log: Log = print,
 ) -> Mesh:
     """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
@@ -169,10 +170,11 @@ def start_mesh(
         store=store,
         log_dir=log_dir,
         rate_limit_rps=edge_rate_limit,
-        metrics_ports={name: free_port() for name in [*gateways, "updater"]},
+        metrics_ports={name: free_port() for name in [*gateways, "updater", "monitor"]},
         extra_env=extra_env or {},
         live_loop=live_loop,
         observability=observability,
+        monitor=monitor,
     )
     mesh = Mesh(config)
 

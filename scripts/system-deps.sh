@@ -3,7 +3,7 @@
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
 # (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
 # gRPC library sends, in the hostile-input test), Prometheus and promtool (the observability
-# processes of `fraudmesh up`, the alert-rule tests). Missing
+# processes of `fraudmesh up`, the alert rules' unit tests). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail

@@ -36,6 +36,7 @@ ENTRY_MODULES = (
     "services.scorer.__main__",
     "services.updater.__main__",
     "services.decisionlog.__main__",
+    "services.monitor.__main__",
     "services.cli",
 )
 COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "make")
@@ -237,6 +238,29 @@ def check_scorer_serving() -> None:
     )
 
 
+def check_monitor_serving() -> None:
+    """Starts the monitor on an empty file event log (references from the image's state)
+    and waits for SERVING."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="smoke-monitor-") as folder:
+        elapsed, rss = _serve_until_serving(
+            "services.monitor",
+            port,
+            {
+                "FRAUD_MONITOR_HOST": "127.0.0.1",
+                "FRAUD_MONITOR_PORT": str(port),
+                "FRAUD_MONITOR_VAR_DIR": str(STATE),
+                "FRAUD_MONITOR_STATE_DIR": folder,
+                "FRAUD_EVENTLOG_BACKEND": "file",
+                "FRAUD_EVENTLOG_VAR_DIR": folder,
+            },
+        )
+    ok(
+        f"monitor SERVING on its gRPC health check after {elapsed:.1f} s "
+        f"(RSS {rss:.0f} MB); exited 0 on SIGTERM"
+    )
+
+
 def check_sink_serving() -> None:
     """Starts the decision sink on an empty file event log and waits for SERVING."""
     port = _free_port()
@@ -269,6 +293,7 @@ def main() -> None:
     check_eventlog_clients()
     check_scorer_serving()
     check_sink_serving()
+    check_monitor_serving()
     print("smoke test passed", flush=True)
 
 

@@ -24,6 +24,7 @@ from services.cli import decisions as decisions_cli
 from services.cli import exits
 from services.cli import features as features_cli
 from services.cli import model as model_cli
+from services.cli import monitor as monitor_cli
 from services.cli import train as train_cli
 from services.cli import up as up_cli
 
@@ -43,6 +44,11 @@ app.add_typer(
     model_cli.app,
     name="model",
     help="List model versions; shadow, canary, promote, roll back or retire one.",
+)
+app.add_typer(
+    monitor_cli.app,
+    name="monitor",
+    help="Drift, decision rates and live quality of each model version.",
 )
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command

@@ -52,6 +52,7 @@ _STEP_LABELS = {
     "evaluate": "evaluating on the test period",
     "export": "exporting to ONNX",
     "parity": "checking LightGBM ↔ ONNX parity",
+    "reference": "reference distributions and test-period intervals (monitoring)",
     "gates": "promotion gates against the live version",
     "publish": "publishing",
 }

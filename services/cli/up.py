@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 console = Console()
 
-METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog")
+METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog", "monitor")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
 this order; the trace collector's own metrics take the port after theirs."""
 
@@ -50,6 +50,14 @@ _Store = Annotated[str, typer.Option(help="Online store: sqlite (embedded) or re
 _VarDir = Annotated[Path, typer.Option(help="State folder: data, Feast, models, logs.")]
 _Demo = Annotated[bool, typer.Option(help="Send sample transactions once the mesh is up.")]
 _DecisionLogPort = Annotated[int, typer.Option(help="Health port of the decision sink.")]
+_MonitorPort = Annotated[int, typer.Option(help="Health port of the monitor.")]
+_Monitor = Annotated[
+    bool,
+    typer.Option(
+        help="With the live loop: the monitor judges the traffic against each version's "
+        "reference (drift, decision rates, live precision and recall)."
+    ),
+]
 _MetricsPort = Annotated[int, typer.Option(help=_METRICS_HELP)]
 _GatewayInProcess = Annotated[
     bool,
@@ -134,6 +142,8 @@ def up(
     observability: _Observability = True,
     prometheus_port: _PrometheusPort = 9090,
     otlp_port: _OtlpPort = 4317,
+    monitor_port: _MonitorPort = 50056,
+    monitor: _Monitor = True,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
@@ -168,6 +178,8 @@ def up(
         prometheus_port=prometheus_port,
         otlp_port=otlp_port,
         collector_metrics_port=metrics_port + len(METRICS_PROCESSES),
+        monitor_port=monitor_port,
+        monitor=monitor,
     )
     _check_edge_files(edge)
     mesh = Mesh(config)
@@ -177,15 +189,20 @@ def up(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     ready = _on_ready(mesh)
+    _start(mesh, ready)
+    console.print(_endpoints_table(mesh, edge))
+    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
+    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _start(mesh: Mesh, ready: Callable[[str], None]) -> None:
+    """Starts the mesh; exits 1 saying why when it does not start."""
     with console.status("starting the mesh …"):
         try:
             mesh.start(on_ready=ready)
         except RuntimeError as error:
             console.print(f"[red]start failed:[/red] {error}")
             raise typer.Exit(1) from error
-    console.print(_endpoints_table(mesh, edge))
-    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
-    _supervise(mesh, edge, policy, ready, stop, demo)
 
 
 def _check_edge_files(edge: EdgeSettings) -> None:
@@ -270,6 +287,8 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         "prometheus": f"http://{host}:{config.prometheus_port}  (rules, alerts, every process "
         "scraped)",
         "collector": f"otlp://{host}:{config.otlp_port}  traces kept → {config.traces_path}",
+        "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
+        f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 Component = Literal[
-    "gateway", "features", "eventlog", "decisionlog", "updater", "server", "process"
+    "gateway", "features", "eventlog", "decisionlog", "updater", "monitor", "server", "process"
 ]
 """Who exports a metric: a service, the event log producer (inside each process that emits
 events), every gRPC server process (the shared runtime's own families), or every process
@@ -523,6 +523,116 @@ UPDATER_READY = _gauge(
     "fraudmesh_updater_ready",
     "1 while connected to the log and the store and caught up with the log.",
     "updater",
+)  # fmt: skip
+
+# The monitor: drift against each version's reference, live quality from outcomes, advice.
+DRIFT_PSI = _gauge(
+    "fraudmesh_drift_psi",
+    "Population stability index of the rolling window against the version's reference, "
+    "per feature and for the score (feature=\"score\"); NaN below the minimum decisions. "
+    "Below 0.1 stable, 0.1-0.2 moderate, above 0.2 major.",
+    "monitor", ("model_version", "feature"),
+)  # fmt: skip
+FEATURE_MISSING_RATIO = _gauge(
+    "fraudmesh_feature_missing_ratio",
+    "Share of the window's decisions in which the feature was missing or stale and took "
+    "its default.",
+    "monitor", ("model_version", "feature"),
+)  # fmt: skip
+REFERENCE_MISSING_RATIO = _gauge(
+    "fraudmesh_reference_missing_ratio",
+    "The feature's missing share in the version's reference period.",
+    "monitor", ("model_version", "feature"),
+)  # fmt: skip
+DECISION_RATIO = _gauge(
+    "fraudmesh_decision_ratio", "Share of each decision in the rolling window.",
+    "monitor", ("model_version", "decision"),
+)  # fmt: skip
+REFERENCE_DECISION_RATIO = _gauge(
+    "fraudmesh_reference_decision_ratio",
+    "Share of each decision the version's thresholds gave in its reference period.",
+    "monitor", ("model_version", "decision"),
+)  # fmt: skip
+WINDOW_DECISIONS = _gauge(
+    "fraudmesh_window_decisions",
+    "Decisions in the rolling window, by version and arm (live, canary, shadow).",
+    "monitor", ("model_version", "arm"),
+)  # fmt: skip
+LIVE_PRECISION = _gauge(
+    "fraudmesh_live_precision",
+    "Labelled frauds among labelled decisions flagged at the threshold (review: review or "
+    "decline answered), over matured or immature cohorts (never mixed); NaN without any.",
+    "monitor", ("model_version", "threshold", "maturity"),
+)  # fmt: skip
+LIVE_RECALL = _gauge(
+    "fraudmesh_live_recall",
+    "Labelled frauds flagged at the threshold among labelled frauds, over matured or "
+    "immature cohorts; NaN without a fraud.",
+    "monitor", ("model_version", "threshold", "maturity"),
+)  # fmt: skip
+LIVE_AVERAGE_PRECISION = _gauge(
+    "fraudmesh_live_average_precision",
+    "Average precision of the labelled decisions' scores (on a 0.125 log-odds grid).",
+    "monitor", ("model_version", "maturity"),
+)  # fmt: skip
+LABELLED_RATIO = _gauge(
+    "fraudmesh_labelled_ratio",
+    "Labelled share of the decisions of matured or immature cohorts (retraining's rule).",
+    "monitor", ("model_version", "maturity"),
+)  # fmt: skip
+LIVE_LABELLED_FRAUDS = _gauge(
+    "fraudmesh_live_labelled_frauds",
+    "Decisions labelled fraud, over matured or immature cohorts (how much the live figures "
+    "stand on).",
+    "monitor", ("model_version", "maturity"),
+)  # fmt: skip
+REFERENCE_PRECISION = _gauge(
+    "fraudmesh_reference_precision",
+    "The version's test-period precision at the threshold: estimate and 95 % interval bounds.",
+    "monitor", ("model_version", "threshold", "bound"),
+)  # fmt: skip
+REFERENCE_RECALL = _gauge(
+    "fraudmesh_reference_recall",
+    "The version's test-period recall at the threshold: estimate and 95 % interval bounds.",
+    "monitor", ("model_version", "threshold", "bound"),
+)  # fmt: skip
+RETRAINING_ADVISED = _gauge(
+    "fraudmesh_retraining_advised",
+    "1 while the monitor advises retraining the version (drift or live quality past its "
+    "threshold; the advice and its figures are in the monitor's advice file).",
+    "monitor", ("model_version",),
+)  # fmt: skip
+RETRAINING_ADVICE = _counter(
+    "fraudmesh_retraining_advice_total",
+    "Retraining advice recorded, by version and reason.",
+    "monitor", ("model_version", "reason"),
+)  # fmt: skip
+MONITOR_EVENTS = _counter(
+    "fraudmesh_monitor_events_total",
+    "Events consumed, by what became of them (decision, duplicate, outcome, unmatched, "
+    "invalid).",
+    "monitor", ("kind",),
+)  # fmt: skip
+MONITOR_LAG = _gauge(
+    "fraudmesh_monitor_lag_seconds",
+    "Age of the newest decision of the latest poll when the monitor is behind, 0 at the "
+    "log's head.",
+    "monitor",
+)  # fmt: skip
+MONITOR_ERRORS = _counter(
+    "fraudmesh_monitor_errors_total",
+    "Failures by what failed (log, state), each retried.",
+    "monitor", ("what",),
+)  # fmt: skip
+MONITOR_CHECKPOINT = _histogram(
+    "fraudmesh_monitor_checkpoint_seconds",
+    "Duration of a checkpoint (state file written, then the log position committed).",
+    "monitor",
+)  # fmt: skip
+MONITOR_READY = _gauge(
+    "fraudmesh_monitor_ready",
+    "1 while connected to the log and caught up with it.",
+    "monitor",
 )  # fmt: skip
 
 # Every process with a metrics port: the client library's default collectors (Linux).

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_origin
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -102,5 +103,8 @@ def from_mapping(settings_class: type[S], env: Mapping[str, str]) -> S:
     for key, value in env.items():
         name = key.upper().removeprefix(prefix).lower()
         if key.upper().startswith(prefix) and name in settings_class.model_fields:
-            fields[name] = value
+            annotation = settings_class.model_fields[name].annotation
+            # The environment source reads collections as JSON; keyword arguments are not.
+            complex_ = get_origin(annotation) in (tuple, list, dict, set)
+            fields[name] = json.loads(value) if complex_ else value
     return settings_class(**fields)

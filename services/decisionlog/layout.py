@@ -72,6 +72,9 @@ DECISION_SCHEMA = pa.schema(
         pa.field("feature_names", pa.list_(pa.string())),
         pa.field("feature_schema", pa.string()),
         pa.field("log_position", pa.string()),
+        # Positions in ``features`` that took the version's default (parts written before
+        # this column existed read it as null).
+        pa.field("missing_features", pa.list_(pa.int32())),
     ],
     metadata={"fraudmesh.table": "decisions", "fraudmesh.layout": "1"},
 )

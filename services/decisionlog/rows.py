@@ -211,6 +211,7 @@ class Batch:
         c["feature_names"].append(list(d.feature_names) if d.feature_names else None)
         c["feature_schema"].append(d.feature_schema or None)
         c["log_position"].append(position)
+        c["missing_features"].append(list(d.missing_features))
         return AddResult.DECISION
 
     def _add_outcome(self, o: events_pb2.OutcomeEvent, position: str) -> AddResult:

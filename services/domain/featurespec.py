@@ -190,6 +190,34 @@ def model_vector(
     return vector
 
 
+_STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
+_AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
+
+
+def missing_features(store: Mapping[str, float | None]) -> list[int]:
+    """Positions in ``MODEL_FEATURES`` of the values ``model_vector`` takes from the defaults
+    for this store read: where ``model_frame`` (without defaults) holds NaN."""
+    get = store.get
+    missing = []
+    for i, name in _STORE_POSITIONS:
+        value = get(name)
+        if value is None or value != value:
+            missing.append(i)
+    last = get("card_last_txn_s")
+    if last is None or last != last:
+        missing.append(_AT["seconds_since_last_txn"])
+    mean_7d = get("card_amount_mean_7d")
+    if not (mean_7d is not None and mean_7d > 0.0):
+        missing.append(_AT["amount_to_card_mean_7d"])
+    home, country = get("card_home_country"), get("merchant_country")
+    if home is None or country is None or home != home or country != country:
+        missing.append(_AT["geo_mismatch"])
+    mean_30d = get("card_amount_mean_30d")
+    if not (mean_30d is not None and mean_30d > 0.0):
+        missing.append(_AT["amount_to_card_mean_30d"])
+    return sorted(missing)
+
+
 FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "card_not_present")
 """Transaction columns ``model_frame`` needs besides ``STORE_FEATURES``."""
 

@@ -29,7 +29,7 @@ class EventLogSettings(BaseSettings):
         description="Name of the log: the file log's folder, the Redis stream key, the Kafka topic.",
     )
     groups: tuple[str, ...] = Field(
-        ("feature-updater", "decision-sink"),
+        ("feature-updater", "decision-sink", "monitor"),
         description="Consumer groups known in advance. They are registered when the log is "
         "opened, so that no backend discards an event one of them has not consumed yet "
         "(file retention, Redis trimming), even before the group first runs.",

@@ -18,6 +18,7 @@ from typing import Any
 
 from fraud.v1 import events_pb2, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
+from services.domain import featurespec
 from services.eventlog import Producer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
@@ -89,6 +90,8 @@ def decision_event(
     event.terminal_id = request.terminal_id
     event.card_not_present = card_not_present
     event.features.extend(result.features)
+    if result.store is not None and result.features:
+        event.missing_features.extend(featurespec.missing_features(result.store))
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source

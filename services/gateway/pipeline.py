@@ -109,6 +109,9 @@ class ScoreResult:
     """The model input the score was computed from, in ``feature_order``."""
     feature_order: tuple[str, ...] = ()
     """Names of ``features``: the feature order of the version whose input was built."""
+    store: Mapping[str, float | None] | None = None
+    """The store read ``features`` came from (the decision event names the values that
+    took defaults from it, after the answer)."""
 
     @property
     def shadow_version(self) -> str:
@@ -197,6 +200,7 @@ class Pipeline:
         if arm is Arm.CANARY:
             answered = await self._score_canary(table, route, tx, store, source, notes, budget)
             if answered is not None:
+                answered.store = store
                 return self._with_shadow(table, answered, tx, store)
             route = table.live
         vector = route.vector(tx, store)
@@ -225,6 +229,7 @@ class Pipeline:
                 )
                 if watch is not None:
                     watch.record(Arm.LIVE, True, elapsed, result.decision is Decision.DECLINE)
+                result.store = store
                 return self._with_shadow(table, result, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
@@ -242,6 +247,7 @@ class Pipeline:
             feature_source=source,
             features=vector,
             feature_order=route.order,
+            store=store,
         )
 
     async def _score_canary(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,16 @@ from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
 from services.mesh.process import free_port
+from services.monitor.settings import MonitorSettings
 from services.scorer.settings import ScorerSettings
 from services.updater.settings import UpdaterSettings
+
+_GROUPS_WITHOUT_MONITOR = [
+    g
+    for g in EventLogSettings.model_fields["groups"].default
+    if g != MonitorSettings.model_fields["group"].default
+]
+"""The event log's declared consumer groups of a mesh without the monitor."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,10 @@ class MeshConfig:
     redis_port: int = 6379
     decisionlog_port: int = 50055
     """Health port of the decision sink (it serves no other API)."""
+    monitor_port: int = 50056
+    """Health port of the monitor (it serves no other API)."""
+    monitor: bool = True
+    """With the live loop: the monitor judges the traffic (drift, live quality)."""
     extra_gateway_ports: tuple[int, ...] = ()
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
@@ -87,6 +100,7 @@ class MeshConfig:
                 "prometheus_port",
                 "otlp_port",
                 "collector_metrics_port",
+                "monitor_port",
             )
         }
         ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
@@ -146,6 +160,9 @@ class MeshConfig:
                 backend=backend,
                 redis_url=f"redis://{host}:{self.redis_port}/0" if backend == "redis" else None,
                 kafka_bootstrap=self.kafka_bootstrap,
+                # Without the monitor its group is not declared, so that retention and
+                # trimming do not wait for a consumer that never comes.
+                groups=None if self.monitor else json.dumps(_GROUPS_WITHOUT_MONITOR),
             ),
             **to_env(UpdaterSettings, port=self.updater_port, var_dir=var),
             **to_env(FeaturesSettings, port=self.features_port, var_dir=var),
@@ -172,6 +189,20 @@ class MeshConfig:
         collector running, the services' default share of new traces to it; else off."""
         ratio = ServerSettings.model_fields["trace_sample_ratio"].default
         return plan("mesh", "otlp" if collector else "off", ratio, self.otel_environment())
+
+    def monitor_env(self) -> dict[str, str]:
+        """Environment of the monitor: the event log and the model repository of the
+        services, and its own state under this mesh's state folder."""
+        return {
+            **self.service_env(),
+            **to_env(
+                MonitorSettings,
+                port=self.monitor_port,
+                var_dir=self.var_dir,
+                metrics_port=self.metrics_ports.get("monitor"),
+            ),
+            **self.extra_env,
+        }
 
     def decisionlog_env(self) -> dict[str, str]:
         """Environment of the decision sink: the event log it reads (this mesh's state folder

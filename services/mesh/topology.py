@@ -51,6 +51,32 @@ def _serving_probe(target: str) -> Callable[[], bool]:
     return lambda: grpc_serving(target)
 
 
+def _redis(c: MeshConfig) -> Process:
+    """The mesh's redis-server: the online store, and the event log on Redis Streams."""
+    return Process(
+        "redis",
+        [
+            "redis-server",
+            "--port",
+            str(c.redis_port),
+            "--bind",
+            c.host,
+            "--save",
+            "",
+            # The event log on Redis Streams must survive a restart of redis-server.
+            *(
+                ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
+                if c.eventlog_backend == "redis"
+                else ["--appendonly", "no"]
+            ),
+            "--protected-mode",
+            "yes",
+        ],
+        ready=lambda: tcp_open(c.host, c.redis_port),
+        log_path=c.logs_path / "redis.log",
+    )
+
+
 class Mesh:
     """The processes of one mesh, started in dependency order and stopped in reverse."""
 
@@ -63,28 +89,7 @@ class Mesh:
         env = c.service_env()
         self._add_observability()
         if c.store == "redis":
-            self.processes["redis"] = Process(
-                "redis",
-                [
-                    "redis-server",
-                    "--port",
-                    str(c.redis_port),
-                    "--bind",
-                    c.host,
-                    "--save",
-                    "",
-                    # The event log on Redis Streams must survive a restart of redis-server.
-                    *(
-                        ["--appendonly", "yes", "--dir", str(_made(c.var_dir / "redis"))]
-                        if c.eventlog_backend == "redis"
-                        else ["--appendonly", "no"]
-                    ),
-                    "--protected-mode",
-                    "yes",
-                ],
-                ready=lambda: tcp_open(c.host, c.redis_port),
-                log_path=logs / "redis.log",
-            )
+            self.processes["redis"] = _redis(c)
         services: list[tuple[str, str, type[ServerSettings], int]] = [
             ("features", "features", FeaturesSettings, c.features_port),
             ("scorer", "scorer", ScorerSettings, c.scorer_port),
@@ -116,6 +121,15 @@ class Mesh:
                 ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
                 env=c.decisionlog_env(),
                 log_path=logs / "decisionlog.log",
+                niceness=c.background_niceness,
+            )
+        if c.live_loop and c.monitor:
+            self.processes["monitor"] = Process(
+                "monitor",
+                [sys.executable, "-m", "services.monitor"],
+                ready=_serving_probe(f"{c.host}:{c.monitor_port}"),
+                env=c.monitor_env(),
+                log_path=logs / "monitor.log",
                 niceness=c.background_niceness,
             )
         envoy_config = c.logs_path / f"envoy-{c.envoy_port}.yaml"
@@ -279,7 +293,7 @@ class Mesh:
             gateways = tuple(n for n in self.processes if n.startswith("gateway"))
             groups = (
                 ("redis", *OBSERVABILITY),
-                ("features", "scorer", "decisionlog", "updater"),
+                ("features", "scorer", "decisionlog", "updater", "monitor"),
                 gateways,
                 ("envoy",),
             )

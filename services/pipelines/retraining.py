@@ -131,17 +131,7 @@ def decision_transactions(
     outcome = decided["outcome"].astype(object).where(decided["outcome"].notna(), None)
     outcome = outcome.to_numpy()[keep]
     at = when[keep].reset_index(drop=True)
-    old = (at <= pd.Timestamp(now).tz_convert(UTC) - label_delay).to_numpy()
-    label = np.select(
-        [outcome == "fraud", outcome == "legitimate", pd.notna(outcome), old],
-        [
-            Labelling.FRAUD.value,
-            Labelling.LEGITIMATE.value,
-            Labelling.DISPUTED.value,
-            Labelling.PRESUMED_GENUINE.value,
-        ],
-        Labelling.RECENT.value,
-    ).astype(object)
+    label = labellings(outcome, at, now, label_delay)
     unknown = np.isin(label, [Labelling.DISPUTED.value, Labelling.RECENT.value])
     is_fraud = pd.arrays.BooleanArray(label == Labelling.FRAUD.value, unknown)
     reported = _times(decided["outcome_reported_at"])[keep].reset_index(drop=True)
@@ -172,6 +162,24 @@ def decision_transactions(
         }
     )
     return Converted(frame, {str(k): int(v) for k, v in skipped.items()})
+
+
+def labellings(
+    outcomes: np.ndarray, at: pd.Series, now: datetime, label_delay: timedelta
+) -> np.ndarray:
+    """How each decision is labelled (``Labelling`` values) from its latest outcome (None for
+    none) and its time ``at``, as of ``now`` (the table in the module's docstring)."""
+    old = (at <= pd.Timestamp(now).tz_convert(UTC) - label_delay).to_numpy()
+    return np.select(
+        [outcomes == "fraud", outcomes == "legitimate", pd.notna(outcomes), old],
+        [
+            Labelling.FRAUD.value,
+            Labelling.LEGITIMATE.value,
+            Labelling.DISPUTED.value,
+            Labelling.PRESUMED_GENUINE.value,
+        ],
+        Labelling.RECENT.value,
+    ).astype(object)
 
 
 def _skip_reasons(

@@ -27,7 +27,7 @@ from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.domain.rules_quality import rules_scores
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import gates as promotion_gates
-from services.models import repository
+from services.models import reference, repository
 from services.models.lifecycle import GateReport, ModelLifecycle, VersionState
 from services.pipelines import evaluate
 from services.pipelines.training.export import (
@@ -44,6 +44,7 @@ from services.pipelines.training.params import Progress, TrainingDataError, Trai
 from services.pipelines.training.periods import Periods, describe, period_strings
 from services.pipelines.training.periods import period_notes as _notes
 from services.pipelines.training.periods import training_window as _window
+from services.pipelines.training.reference import version_reference
 from services.pipelines.training.selection import Rows, predict, sample_genuine, select
 
 __all__ = [
@@ -141,6 +142,12 @@ def train(
             export_onnx(model.booster, len(featurespec.MODEL_FEATURES), onnx_path)
         with steps.step("parity"):
             parity = _check_parity(onnx_path, data.x[data.test], judged.scores)
+        with steps.step("reference"):
+            test = (data.y[data.test], judged.scores, data.tested["card_id"].to_numpy())
+            version_reference(
+                model.booster, data.x[data.valid], data.raw_valid, data.window,
+                judged.thresholds, test, params.seed,
+            ).write(work)  # fmt: skip
         with steps.step("gates"):
             lifecycle = ModelLifecycle(model_root)
             live = lifecycle.read().routing.live
@@ -220,6 +227,8 @@ class _Dataset:
     """Default feature values, from the training window's population."""
     tested: pd.DataFrame
     """Transaction id, time, card (and scenario, when known) of each test row."""
+    raw_valid: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    """The validation rows' features before defaults (NaN where missing): the reference."""
 
 
 def _split(
@@ -245,6 +254,7 @@ def _split(
     raw = featurespec.model_frame(frame)
     defaults = featurespec.population_defaults(raw, rows=fit | valid)
     x = featurespec.model_matrix(raw, defaults, np.float32)
+    raw_valid = raw[valid].to_numpy(dtype=np.float64)
     del raw
     y = frame["is_fraud"].fillna(False).to_numpy(dtype=np.int32)
     kept = ["transaction_id", "timestamp", "card_id"]
@@ -256,7 +266,9 @@ def _split(
                 f"the {name} period ({describe(window, name)}) needs both fraud and genuine "
                 "transactions: choose other periods"
             )
-    return _Dataset(window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested)
+    return _Dataset(
+        window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested, raw_valid
+    )
 
 
 @dataclass(frozen=True)
@@ -399,6 +411,7 @@ _VERSION_FILES = (
     "evaluation.md",
     "evaluation.png",
     "lightgbm.txt",
+    reference.REFERENCE_FILE,
 )
 """The files a published version holds."""
 

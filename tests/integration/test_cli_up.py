@@ -27,7 +27,7 @@ def test_up_serves_and_stops_without_orphans(
     # With Prometheus and the trace collector (observability is on by default): they are
     # children too, and must not outlive `up` either.
     names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater",
-             "prometheus", "otlp")  # fmt: skip
+             "monitor", "prometheus", "otlp")  # fmt: skip
     ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",

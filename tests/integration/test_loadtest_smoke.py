@@ -56,6 +56,7 @@ def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_bina
         "envoy",
         "updater",
         "decisionlog",
+        "monitor",
     }
     for step in result.steps:
         for name in result.processes:

@@ -36,8 +36,8 @@ from .conftest import Known
 
 pytestmark = pytest.mark.integration
 
-PROCESSES = {"gateway", "features", "scorer", "updater", "decisionlog", "envoy", "collector",
-             "prometheus"}  # fmt: skip
+PROCESSES = {"gateway", "features", "scorer", "updater", "decisionlog", "monitor", "envoy",
+             "collector", "prometheus"}  # fmt: skip
 
 
 def _collector_binary() -> Path:

@@ -156,6 +156,22 @@ def test_vectorized_frame_equals_model_vector_row_by_row() -> None:
         assert frame.iloc[i].tolist() == expected, f"row {i} differs"
 
 
+def test_missing_features_are_where_the_frame_holds_nan() -> None:
+    sample = _sample(2000, seed=4)
+    raw = fs.model_frame(sample).to_numpy()
+    store_columns = sample[list(fs.STORE_FEATURES)]
+    for i, row in enumerate(store_columns.itertuples(index=False)):
+        store = {
+            name: None if math.isnan(value) else value
+            for name, value in zip(fs.STORE_FEATURES, row, strict=True)
+        }
+        assert fs.missing_features(store) == np.flatnonzero(np.isnan(raw[i])).tolist(), i
+    assert fs.missing_features({}) == [
+        i for i, name in enumerate(fs.MODEL_FEATURES)
+        if name not in ("amount_eur", "hour_of_day", "is_card_not_present")
+    ]  # fmt: skip
+
+
 def test_model_matrix_fills_as_model_frame_does() -> None:
     sample = _sample(2000, seed=3)
     raw = fs.model_frame(sample)

@@ -21,6 +21,7 @@ from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
+from services.monitor.settings import MonitorSettings
 from services.pipelines.simulate import SimulatorSettings
 from services.scorer.settings import ScorerSettings
 from services.updater.settings import UpdaterSettings
@@ -37,6 +38,7 @@ SETTINGS: tuple[type[BaseSettings], ...] = (
     EventLogSettings,
     UpdaterSettings,
     DecisionLogSettings,
+    MonitorSettings,
 )
 """Every settings class a container reads from its environment."""
 KNOWN = {env_name(cls, field): cls for cls in SETTINGS for field in cls.model_fields}
@@ -146,7 +148,12 @@ def test_services_and_containers_use_the_configured_ports() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "prefix"), [("updater", "FRAUD_UPDATER_"), ("decision-sink", "FRAUD_DECISIONLOG_")]
+    ("name", "prefix"),
+    [
+        ("updater", "FRAUD_UPDATER_"),
+        ("decision-sink", "FRAUD_DECISIONLOG_"),
+        ("monitor", "FRAUD_MONITOR_"),
+    ],
 )
 def test_the_live_loop_consumers_are_one_pod_each_with_their_ports(name: str, prefix: str) -> None:
     env = _base_settings()
@@ -183,6 +190,7 @@ def test_the_consumer_groups_are_declared_on_the_log() -> None:
     groups = from_mapping(EventLogSettings, env).groups
     assert from_mapping(UpdaterSettings, env).group in groups
     assert from_mapping(DecisionLogSettings, env).group in groups
+    assert from_mapping(MonitorSettings, env).group in groups
 
 
 def test_envoy_runs_with_the_arguments_the_local_mesh_uses() -> None:

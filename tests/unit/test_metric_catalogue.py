@@ -18,6 +18,7 @@ from services.decisionlog.metrics import SinkMetrics
 from services.eventlog.metrics import EventLogMetrics
 from services.features.metrics import FeatureMetrics
 from services.gateway.metrics import GatewayMetrics
+from services.monitor.metrics import MonitorMetrics
 from services.updater.metrics import UpdaterMetrics
 
 SERVICES = Path(catalogue.__file__).resolve().parents[1]
@@ -28,6 +29,7 @@ EXPORTERS = {
     "updater": UpdaterMetrics,
     "features": FeatureMetrics,
     "server": ServerMetrics,
+    "monitor": MonitorMetrics,
 }
 
 

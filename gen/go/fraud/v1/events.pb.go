@@ -128,9 +128,13 @@ type DecisionEvent struct {
 	// Time spent inside the gateway, in milliseconds (as answered).
 	ElapsedMs float64 `protobuf:"fixed64,22,opt,name=elapsed_ms,json=elapsedMs,proto3" json:"elapsed_ms,omitempty"`
 	// When the gateway answered.
-	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// Positions in features of the values that were missing or stale in the store (or whose
+	// inputs were) and took the version's default instead. Empty when every value was
+	// present; the monitor counts each feature's missing share from it.
+	MissingFeatures []uint32 `protobuf:"varint,24,rep,packed,name=missing_features,json=missingFeatures,proto3" json:"missing_features,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DecisionEvent) Reset() {
@@ -324,6 +328,13 @@ func (x *DecisionEvent) GetDecidedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *DecisionEvent) GetMissingFeatures() []uint32 {
+	if x != nil {
+		return x.MissingFeatures
+	}
+	return nil
+}
+
 // OutcomeEvent is one accepted ReportOutcome call.
 type OutcomeEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -506,7 +517,7 @@ var File_fraud_v1_events_proto protoreflect.FileDescriptor
 
 const file_fraud_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x15fraud/v1/events.proto\x12\bfraud.v1\x1a\x17fraud/v1/outcomes.proto\x1a\x16fraud/v1/scoring.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\a\n" +
+	"\x15fraud/v1/events.proto\x12\bfraud.v1\x1a\x17fraud/v1/outcomes.proto\x1a\x16fraud/v1/scoring.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\a\n" +
 	"\rDecisionEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12%\n" +
 	"\x0etransaction_id\x18\x02 \x01(\tR\rtransactionId\x12\x17\n" +
@@ -535,7 +546,8 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"\n" +
 	"elapsed_ms\x18\x16 \x01(\x01R\telapsedMs\x129\n" +
 	"\n" +
-	"decided_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAtB\x0f\n" +
+	"decided_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12)\n" +
+	"\x10missing_features\x18\x18 \x03(\rR\x0fmissingFeaturesB\x0f\n" +
 	"\r_shadow_score\"\xa8\x02\n" +
 	"\fOutcomeEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12%\n" +

@@ -1,0 +1,37 @@
+"""Training's reference step: the validation period's score and feature distributions and the
+test period's quality with intervals, as the version's ``reference.json``
+(``services.models.reference``)."""
+
+from __future__ import annotations
+
+import lightgbm as lgb
+import numpy as np
+
+from services.domain import featurespec
+from services.models import reference
+from services.models.repository import Thresholds, TrainingWindow
+from services.pipelines.training.selection import predict
+
+
+def version_reference(
+    booster: lgb.Booster,
+    x_valid: np.ndarray,
+    raw_valid: np.ndarray,
+    window: TrainingWindow,
+    thresholds: Thresholds,
+    test: tuple[np.ndarray, np.ndarray, np.ndarray],
+    seed: int = 0,
+) -> reference.ModelReference:
+    """The reference of a trained model: its scores of every validation row (``x_valid``, the
+    model input) against the raw features of those rows (``raw_valid``, NaN where missing),
+    and the test period's (labels, scores, cards) quality."""
+    assert window.validation_start is not None and window.train_end is not None
+    labels, scores, cards = test
+    return reference.fit(
+        predict(booster, x_valid),
+        raw_valid,
+        featurespec.MODEL_FEATURES,
+        thresholds,
+        (window.validation_start.isoformat(), window.train_end.isoformat()),
+        reference.tested_quality(labels, scores, thresholds, cards, seed),
+    )
