@@ -334,7 +334,7 @@ class Chaos:
                         mesh,
                         Row(
                             "scorer killed, then restarted",
-                            "OK on time as before it, rules while down",
+                            "OK on time as before it, the small model while down, not the rules",
                         ),
                         fault=lambda: scorer.signal(signal.SIGKILL),
                         recover=lambda: mesh.restart("scorer"),
@@ -352,7 +352,7 @@ class Chaos:
                         mesh,
                         Row(
                             "scorer slowed by 100 ms",
-                            "OK on time as the baseline, breaker opens, rules",
+                            "OK on time as the baseline, breaker opens, small model",
                             reference=reference,
                         ),
                         settle=False,
@@ -467,8 +467,12 @@ def _breaker_summary(before: dict[str, float], after: dict[str, float]) -> str:
     answers = delta(f"{catalogue.DECISIONS.name}{{")
     total = sum(answers.values()) or 1.0
     rules = sum(v for k, v in answers.items() if "scored_by=rules" in k)
+    small = sum(v for k, v in answers.items() if "scored_by=small_model" in k)
     defaults = sum(v for k, v in answers.items() if "feature_source=default" in k)
-    parts.append(f"rules {rules / total:.0%}, default features {defaults / total:.0%}")
+    parts.append(
+        f"rules {rules / total:.0%}, small model {small / total:.0%}, "
+        f"default features {defaults / total:.0%}"
+    )
     return "; ".join(parts)
 
 

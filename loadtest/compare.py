@@ -202,6 +202,8 @@ def _cell(run: Run, step: report.Step) -> dict[str, Any]:
         "default_share": step.share("feature_source=default"),
         "partial_share": step.share("feature_source=partial"),
         "rules_share": step.share("scored_by=rules"),
+        "small_model_share": step.share("scored_by=small_model"),
+        "first_stage_share": step.share("scored_by=first_stage"),
         "cpu_ms_per_call": step.cpu_ms,
         "serving_cpu_ms_per_call": sum(
             v for n, v in step.cpu_ms_per_call.items() if n.split("-")[0] in SERVING
@@ -229,6 +231,8 @@ MEDIAN_KEYS = (
     "default_share",
     "partial_share",
     "rules_share",
+    "small_model_share",
+    "first_stage_share",
     "cpu_ms_per_call",
     "serving_cpu_ms_per_call",
 )
@@ -318,9 +322,11 @@ def _rate(value: float | None) -> str:
 
 def _degraded(median: Mapping[str, float | None]) -> bool:
     """Medians beyond full quality: degraded answers skip work, so they cost less."""
-    return (median["default_share"] or 0) >= report.MAX_DEFAULT_SHARE or (
-        median["rules_share"] or 0
-    ) >= report.MAX_RULES_SHARE
+    return (
+        (median["default_share"] or 0) >= report.MAX_DEFAULT_SHARE
+        or (median["rules_share"] or 0) >= report.MAX_RULES_SHARE
+        or (median["small_model_share"] or 0) >= report.MAX_SMALL_MODEL_SHARE
+    )
 
 
 def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, png: Path) -> str:
@@ -358,8 +364,10 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
             if base.live_loop
             else "Live loop off. "
         )
-        + "Percentiles include errors. *Default*, *partial*, *rules*: shares of answers made "
-        "with default or partial features or by the rules (the gateway's decision counters). "
+        + "Percentiles include errors. *Default*, *partial*, *rules*, *small*: shares of "
+        "answers made with default or partial features, by the rules or by the small model "
+        "standing in for the model (degraded); *first stage*: approved by the cascade's first "
+        "stage without the scorer (full quality); from the gateway's decision counters. "
         "*CPU ms/Score*: user + system CPU of every process of the mesh (Envoy, the services, "
         "the loop's consumers, Redis) over the step, per call made; *serving*: of the "
         "processes on the request path alone (Envoy, gateways, features, scorer, Redis; the "
@@ -371,9 +379,9 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         "## Medians over the rounds",
         "",
         "| offered rps | variant | rounds | p50 ms | p99 ms | p99.9 ms | errors | default "
-        f"| partial | rules | CPU ms/Score | serving | full quality | p99 vs {baseline} "
-        f"| CPU vs {baseline} | serving vs {baseline} |",
-        "|---:|---|" + "---:|" * 14,
+        "| partial | rules | small | first stage | CPU ms/Score | serving | full quality "
+        f"| p99 vs {baseline} | CPU vs {baseline} | serving vs {baseline} |",
+        "|---:|---|" + "---:|" * 16,
     ]
     for entry in summary["rates"]:
         for name, cell in entry["variants"].items():
@@ -384,6 +392,7 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
                 f"| {cell['rounds_run']}/{cfg.rounds} | {_ms(m['p50_ms'])} | {_ms(m['p99_ms'])} "
                 f"| {_ms(m['p999_ms'])} | {_pct(m['error_share'])} | {_pct(m['default_share'])} "
                 f"| {_pct(m['partial_share'])} | {_pct(m['rules_share'])} "
+                f"| {_pct(m['small_model_share'])} | {_pct(m['first_stage_share'])} "
                 f"| {_ms(m['cpu_ms_per_call'])} | {_ms(m['serving_cpu_ms_per_call'])} "
                 f"| {cell['rounds_full_quality']}/{cell['rounds_run']} | "
                 + " | ".join(
@@ -397,8 +406,9 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         "## Highest rate at full quality",
         "",
         f"0 errors, p99 ≤ {report.BUDGET_MS:g} ms, under {report.MAX_RULES_SHARE:.0%} of the "
-        f"answers by the rules and under {report.MAX_DEFAULT_SHARE:.0%} with default features; "
-        "of the rates run.",
+        f"answers by the rules, under {report.MAX_SMALL_MODEL_SHARE:.0%} by the small model "
+        "standing in for the model (first-stage approvals are full quality) and under "
+        f"{report.MAX_DEFAULT_SHARE:.0%} with default features; of the rates run.",
         "",
         "| variant | "
         + " | ".join(f"round {i}" for i in range(1, cfg.rounds + 1))
@@ -416,8 +426,8 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
         "## Every run",
         "",
         "| offered rps | variant | round (turn) | achieved rps | p50 ms | p99 ms | p99.9 ms "
-        "| errors | default | partial | rules | CPU ms/Score | serving |",
-        "|---:|---|" + "---:|" * 11,
+        "| errors | default | partial | rules | small | first stage | CPU ms/Score | serving |",
+        "|---:|---|" + "---:|" * 13,
     ]
     for entry in summary["rates"]:
         for name, cell in entry["variants"].items():
@@ -430,6 +440,7 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
                     f"| {c['achieved_rps']:.0f} | {_ms(c['p50_ms'])} | {_ms(c['p99_ms'])} "
                     f"| {_ms(c['p999_ms'])} | {errors} | {_pct(c['default_share'])} "
                     f"| {_pct(c['partial_share'])} | {_pct(c['rules_share'])} "
+                    f"| {_pct(c['small_model_share'])} | {_pct(c['first_stage_share'])} "
                     f"| {_ms(c['cpu_ms_per_call'])} | {_ms(c['serving_cpu_ms_per_call'])} |"
                 )
     processes = sorted(
@@ -471,6 +482,7 @@ def median_points(summary: Mapping[str, Any]) -> dict[str, list[report.Point]]:
                     ("feature_source=default", "default_share"),
                     ("feature_source=partial", "partial_share"),
                     ("scored_by=rules", "rules_share"),
+                    ("scored_by=small_model", "small_model_share"),
                 )
                 if m[figure] is not None
             }

@@ -29,7 +29,9 @@ from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest.data import Txn
 
-MODEL = pb.SCORED_BY_MODEL
+VERSION_ANSWERS = (pb.SCORED_BY_MODEL, pb.SCORED_BY_FIRST_STAGE)
+"""Answers that are the version's own at full quality: its model's, or its cascade's first
+stage (not the small model standing in, nor the rules)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +69,12 @@ class Calls:
         return Counter(c.model_version for c in self.calls if c.status == "OK")
 
     def model_versions(self) -> Counter[str]:
-        """Answers given by a model, by model version."""
+        """Answers given by a version at full quality (its model or its cascade's first
+        stage), by model version."""
         return Counter(
-            c.model_version for c in self.calls if c.status == "OK" and c.scored_by == MODEL
+            c.model_version
+            for c in self.calls
+            if c.status == "OK" and c.scored_by in VERSION_ANSWERS
         )
 
     def ok(self) -> list[Call]:

@@ -16,8 +16,12 @@ judges the scores with the handbook's protocol: test transactions of customers a
 known to be compromised (a fraud labelled by the day before the delay) are left out, and
 card precision at 100 leaves out cards detected on earlier days. A second run trains on
 the whole history before the same gap (2018-04-08 → 08-01), as a team with history would.
+Each run's training report also puts the cascade, the small model alone and the rules beside
+the model on every test payment, judged against the cascade's quality targets
+(``loadtest/cascade_quality.py``).
 
     python -m loadtest.external            # writes loadtest/results/external-handbook.*
+    python -m loadtest.external --seed 1 --out loadtest/results/external-handbook-seed1
 
 Published baselines (handbook, section 3.4 "Baseline fraud detection system", test set):
 ``BASELINES``.
@@ -38,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from loadtest import cascade_quality
 from services.domain import metrics
 
 RESULTS = Path(__file__).with_name("results")
@@ -194,11 +199,11 @@ def _run(argv: list[str], log: Path) -> float:
     return round(time.perf_counter() - started, 1)
 
 
-def run(work: Path) -> dict[str, object]:
-    """Generates, imports, trains twice and judges; returns the results."""
+def run(work: Path, seed: int = 0) -> dict[str, object]:
+    """Generates (with ``seed``), imports, trains twice and judges; returns the results."""
     fraudmesh = _fraudmesh()
     started = time.perf_counter()
-    tx = generate()
+    tx = generate(seed)
     source = work / "handbook-transactions.csv"
     tx.to_csv(source, index=False)
     generated_s = round(time.perf_counter() - started, 1)
@@ -221,6 +226,7 @@ def run(work: Path) -> dict[str, object]:
         work / "import.log",
     )
     results: dict[str, object] = {
+        "seed": seed,
         "transactions": len(tx),
         "fraud_share": float(tx["TX_FRAUD"].mean()),
         "seconds": {"generate": generated_s, "import": import_s},
@@ -255,6 +261,12 @@ def run(work: Path) -> dict[str, object]:
             "card_precision_at_100": ours["model"]["card_precision_at_k"],
             "recall_at_review_by_scenario": ours["model"]["recall_at_review_by_scenario"],
         }
+        figures["side_by_side"] = cascade_quality.figures(ours)
+        figures["cascade_targets"] = [
+            {"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
+            for t in cascade_quality.judge(ours)
+        ]
+        figures["cascade"] = ours.get("cascade_summary", {})
         results["fraudmesh"][label] = figures  # type: ignore[index]
         print(f"{label}: {figures}")
     return results
@@ -281,6 +293,27 @@ def markdown(results: dict[str, object]) -> str:
             f"| **fraudmesh, {label}** | **{f['auc_roc']:.3f}** | **{f['average_precision']:.3f}** "
             f"| **{f['card_precision_at_100']:.3f}** |"
         )
+    side = {label: f["side_by_side"] for label, f in ours.items() if "side_by_side" in f}
+    if side:
+        lines += [
+            "",
+            f"Every test payment (generator seed {results.get('seed', 0)}): the model, the "
+            "cascade, the small model alone and the rules, each at its thresholds.",
+            "",
+            cascade_quality.table(side),
+            "",
+            cascade_quality.targets_table(
+                {
+                    label: [cascade_quality.Target(**t) for t in f["cascade_targets"]]
+                    for label, f in ours.items()
+                }
+            ),
+            "",
+            *[
+                cascade_quality.cascade_line(label, {"cascade_summary": f["cascade"]})
+                for label, f in ours.items()
+            ],
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -289,9 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=RESULTS / "external-handbook")
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fraudmesh-external-", dir=args.work) as tmp:
-        results = run(Path(tmp))
+        results = run(Path(tmp), args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     table = markdown(results)

@@ -19,10 +19,14 @@ MAX_DEFAULT_SHARE = 0.05
 """Full quality: fewer answers than this share made with default features."""
 MAX_RULES_SHARE = 0.01
 """Full quality: fewer answers than this share made by the rules."""
+MAX_SMALL_MODEL_SHARE = 0.01
+"""Full quality: fewer answers than this share made by the small model standing in for the
+model (its first-stage approvals are full quality: the cascade is the version's behaviour)."""
 DEGRADED: dict[str, str] = {
     "feature_source=default": "default features",
     "feature_source=partial": "partial features",
     "scored_by=rules": "by rules",
+    "scored_by=small_model": "by the small model",
 }
 """Degraded (yet not failed) answers, by the gateway's decision-counter key, and their names."""
 
@@ -56,14 +60,18 @@ class Step:
 
     def full_quality(self, p99_ms: float = BUDGET_MS) -> bool:
         """No errors, p99 within ``p99_ms`` and answers known to be at full quality: under
-        ``MAX_DEFAULT_SHARE`` with default features and under ``MAX_RULES_SHARE`` by the rules."""
+        ``MAX_DEFAULT_SHARE`` with default features, under ``MAX_RULES_SHARE`` by the rules and
+        under ``MAX_SMALL_MODEL_SHARE`` by the small model standing in for the model."""
         default, rules = self.share("feature_source=default"), self.share("scored_by=rules")
+        small = self.share("scored_by=small_model")
         return (
             self.result.ok(p99_ms)
             and default is not None
             and rules is not None
+            and small is not None
             and default < MAX_DEFAULT_SHARE
             and rules < MAX_RULES_SHARE
+            and small < MAX_SMALL_MODEL_SHARE
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -127,8 +135,9 @@ def _share(result: Result) -> str:
 
 def steps_table(steps: Sequence[Step], processes: Sequence[str] = ()) -> str:
     """Markdown table: offered/achieved rps, p50/p90/p99/p99.9 (ms), error share, CPU time
-    of all the processes per call, degraded answers (when known: by the rules, with default
-    or partial features), peak RSS (MB)."""
+    of all the processes per call, degraded answers (when known: by the rules or the small
+    model, with default or partial features), the cascade's first-stage approvals, peak RSS
+    (MB)."""
     head = ["offered rps", "achieved rps", "calls", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms"]
     degraded = any(step.answers for step in steps)
     head += ["errors"]
@@ -136,7 +145,8 @@ def steps_table(steps: Sequence[Step], processes: Sequence[str] = ()) -> str:
     if cpu:
         head += ["CPU ms/call"]
     if degraded:
-        head += ["by rules", "default features", "partial features"]
+        head += ["by rules", "by small model", "default features", "partial features"]
+        head += ["first stage"]
     head += [f"{p} MB" for p in processes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for step in steps:
@@ -154,12 +164,20 @@ def steps_table(steps: Sequence[Step], processes: Sequence[str] = ()) -> str:
         if cpu:
             cells.append(f"{step.cpu_ms:.2f}")
         if degraded:
-            for key in ("scored_by=rules", "feature_source=default", "feature_source=partial"):
+            for key in (*_TABLE_DEGRADED, "scored_by=first_stage"):
                 value = step.share(key)
                 cells.append("n/a" if value is None else f"{value:.1%}")
         cells += [f"{step.peak_rss.get(p, 0) / 2**20:.0f}" for p in processes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+_TABLE_DEGRADED = (
+    "scored_by=rules",
+    "scored_by=small_model",
+    "feature_source=default",
+    "feature_source=partial",
+)
 
 
 def cpu_table(steps: Sequence[Step]) -> str:
@@ -210,8 +228,8 @@ def plot(
     series, log latency axis, the budget as a dashed line and steps with errors circled in red.
 
     When any point knows its answers, a second panel below shows per offered rate the share
-    of calls that failed and of answers made with default or partial features or by the
-    rules, with the full-quality limits: a degraded answer skips work, so a p50 that falls
+    of calls that failed and of answers made with default or partial features, by the rules
+    or by the small model standing in for the model, with the full-quality limits: a degraded answer skips work, so a p50 that falls
     at saturation is not speed. ``spread`` adds each series' single runs (e.g. every round
     behind a median) as small p99 markers."""
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -304,6 +322,7 @@ def _plot_shares(ax: Axes, points: Mapping[str, Sequence[Point]], colours: Seque
         "feature_source=default": ("-", "s"),
         "feature_source=partial": ("--", "^"),
         "scored_by=rules": (":", "x"),
+        "scored_by=small_model": ("-.", "d"),
     }
     many = len(points) > 1
     top = 0.0
@@ -323,7 +342,8 @@ def _plot_shares(ax: Axes, points: Mapping[str, Sequence[Point]], colours: Seque
     ax.text(
         0.005,
         100 * MAX_DEFAULT_SHARE,
-        f" full quality: < {MAX_DEFAULT_SHARE:.0%} default features, < {MAX_RULES_SHARE:.0%} rules",
+        f" full quality: < {MAX_DEFAULT_SHARE:.0%} default features, < {MAX_RULES_SHARE:.0%} "
+        f"rules, < {MAX_SMALL_MODEL_SHARE:.0%} small model",
         transform=ax.get_yaxis_transform(),
         fontsize=7,
         color="grey",

@@ -58,6 +58,7 @@ LIMITS_S: dict[str, int] = {
     "test_liveloop.py": 420,
     "test_liveloop_brokers.py": 420,
     "test_liveloop_replay.py": 420,
+    "test_cascade.py": 600,
     # A mesh with the monitor on a store it materializes first, a few thousand calls through
     # Envoy per test, and the report and export commands (each bounded at 300 s).
     "test_monitor.py": 900,

@@ -36,6 +36,7 @@ from services.models import repository
 if TYPE_CHECKING:
     from services.featurestore.settings import FeatureStoreSettings
     from services.models.gates import GatePolicy
+    from services.pipelines.evaluate import Evaluation
     from services.pipelines.retraining import TrainingData
     from services.pipelines.train import Periods, TrainParams, TrainResult
 
@@ -50,6 +51,7 @@ _STEP_LABELS = {
     "features": "point-in-time features (Feast)",
     "train": "training LightGBM (candidates, early stopping on validation)",
     "evaluate": "evaluating on the test period",
+    "small model": "small model (distilled and on labels) and the cascade's thresholds",
     "export": "exporting to ONNX",
     "parity": "checking LightGBM ↔ ONNX parity",
     "reference": "reference distributions and test-period intervals (monitoring)",
@@ -435,26 +437,28 @@ def _print_source(data: TrainingData) -> None:
 def _print_result(result: TrainResult, report_dir: Path | None) -> None:
     m = result.metadata
     report = result.report
-    table = Table(title="test period: model and rules fallback")
+    table = Table(title="test period: model, cascade, small model alone, rules fallback")
     table.add_column("metric")
-    table.add_column("model", justify="right")
-    table.add_column("rules", justify="right")
-    model, rules = report.model, report.rules
-    k = model.card_precision_k
-    rows = [
-        ("ROC-AUC", model.roc_auc, rules.roc_auc),
-        ("average precision (PR-AUC)", model.average_precision, rules.average_precision),
-        ("recall at 1% FPR", model.recall_at_1pct_fpr, rules.recall_at_1pct_fpr),
-        (f"card precision at {k}", model.card_precision_at_k, rules.card_precision_at_k),
-        ("precision at review", model.review.precision, rules.review.precision),
-        ("recall at review", model.review.recall, rules.review.recall),
-        ("precision at decline", model.decline.precision, rules.decline.precision),
-        ("recall at decline", model.decline.recall, rules.decline.recall),
+    scorers = [("model", report.model), ("cascade", report.cascade)]
+    scorers += [("small model", report.small_model), ("rules", report.rules)]
+    judged = [(name, e) for name, e in scorers if e is not None]
+    for name, _ in judged:
+        table.add_column(name, justify="right")
+    k = report.model.card_precision_k
+    rows: list[tuple[str, Callable[[Evaluation], float]]] = [
+        ("ROC-AUC", lambda e: e.roc_auc),
+        ("average precision (PR-AUC)", lambda e: e.average_precision),
+        ("recall at 1% FPR", lambda e: e.recall_at_1pct_fpr),
+        (f"card precision at {k}", lambda e: e.card_precision_at_k),
+        ("precision at review", lambda e: e.review.precision),
+        ("recall at review", lambda e: e.review.recall),
+        ("precision at decline", lambda e: e.decline.precision),
+        ("recall at decline", lambda e: e.decline.recall),
     ]
-    for name, a, b in rows:
-        table.add_row(name, f"{a:.4f}", f"{b:.4f}")
+    for label, get in rows:
+        table.add_row(label, *(f"{get(e):.4f}" for _, e in judged))
     console.print(table)
-    for scenario, recall in model.recall_at_review_by_scenario.items():
+    for scenario, recall in report.model.recall_at_review_by_scenario.items():
         console.print(f"  recall at review, {scenario}: {recall:.4f}")
     for period, (start, end) in report.periods.items():
         rows_in = report.rows.get(f"{period}_rows", 0)
@@ -474,6 +478,17 @@ def _print_result(result: TrainResult, report_dir: Path | None) -> None:
         f"decline ≥ {m.thresholds.decline:.4f}"
     )
     console.print(f"[bold]parity[/bold]: max |LightGBM − ONNX| = {m.parity_max_abs_diff:.2e}")
+    small, cascade = m.small_model, report.cascade_summary
+    if small is not None and cascade:
+        console.print(
+            f"[bold]small model[/bold] ({small.kind}, kept on validation AP): {small.trees} "
+            f"trees of at most {small.num_leaves} leaves; clear-approve below "
+            f"{small.clear_approve:.4g} (first stage: {cascade['cascade_first_stage_share']:.1%}"
+            f" of the test payments, {cascade['cascade_review_frauds_lost']:.0f} of "
+            f"{cascade['cascade_review_frauds']:.0f} review frauds approved); alone: review ≥ "
+            f"{small.thresholds.review:.4f}, decline ≥ {small.thresholds.decline:.4f}; parity "
+            f"{small.parity_max_abs_diff:.2e}"
+        )
     console.print(
         f"[bold]report[/bold]: {(report_dir or result.folder) / 'evaluation.md'} (+ .json, .png)"
     )

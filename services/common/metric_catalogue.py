@@ -200,7 +200,8 @@ SCORE_LATENCY = _histogram(
     "gateway", buckets=LATENCY_BUCKETS,
 )  # fmt: skip
 DECISIONS = _counter(
-    "fraudmesh_decisions_total", "Answers by decision, engine and feature source.",
+    "fraudmesh_decisions_total",
+    "Answers by decision, engine (model, first_stage, small_model, rules) and feature source.",
     "gateway", ("decision", "scored_by", "feature_source"),
 )  # fmt: skip
 SCORE = _histogram(
@@ -247,6 +248,12 @@ MODEL_ANSWERS = _counter(
     "fraudmesh_model_answers_total",
     "Answers given by a model, by route (live, canary) and model version.",
     "gateway", ("route", "model_version"),
+)  # fmt: skip
+SMALL_MODEL_ANSWERS = _counter(
+    "fraudmesh_small_model_answers_total",
+    "Answers given by a version's small model, by route, model version and role "
+    "(first_stage: a clear approval of the cascade; fallback: the full model could not answer).",
+    "gateway", ("route", "model_version", "role"),
 )  # fmt: skip
 ROUTING_GENERATION = _gauge(
     "fraudmesh_routing_generation", "Generation of the lifecycle file the gateway routes by.",

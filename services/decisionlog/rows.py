@@ -31,7 +31,7 @@ def _short_names(items: Iterable[tuple[str, int]], prefix: str) -> dict[int, str
 DECISIONS = _short_names(scoring_pb2.Decision.items(), "DECISION_")
 """Decision enum → stored name (``approve``, ``review``, ``decline``, ``unspecified``)."""
 SCORED_BY = _short_names(scoring_pb2.ScoredBy.items(), "SCORED_BY_")
-"""ScoredBy enum → stored name (``model``, ``rules``)."""
+"""ScoredBy enum → stored name (``model``, ``rules``, ``first_stage``, ``small_model``)."""
 FEATURE_SOURCES = _short_names(scoring_pb2.FeatureSource.items(), "FEATURE_SOURCE_")
 """FeatureSource enum → stored name (``online``, ``partial``, ``default``)."""
 ROUTES = _short_names(events_pb2.Route.items(), "ROUTE_")

@@ -40,6 +40,7 @@ from services.gateway.rollout import Rollout
 from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.shadow import ShadowQueue, ShadowScorer
+from services.gateway.smallmodel import LocalSmallModelProvider
 from services.gateway.streams import StreamFeatureClient, StreamPool, stream_pools
 from services.gateway.validate import Transaction
 from services.models import repository
@@ -104,8 +105,11 @@ class GatewayApp:
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
         live_model = await provider.prepare(metadata, load=s.in_process)
+        # Small models run here whatever the transport to the scorer: they answer when it cannot.
+        small_provider = LocalSmallModelProvider(s.models_path)
+        live_small = await small_provider.prepare(metadata)
         self._shadow = ShadowQueue(
-            ShadowScorer(self.metrics, s.shadow_policy).score,
+            ShadowScorer(self.metrics, s.shadow_policy, cascade=s.cascade).score,
             self.metrics.shadow_dropped.inc,
             s.shadow_policy,
         )
@@ -119,6 +123,8 @@ class GatewayApp:
             self._breaker("scorer", s.scorer_slow_ms),
             canary_cap_s=s.canary_cap_ms / 1000,
             shadow_queue=self._shadow,
+            small=live_small,
+            cascade=s.cascade,
         )
         self.rollout = Rollout(
             lifecycle,
@@ -130,6 +136,7 @@ class GatewayApp:
             poll_s=s.lifecycle_poll_ms / 1000,
             actor=f"gateway:{s.port} pid {os.getpid()}@{socket.gethostname()}",
             pinned_version=s.model_version,
+            small_provider=small_provider,
         )
         await self.rollout.apply(self.rollout.read())
         await self._warm_up(pipeline)
@@ -146,6 +153,8 @@ class GatewayApp:
                 "shadow": routes.shadow.version if routes.shadow else None,
                 "rules": rules.version,
                 "in_process": s.in_process,
+                "small_model": routes.live.small is not None,
+                "cascade": s.cascade,
             },
         )
 
@@ -257,8 +266,13 @@ class GatewayApp:
         tx = Transaction(
             "warmup", "warmup-card", "warmup-merchant", 1000, "EUR", time.time(), "", False
         )
-        for _ in range(self.settings.warmup_calls):
-            await pipeline.score(tx, Budget(policy, None))
+        # A warm-up transaction may be a clear case: without the cascade it reaches the scorer.
+        cascade, pipeline.cascade = pipeline.cascade, False
+        try:
+            for _ in range(self.settings.warmup_calls):
+                await pipeline.score(tx, Budget(policy, None))
+        finally:
+            pipeline.cascade = cascade
         # First calls on fresh connections are slow; they must not count against the
         # dependencies once real traffic starts.
         pipeline.features_breaker.reset()

@@ -1,8 +1,11 @@
 """The canary watch: does the canary behave like the live version on live traffic?
 
 Each gateway keeps, per arm (live, canary), a sliding window of its recent model calls:
-whether the call succeeded, how long it took and whether the answer was a decline. Once
-both arms hold enough calls, the canary breaches when
+whether the call succeeded, how long it took and whether the answer was a decline. With the
+cascade on, each arm's first-stage approvals join its window too (answered, not declined, no
+model call to time): the cascade is part of a version's behaviour, and a canary whose small
+model approves more clear cases shows a lower decline rate, not a higher one among fewer
+model calls. Once both arms hold enough calls, the canary breaches when
 
 - its error rate exceeds live's by more than ``max_error_rate_increase``,
 - its decline rate exceeds live's by more than ``max_decline_rate_increase``, or
@@ -64,15 +67,17 @@ class ArmFigures:
     error_rate: float
     p99_s: float
     decline_rate: float
+    timed: int = 0
+    """Calls with a model-call duration (first-stage approvals have none): the p99's base."""
 
 
 class _Window:
-    """A sliding window of one arm's calls: (time, ok, latency, declined)."""
+    """A sliding window of one arm's calls: (time, ok, latency or None, declined)."""
 
     __slots__ = ("calls",)
 
     def __init__(self, size: int) -> None:
-        self.calls: deque[tuple[float, bool, float, bool]] = deque(maxlen=size)
+        self.calls: deque[tuple[float, bool, float | None, bool]] = deque(maxlen=size)
 
     def figures(self, since: float) -> ArmFigures:
         while self.calls and self.calls[0][0] < since:
@@ -81,13 +86,14 @@ class _Window:
         if n == 0:
             return ArmFigures(0, 0.0, 0.0, 0.0)
         ok = [c for c in self.calls if c[1]]
-        latencies = [c[2] for c in self.calls]
+        latencies = [c[2] for c in self.calls if c[2] is not None]
         declines = sum(1 for c in ok if c[3])
         return ArmFigures(
             calls=n,
             error_rate=1 - len(ok) / n,
-            p99_s=metrics.percentile(latencies, 99),
+            p99_s=metrics.percentile(latencies, 99, empty=0.0),
             decline_rate=declines / len(ok) if ok else 0.0,
+            timed=len(latencies),
         )
 
 
@@ -107,10 +113,11 @@ class CanaryWatch:
         self._clock = clock
         self._windows = {arm: _Window(limits.window_calls) for arm in Arm}
 
-    def record(self, arm: Arm, ok: bool, latency_s: float, declined: bool) -> None:
-        """One model call of ``arm``: succeeded or not, its duration, declined or not."""
+    def record(self, arm: Arm, ok: bool, latency_s: float | None, declined: bool) -> None:
+        """One model call of ``arm``: succeeded or not, its duration, declined or not; a
+        ``latency_s`` of None is a first-stage approval (no model call to time)."""
         # Slower than the canary's cut-off is a failure whichever arm it happens to.
-        ok = ok and latency_s <= self._cap_s
+        ok = ok and (latency_s is None or latency_s <= self._cap_s)
         self._windows[arm].calls.append((self._clock(), ok, latency_s, declined))
 
     def figures(self) -> dict[Arm, ArmFigures]:
@@ -141,7 +148,7 @@ class CanaryWatch:
                 f"(limit +{lim.max_decline_rate_increase:.0%})"
             )
         p99_limit = lim.p99_ratio * live.p99_s + lim.p99_slack_s
-        if min(live.calls, canary.calls) >= lim.p99_min_calls and canary.p99_s > p99_limit:
+        if min(live.timed, canary.timed) >= lim.p99_min_calls and canary.p99_s > p99_limit:
             reasons.append(
                 f"model p99 {canary.p99_s * 1e3:.1f} ms vs live {live.p99_s * 1e3:.1f} ms "
                 f"(limit {p99_limit * 1e3:.1f} ms)"

@@ -1,5 +1,6 @@
 """Prometheus metrics of the gateway: latency, decisions, fallbacks, dependency errors, and
-the model lifecycle (answers by version and route, canary rollbacks, shadow comparisons)."""
+the model lifecycle (answers by version and route, the small model's first-stage and
+fallback answers, canary rollbacks, shadow comparisons)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class GatewayMetrics:
         self.in_flight = catalogue.IN_FLIGHT.create(registry)
 
         self.model_answers = catalogue.MODEL_ANSWERS.create(registry)
+        self.small_model_answers = catalogue.SMALL_MODEL_ANSWERS.create(registry)
         self.routing_generation = catalogue.ROUTING_GENERATION.create(registry)
         self.canary_percent = catalogue.CANARY_PERCENT.create(registry)
         self.canary_breaches = catalogue.CANARY_BREACHES.create(registry)

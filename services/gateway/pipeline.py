@@ -9,12 +9,19 @@ version that answers brings its own defaults and thresholds. A canary call gets 
 slice of the budget and its own breaker; if it fails, the live version answers (the rules
 only when live cannot too), and the canary watch counts the failure. With a shadow version
 routed, a model answer carries a shadow job, scored once the answer has been sent.
+
+A version with a small model (run in this process) uses it twice. With the cascade on, it
+is the first stage: below the version's clear-approve threshold the answer is APPROVE
+without the model call (``ScoredBy.FIRST_STAGE``, a full-quality answer). And when the model
+cannot answer (failing, slow, breaker open, too little budget left), it answers alone with
+its own thresholds (``ScoredBy.SMALL_MODEL``); the rules answer only when it cannot either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,14 +38,18 @@ from services.gateway.ports import (
     DependencyError,
     FeatureClient,
     ModelClient,
+    SmallModelClient,
 )
 from services.gateway.routing import ModelRoute, RouteTable
 from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
 from services.models.repository import ModelMetadata
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "CANARY_CAP_S",
+    "CASCADE",
     "Decision",
     "Pipeline",
     "ScoreResult",
@@ -53,11 +64,20 @@ CANARY_CAP_S = 0.008
 the rest of the budget."""
 
 
+CASCADE = True
+"""Whether the small model's first stage approves clear cases by default: on, as its quality
+on the test period allows it (docs/cascade.md)."""
+
+
 class ScoredBy(enum.Enum):
     """Which engine produced the score."""
 
     MODEL = "model"
     RULES = "rules"
+    FIRST_STAGE = "first_stage"
+    """The cascade's first stage: the small model's clear approval, without the model call."""
+    SMALL_MODEL = "small_model"
+    """The small model alone, because the model could not answer."""
 
 
 class Source(enum.Enum):
@@ -139,9 +159,13 @@ class Pipeline:
         *,
         canary_cap_s: float = CANARY_CAP_S,
         shadow_queue: ShadowQueue | None = None,
+        small: SmallModelClient | None = None,
+        cascade: bool = CASCADE,
     ) -> None:
-        self.routes = RouteTable(live=ModelRoute(metadata, model))
+        self.routes = RouteTable(live=ModelRoute(metadata, model, small))
         """What answers now; replaced whole when the lifecycle changes."""
+        self.cascade = cascade
+        """Whether a routed version's small model approves clear cases first."""
         self.features_breaker = features_breaker
         self.scorer_breaker = scorer_breaker
         self.rules = rules
@@ -155,6 +179,8 @@ class Pipeline:
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
         self._answer_counters: dict[tuple[Arm, str], Any] = {}
+        self._small_counters: dict[tuple[Arm, str, str], Any] = {}
+        self._small_failed: set[str] = set()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -204,6 +230,15 @@ class Pipeline:
                 return self._with_shadow(table, answered, tx, store)
             route = table.live
         vector = route.vector(tx, store)
+        small_score = None
+        small_tried = False
+        if self.cascade and route.small is not None:
+            small_score, small_tried = self._small_score(route, vector), True
+            if small_score is not None and small_score < route.clear_approve:
+                first = self._first_stage(route, Arm.LIVE, small_score, notes, source, vector)
+                if table.watch is not None:
+                    table.watch.record(Arm.LIVE, True, None, False)
+                return self._with_shadow(table, first, tx, store)
         named = dict(zip(route.order, vector, strict=True))
         verdict = self.rules.evaluate(named)
         rule_reasons = verdict.reasons(named)
@@ -233,6 +268,14 @@ class Pipeline:
                 return self._with_shadow(table, result, tx, store)
         else:
             self.metrics.dependency_error("scorer", "no_budget")
+        if route.small is not None:
+            if not small_tried:
+                small_score = self._small_score(route, vector)
+            if small_score is not None:
+                return self._small_alone(
+                    route, small_score, rule_reasons, fallback_reason, notes, source, vector
+                )
+            fallback_reason += "; small model failed"
         decision = decide(verdict.score, self.rules.review, self.rules.decline)
         return ScoreResult(
             decision=decision,
@@ -250,6 +293,88 @@ class Pipeline:
             store=store,
         )
 
+    def _small_score(self, route: ModelRoute, vector: list[float]) -> float | None:
+        """The route's small-model score of ``vector``; None (counted, logged) when it fails."""
+        small = route.small
+        assert small is not None
+        try:
+            return small.score(vector)
+        except Exception:
+            self.metrics.dependency_error("small-model", "error")
+            # Once per version: a broken model would fail every call.
+            if route.version not in self._small_failed:
+                self._small_failed.add(route.version)
+                log.exception("small model failed", extra={"version": route.version})
+            return None
+
+    def _first_stage(
+        self,
+        route: ModelRoute,
+        arm: Arm,
+        score: float,
+        notes: list[str],
+        source: Source,
+        vector: list[float],
+    ) -> ScoreResult:
+        """The cascade's clear approval: the small model's score, below the clear-approve
+        threshold (itself never above the version's review threshold)."""
+        self._count_small(arm, route.version, "first_stage")
+        return ScoreResult(
+            decision=Decision.APPROVE,
+            score=score,
+            reasons=[
+                f"small model score {score:.3f} < clear-approve threshold "
+                f"{route.clear_approve:.3f}: approved at the first stage",
+                *notes,
+            ],
+            model_version=route.version,
+            scored_by=ScoredBy.FIRST_STAGE,
+            feature_source=source,
+            arm=arm,
+            features=vector,
+            feature_order=route.order,
+        )
+
+    def _small_alone(
+        self,
+        route: ModelRoute,
+        score: float,
+        rule_reasons: list[str],
+        fallback_reason: str,
+        notes: list[str],
+        source: Source,
+        vector: list[float],
+    ) -> ScoreResult:
+        """The small model's answer with its own thresholds, the model having failed."""
+        t = route.small_thresholds
+        assert t is not None
+        decision = decide(score, t.review, t.decline)
+        self._count_small(Arm.LIVE, route.version, "fallback")
+        return ScoreResult(
+            decision=decision,
+            score=score,
+            reasons=[
+                _model_reason(score, decision, t.review, t.decline, "small model"),
+                *rule_reasons,
+                f"small model fallback: {fallback_reason}",
+                *notes,
+            ],
+            model_version=route.version,
+            scored_by=ScoredBy.SMALL_MODEL,
+            feature_source=source,
+            features=vector,
+            feature_order=route.order,
+        )
+
+    def _count_small(self, arm: Arm, version: str, role: str) -> None:
+        key = (arm, version, role)
+        counter = self._small_counters.get(key)
+        if counter is None:
+            counter = self._small_counters[key] = self.metrics.small_model_answers.labels(
+                arm.value, version, role
+            )
+        counter.inc()
+
     async def _score_canary(
         self,
         table: RouteTable,
@@ -262,10 +387,16 @@ class Pipeline:
     ) -> ScoreResult | None:
         """The canary's answer, or None when it cannot give one (live answers then)."""
         breaker, watch = table.canary_breaker, table.watch
+        vector = route.vector(tx, store)
+        if self.cascade and route.small is not None:
+            small_score = self._small_score(route, vector)
+            if small_score is not None and small_score < route.clear_approve:
+                if watch is not None:
+                    watch.record(Arm.CANARY, True, None, False)
+                return self._first_stage(route, Arm.CANARY, small_score, notes, source, vector)
         timeout = min(budget.scorer_timeout(), self.canary_cap_s)
         if breaker is None or timeout <= 0:
             return None
-        vector = route.vector(tx, store)
         started = time.perf_counter()
         try:
             score = await guarded(breaker, lambda: route.client.score(vector, timeout))
@@ -350,9 +481,11 @@ _SOURCE_NOTE = {
 }
 
 
-def _model_reason(score: float, decision: Decision, review: float, decline: float) -> str:
+def _model_reason(
+    score: float, decision: Decision, review: float, decline: float, engine: str = "model"
+) -> str:
     if decision is Decision.DECLINE:
-        return f"model score {score:.3f} >= decline threshold {decline:.3f}"
+        return f"{engine} score {score:.3f} >= decline threshold {decline:.3f}"
     if decision is Decision.REVIEW:
-        return f"model score {score:.3f} >= review threshold {review:.3f}"
-    return f"model score {score:.3f} < review threshold {review:.3f}"
+        return f"{engine} score {score:.3f} >= review threshold {review:.3f}"
+    return f"{engine} score {score:.3f} < review threshold {review:.3f}"

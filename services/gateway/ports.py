@@ -3,7 +3,8 @@ behind one of them reads.
 
 The pipeline, the rollout and the canary watch depend on these and nothing else of the
 dependencies; the adapters (gRPC unary in ``dependencies.py``, persistent streams in
-``streams.py``, in process in ``inprocess.py``) implement them. Transport-free: nothing here
+``streams.py``, in process in ``inprocess.py``, a version's small model in
+``smallmodel.py``) implement them. Transport-free: nothing here
 imports grpc, so the domain modules that use it stay testable without a server.
 """
 
@@ -23,6 +24,8 @@ __all__ = [
     "FeatureClient",
     "ModelClient",
     "ModelProvider",
+    "SmallModelClient",
+    "SmallModelProvider",
     "status_reason",
 ]
 
@@ -117,4 +120,22 @@ class ModelProvider(Protocol):
     async def prepare(self, metadata: ModelMetadata, load: bool = True) -> ModelClient:
         """A client scoring with this version; with ``load``, returns once the version is
         loaded where it runs. Raises when it cannot be made ready."""
+        ...
+
+
+class SmallModelClient(Protocol):
+    """A version's small model, run in the gateway's own process: no I/O, no deadline."""
+
+    def score(self, vector: list[float]) -> float:
+        """Fraud probability of one model feature vector; raises on its own failure."""
+        ...
+
+
+class SmallModelProvider(Protocol):
+    """Loads a version's small model into the gateway's process."""
+
+    async def prepare(self, metadata: ModelMetadata) -> SmallModelClient | None:
+        """A ready (loaded and warmed) small model of this version, or None when the version
+        has none or it cannot be loaded (logged): the version then runs without a cascade
+        and the rules are its only fallback."""
         ...

@@ -29,7 +29,7 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline
-from services.gateway.ports import ModelProvider
+from services.gateway.ports import ModelProvider, SmallModelProvider
 from services.gateway.routing import ModelRoute, RouteTable
 from services.models import repository
 from services.models.lifecycle import FileKey, LifecycleState, ModelLifecycle
@@ -54,6 +54,7 @@ class Rollout:
         warmup_calls: int = 5,
         actor: str = "gateway",
         pinned_version: str | None = None,
+        small_provider: SmallModelProvider | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.pipeline = pipeline
@@ -66,6 +67,7 @@ class Rollout:
         self._warmup_calls = warmup_calls
         self._actor = actor
         self._pinned = pinned_version
+        self._small_provider = small_provider
         self._key: FileKey | None = None
         self._retry_at: float | None = None
         self._breached: dict[str, str] = {}
@@ -215,11 +217,18 @@ class Rollout:
             except Exception:
                 log.warning("warm-up call failed", extra={"version": version}, exc_info=True)
                 break
+        small = None
+        if self._small_provider is not None:
+            small = await self._small_provider.prepare(metadata)
         log.info(
             "model version ready",
-            extra={"version": version, "seconds": round(time.perf_counter() - started, 3)},
+            extra={
+                "version": version,
+                "seconds": round(time.perf_counter() - started, 3),
+                "small_model": small is not None,
+            },
         )
-        return ModelRoute(metadata, client)
+        return ModelRoute(metadata, client, small)
 
     # Automatic rollback -----------------------------------------------------------------
 

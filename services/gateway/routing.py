@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryWatch
-from services.gateway.ports import Arm, ModelClient
+from services.gateway.ports import Arm, ModelClient, SmallModelClient
 from services.gateway.validate import Transaction
 from services.models.lifecycle import CANARY_BUCKETS
 from services.models.repository import ModelMetadata, Thresholds
@@ -37,12 +37,22 @@ class ModelRoute:
 
     metadata: ModelMetadata
     client: ModelClient
+    small: SmallModelClient | None = None
+    """The version's small model, loaded here (None: the version has none, or it could not
+    be loaded): the cascade's first stage and the first fallback."""
     order: tuple[str, ...] = field(init=False)
     defaults: Mapping[str, float] = field(init=False)
+    clear_approve: float = field(init=False)
+    """Below this small-model score the cascade approves (0 without a small model)."""
+    small_thresholds: Thresholds | None = field(init=False)
+    """The small model's own thresholds, for when it answers alone."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", tuple(self.metadata.feature_order))
         object.__setattr__(self, "defaults", dict(self.metadata.default_features))
+        info = self.metadata.small_model if self.small is not None else None
+        object.__setattr__(self, "clear_approve", info.clear_approve if info else 0.0)
+        object.__setattr__(self, "small_thresholds", info.thresholds if info else None)
 
     @property
     def version(self) -> str:

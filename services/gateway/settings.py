@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 from services.gateway.breaker import BreakerConfig
 from services.gateway.budget import BudgetPolicy
 from services.gateway.canary import CanaryLimits
-from services.gateway.pipeline import CANARY_CAP_S
+from services.gateway.pipeline import CANARY_CAP_S, CASCADE
 from services.gateway.shadow import ShadowPolicy
 from services.gateway.streams import StreamSettings
 from services.gateway.validate import Limits
@@ -91,6 +91,13 @@ class GatewaySettings(ModelServerSettings):
         "gracefully, so streams follow replicas added since; keep it below the servers' "
         "connection-age grace (10 s), after which a closed connection's streams are cut. "
         "0 keeps streams for ever.",
+    )
+    cascade: bool = Field(
+        CASCADE,
+        description="Score with each routed version's small model first (in this process) "
+        "and approve below its clear-approve threshold without calling the scorer; false "
+        "calls the scorer for every transaction. Either way the small model answers, with its "
+        "own thresholds, when the scorer cannot (docs/cascade.md).",
     )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")

@@ -9,6 +9,9 @@ one model call (``ShadowPolicy``), so shadowing costs one extra call per batch r
 per answer. When the queue is full the job is dropped and counted, so shadow work can
 never back up into the request path. Whatever happens to it, a job ends with a result or
 None, and the answer it shadows has long been sent.
+
+The shadow sees each transaction the way live does: with the cascade on, the shadow
+version's small model approves its clear cases first and only the rest go to its model.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class ShadowResult:
     score: float
     decision: Decision
     latency_s: float
+    first_stage: bool = False
+    """Its small model approved the transaction at the cascade's first stage."""
 
 
 class ShadowJob:
@@ -173,9 +178,17 @@ class ShadowScorer:
     """Scores shadow jobs, one model call per shadow version when its client takes batches,
     and records how the shadow compares with each answer."""
 
-    def __init__(self, metrics: GatewayMetrics, policy: ShadowPolicy = ShadowPolicy()) -> None:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        policy: ShadowPolicy = ShadowPolicy(),
+        *,
+        cascade: bool = False,
+    ) -> None:
         self.metrics = metrics
         self.timeout_s = policy.timeout_s
+        self.cascade = cascade
+        """Whether the shadow's small model approves clear cases first, as live's does."""
 
     async def score(self, jobs: list[ShadowJob]) -> None:
         """Scores ``jobs`` and resolves each with its result (None when the call failed)."""
@@ -188,26 +201,58 @@ class ShadowScorer:
     async def _score_group(self, route: ModelRoute, jobs: list[ShadowJob]) -> None:
         vectors = [route.vector(job.tx, job.store) for job in jobs]
         m = self.metrics
+        t = route.thresholds
+        rest = list(range(len(jobs)))
+        small = route.small
+        if self.cascade and small is not None:
+            rest = []
+            for i, vector in enumerate(vectors):
+                started = time.perf_counter()
+                try:
+                    score = small.score(vector)
+                except Exception:
+                    m.shadow_errors.labels(route.version, "small_model").inc()
+                    rest.append(i)
+                    continue
+                if score >= route.clear_approve:
+                    rest.append(i)
+                    continue
+                latency = time.perf_counter() - started
+                self._resolve(route, jobs[i], score, Decision.APPROVE, latency, first_stage=True)
+        if not rest:
+            return
         client = route.client
         batch = getattr(client, "score_batch", None)
         started = time.perf_counter()
         try:
-            if batch is not None and len(vectors) > 1:
-                scores = await cast(BatchModelClient, client).score_batch(vectors, self.timeout_s)
+            if batch is not None and len(rest) > 1:
+                scores = await cast(BatchModelClient, client).score_batch(
+                    [vectors[i] for i in rest], self.timeout_s
+                )
             else:
-                scores = [await client.score(v, self.timeout_s) for v in vectors]
+                scores = [await client.score(vectors[i], self.timeout_s) for i in rest]
         except DependencyError as error:
-            m.shadow_errors.labels(route.version, error.reason).inc(len(jobs))
-            for job in jobs:
-                job.resolve(None)
+            m.shadow_errors.labels(route.version, error.reason).inc(len(rest))
+            for i in rest:
+                jobs[i].resolve(None)
             return
         latency = time.perf_counter() - started
-        t = route.thresholds
-        for job, score in zip(jobs, scores, strict=True):
-            decision = decide(score, t.review, t.decline)
-            m.shadow_latency.labels(route.version).observe(latency)
-            m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
-            m.shadow_decisions.labels(
-                route.version, job.answer_decision.value, decision.value
-            ).inc()
-            job.resolve(ShadowResult(route.version, score, decision, latency))
+        for i, score in zip(rest, scores, strict=True):
+            self._resolve(route, jobs[i], score, decide(score, t.review, t.decline), latency)
+
+    def _resolve(
+        self,
+        route: ModelRoute,
+        job: ShadowJob,
+        score: float,
+        decision: Decision,
+        latency: float,
+        *,
+        first_stage: bool = False,
+    ) -> None:
+        """Records how the shadow compares with the answer and ends the job with its result."""
+        m = self.metrics
+        m.shadow_latency.labels(route.version).observe(latency)
+        m.shadow_score_diff.labels(route.version).observe(score - job.answer_score)
+        m.shadow_decisions.labels(route.version, job.answer_decision.value, decision.value).inc()
+        job.resolve(ShadowResult(route.version, score, decision, latency, first_stage))

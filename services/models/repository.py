@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -32,6 +33,8 @@ MODEL_FILE = "model.onnx"
 """The ONNX model inside a version folder."""
 METADATA_FILE = "metadata.json"
 """The ``ModelMetadata`` inside a version folder; written last, so it marks completeness."""
+SMALL_MODEL_FILE = "small.onnx"
+"""The version's small model inside its folder, when its metadata names one (``SmallModel``)."""
 
 
 MAX_NAME_LENGTH = 128
@@ -127,6 +130,42 @@ class TrainingWindow(BaseModel):
     )
 
 
+class SmallModel(BaseModel):
+    """A version's small model (``SMALL_MODEL_FILE``): few shallow trees on the same inputs,
+    run inside the gateway as the cascade's first stage and as the first fallback when the
+    full model cannot answer. How it is made and its thresholds chosen: docs/cascade.md."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["distilled", "labels"] = Field(
+        description="distilled: trained on the full model's scores; labels: on the labels."
+    )
+    trees: int = Field(ge=1, description="Trees it holds.")
+    num_leaves: int = Field(ge=2, description="Most leaves per tree.")
+    max_depth: int = Field(ge=1, description="Deepest a tree may grow.")
+    clear_approve: float = Field(
+        ge=0.0,
+        le=1.0,
+        description="Below this score the cascade approves without asking the full model; "
+        "chosen on the validation period so that the cascade loses at most "
+        "``max_fraud_loss`` of the frauds the full model flags at review, and never above "
+        "the full model's review threshold.",
+    )
+    max_fraud_loss: float = Field(
+        ge=0.0, le=1.0, description="The share of the full model's review frauds it may lose."
+    )
+    thresholds: Thresholds = Field(
+        description="Its own review and decline thresholds, for when it answers alone."
+    )
+    parity_max_abs_diff: float = Field(
+        description="Largest |LightGBM − ONNX Runtime| fraud probability on the holdout."
+    )
+    candidates: list[dict[str, str | float]] = Field(
+        default_factory=list,
+        description="Each candidate (distilled, labels) and its figures on validation.",
+    )
+
+
 class ModelMetadata(BaseModel):
     """Everything a service needs to use a model version, and how it was made."""
 
@@ -154,6 +193,11 @@ class ModelMetadata(BaseModel):
     onnxruntime_version: str
     params: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Training parameters (seed, trees, …)."
+    )
+    small_model: SmallModel | None = Field(
+        default=None,
+        description="The version's small model (``SMALL_MODEL_FILE``); None: the version has "
+        "none, so it runs without a cascade and the rules are its only fallback.",
     )
 
     @model_validator(mode="after")
@@ -221,6 +265,8 @@ def publish(model_root: Path, metadata: ModelMetadata, files: Mapping[str, Path]
     """
     if MODEL_FILE not in files:
         raise ValueError(f"a model version needs {MODEL_FILE}")
+    if metadata.small_model is not None and SMALL_MODEL_FILE not in files:
+        raise ValueError(f"the metadata names a small model but {SMALL_MODEL_FILE} is missing")
     check_name("name", metadata.name)
     parent = model_root / metadata.name
     parent.mkdir(parents=True, exist_ok=True)

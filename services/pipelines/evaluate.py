@@ -5,9 +5,10 @@ recall at 1% false-positive rate (the threshold that flags 1% of the test's genu
 payments), precision, recall and false-positive rate at given review and decline thresholds
 (chosen beforehand, on validation data), and card precision at k: for each test day, the k
 cards with the highest score (a card's score that day is the highest of its payments), the
-share of them with a fraud that day; the mean over the days. ``Report`` puts a model's and
-the rules' figures side by side and writes them as JSON, a Markdown summary and a PNG
-(precision-recall curves, score distributions by label, card precision at k per day).
+share of them with a fraud that day; the mean over the days. ``Report`` puts a model's,
+its cascade's and small model's (when it has one) and the rules' figures side by side and
+writes them as JSON, a Markdown summary and a PNG (precision-recall curves, score
+distributions by label, card precision at k per day).
 
 The functions take plain arrays, so the same holdout can judge several model versions.
 """
@@ -141,6 +142,14 @@ class Report:
     source: dict[str, int] = field(default_factory=dict)
     """Where the data came from, by origin and label, when it was built from more than one
     (retraining from the decision log); empty for a single dataset."""
+    cascade: Evaluation | None = None
+    """The cascade (the small model's clear approvals, the model for the rest) at the model's
+    thresholds; None without a small model."""
+    small_model: Evaluation | None = None
+    """The small model alone at its own thresholds (the first fallback)."""
+    cascade_summary: dict[str, float] = field(default_factory=dict)
+    """The clear-approve threshold, the first stage's share of validation and test payments,
+    and the model's review frauds the cascade lost on the test period."""
 
     def to_dict(self) -> dict[str, object]:
         """The report as plain JSON-ready values."""
@@ -153,47 +162,63 @@ class Report:
         model_scores: np.ndarray,
         rules_scores: np.ndarray,
         name: str = "evaluation",
+        others: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, Path]:
-        """Writes ``<name>.json``, ``<name>.md`` and ``<name>.png`` into ``folder``."""
+        """Writes ``<name>.json``, ``<name>.md`` and ``<name>.png`` into ``folder``; ``others``
+        are more scorers' test scores by name, for the precision-recall plot."""
         folder.mkdir(parents=True, exist_ok=True)
         paths = {ext: folder / f"{name}.{ext}" for ext in ("json", "md", "png")}
         paths["json"].write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
         paths["md"].write_text(self.markdown())
-        plot(self, y, model_scores, rules_scores, paths["png"])
+        plot(self, y, model_scores, rules_scores, paths["png"], others)
         return paths
 
+    def _scorers(self) -> list[tuple[str, Evaluation]]:
+        """Every judged scorer, by its column name: model, cascade, small model, rules."""
+        named = [("model", self.model), ("cascade", self.cascade)]
+        named += [("small model alone", self.small_model), ("rules fallback", self.rules)]
+        return [(label, e) for label, e in named if e is not None]
+
     def markdown(self) -> str:
-        """A short Markdown summary: periods, then the model's and the rules' figures."""
-        m, r = self.model, self.rules
-        k = m.card_precision_k
+        """A short Markdown summary: periods, then each scorer's figures side by side (the
+        model, the cascade and the small model alone when there is one, the rules)."""
+        scorers = self._scorers()
+        k = self.model.card_precision_k
         lines = ["# Evaluation on the test period", ""]
         for period, (start, end) in self.periods.items():
             count = self.rows.get(f"{period}_rows", 0)
             frauds = self.rows.get(f"{period}_frauds", 0)
             lines.append(f"- {period}: {start} → {end} ({count:,} payments, {frauds:,} frauds)")
-        lines += ["", "| metric | model | rules fallback |", "|---|---:|---:|"]
-        rows: list[tuple[str, float, float, str]] = [
-            ("ROC-AUC", m.roc_auc, r.roc_auc, ".4f"),
-            ("average precision (PR-AUC)", m.average_precision, r.average_precision, ".4f"),
-            ("recall at 1% FPR", m.recall_at_1pct_fpr, r.recall_at_1pct_fpr, ".4f"),
-            (f"card precision at {k} (mean per day)", m.card_precision_at_k, r.card_precision_at_k, ".4f"),
-            (f"… its ceiling (fraudulent cards per day, at most {k})", m.card_precision_ceiling, r.card_precision_ceiling, ".4f"),
-        ]  # fmt: skip
-        for label, a, b, fmt in rows:
-            lines.append(f"| {label} | {a:{fmt}} | {b:{fmt}} |")
+        lines += ["", "| metric | " + " | ".join(label for label, _ in scorers) + " |"]
+        lines.append("|---|" + "---:|" * len(scorers))
+
+        def row(label: str, values: list[str]) -> None:
+            lines.append(f"| {label} | " + " | ".join(values) + " |")
+
+        for label, get in (
+            ("ROC-AUC", lambda e: e.roc_auc),
+            ("average precision (PR-AUC)", lambda e: e.average_precision),
+            ("recall at 1% FPR", lambda e: e.recall_at_1pct_fpr),
+            (f"card precision at {k} (mean per day)", lambda e: e.card_precision_at_k),
+            (f"… its ceiling (fraudulent cards per day, at most {k})",
+             lambda e: e.card_precision_ceiling),
+        ):  # fmt: skip
+            row(label, [f"{get(e):.4f}" for _, e in scorers])
         for point in ("review", "decline"):
-            mp: OperatingPoint = getattr(m, point)
-            rp: OperatingPoint = getattr(r, point)
-            lines.append(f"| {point} threshold | {mp.threshold:.4f} | {rp.threshold:.4f} |")
-            lines.append(f"| precision at {point} | {mp.precision:.4f} | {rp.precision:.4f} |")
-            lines.append(f"| recall at {point} | {mp.recall:.4f} | {rp.recall:.4f} |")
-            lines.append(f"| false-positive rate at {point} | {mp.fpr:.4%} | {rp.fpr:.4%} |")
-        if m.recall_at_review_by_scenario:
-            lines += ["", "| fraud scenario | model recall at review | rules recall at review |"]
-            lines.append("|---|---:|---:|")
-            for scenario, recall in m.recall_at_review_by_scenario.items():
-                rules_recall = r.recall_at_review_by_scenario.get(scenario, math.nan)
-                lines.append(f"| {scenario} | {recall:.4f} | {rules_recall:.4f} |")
+            points: list[OperatingPoint] = [getattr(e, point) for _, e in scorers]
+            row(f"{point} threshold", [f"{p.threshold:.4f}" for p in points])
+            row(f"precision at {point}", [f"{p.precision:.4f}" for p in points])
+            row(f"recall at {point}", [f"{p.recall:.4f}" for p in points])
+            row(f"false-positive rate at {point}", [f"{p.fpr:.4%}" for p in points])
+        if self.model.recall_at_review_by_scenario:
+            head = " | ".join(f"{label} recall at review" for label, _ in scorers)
+            lines += ["", f"| fraud scenario | {head} |", "|---|" + "---:|" * len(scorers)]
+            for scenario in self.model.recall_at_review_by_scenario:
+                values = [
+                    e.recall_at_review_by_scenario.get(scenario, math.nan) for _, e in scorers
+                ]
+                row(scenario, [f"{v:.4f}" for v in values])
+        lines += self._cascade_lines()
         if self.source:
             lines += ["", "| training data | rows |", "|---|---:|"]
             lines += [f"| {name} | {count:,} |" for name, count in self.source.items()]
@@ -201,11 +226,32 @@ class Report:
             lines += ["", *[f"- {note}" for note in self.notes]]
         return "\n".join(lines) + "\n"
 
+    def _cascade_lines(self) -> list[str]:
+        """What the cascade's first stage did, in words; nothing without a small model."""
+        c = self.cascade_summary
+        if self.cascade is None or not c:
+            return []
+        return [
+            "",
+            f"The cascade's first stage (the small model below its clear-approve threshold "
+            f"{c['cascade_clear_approve']:.4g}) answers {c['cascade_first_stage_share']:.1%} of "
+            f"the test payments ({c['cascade_validation_first_stage_share']:.1%} of validation) "
+            f"without the model; it approves {c['cascade_review_frauds_lost']:.0f} of the "
+            f"{c['cascade_review_frauds']:.0f} frauds the model flags at review. The cascade "
+            "column is judged at the model's thresholds, the small model alone at its own.",
+        ]
+
 
 def plot(
-    report: Report, y: np.ndarray, model_scores: np.ndarray, rules_scores: np.ndarray, path: Path
+    report: Report,
+    y: np.ndarray,
+    model_scores: np.ndarray,
+    rules_scores: np.ndarray,
+    path: Path,
+    others: Mapping[str, np.ndarray] | None = None,
 ) -> None:
-    """PR curves (model and rules), score distributions by label, card precision per day."""
+    """PR curves (model, ``others`` by name, rules), score distributions by label, card
+    precision per day."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,14 +259,13 @@ def plot(
 
     fraud = np.asarray(y).astype(bool)
     fig, (ax_pr, ax_hist, ax_cp) = plt.subplots(1, 3, figsize=(16, 4.6))
-    for label, scores, evaluation, color in (
-        ("model", model_scores, report.model, "tab:blue"),
-        ("rules", rules_scores, report.rules, "tab:gray"),
-    ):
+    curves = [("model", model_scores, "tab:blue"), ("rules", rules_scores, "tab:gray")]
+    colors = iter(("tab:purple", "tab:cyan", "tab:olive", "tab:brown"))
+    curves[1:1] = [(name, scores, next(colors)) for name, scores in (others or {}).items()]
+    for label, scores, color in curves:
         precision, recall, _ = metrics.precision_recall_curve(fraud, scores)
-        ax_pr.plot(
-            recall, precision, color=color, label=f"{label} (AP {evaluation.average_precision:.3f})"
-        )
+        ap = metrics.average_precision(fraud, scores)
+        ax_pr.plot(recall, precision, color=color, label=f"{label} (AP {ap:.3f})")
     for name, point, color in (
         ("review", report.model.review, "tab:orange"),
         ("decline", report.model.decline, "tab:red"),
@@ -258,7 +303,12 @@ def plot(
 
 
 def flat_metrics(report: Report, extra: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The model's figures, the rules' beside them (``rules_`` prefix) and ``extra``, flat."""
+    """The model's figures, the rules' beside them (``rules_`` prefix), the cascade's and the
+    small model's when judged (``cascade_``, ``small_``) and ``extra``, flat."""
     metrics = report.model.flat() | report.rules.flat("rules_")
+    if report.cascade is not None:
+        metrics |= report.cascade.flat("cascade_") | dict(report.cascade_summary)
+    if report.small_model is not None:
+        metrics |= report.small_model.flat("small_")
     metrics |= {name: float(value) for name, value in report.rows.items()}
     return metrics | dict(extra or {})

@@ -2,8 +2,9 @@
 
 ``train`` runs the steps in order: the training frame (``training.frame``), the periods
 (``training.periods``), model selection on the validation period (``training.selection``),
-thresholds and the test-period evaluation, ONNX export and parity (``training.export``), the
-promotion gates, publishing. How periods, selection and thresholds are chosen is in
+thresholds and the test-period evaluation, the small model for the gateway's cascade and
+fallback (``training.small``), ONNX export and parity (``training.export``), the promotion
+gates, publishing. How periods, selection and thresholds are chosen is in
 ``docs/training.md``.
 """
 
@@ -14,7 +15,7 @@ import json
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from services.models import gates as promotion_gates
 from services.models import reference, repository
 from services.models.lifecycle import GateReport, ModelLifecycle, VersionState
 from services.pipelines import evaluate
+from services.pipelines.training import small as small_model
 from services.pipelines.training.export import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -135,6 +137,11 @@ def train(
         model = _fit(data, params, steps.report)
     with steps.step("evaluate"):
         judged = _judge(model, data, params, source)
+    with steps.step("small model"):
+        small = small_model.build(model.booster, data, judged.thresholds, judged.scores, params)
+        judged = replace(
+            judged, report=small.report(judged.report), metrics=judged.metrics | small.metrics()
+        )
     with tempfile.TemporaryDirectory(prefix="fraudmesh-train-") as tmp:
         work = Path(tmp)
         with steps.step("export"):
@@ -142,6 +149,7 @@ def train(
             export_onnx(model.booster, len(featurespec.MODEL_FEATURES), onnx_path)
         with steps.step("parity"):
             parity = _check_parity(onnx_path, data.x[data.test], judged.scores)
+            small_parity = small.export(work / repository.SMALL_MODEL_FILE, data.x[data.test])
         with steps.step("reference"):
             test = (data.y[data.test], judged.scores, data.tested["card_id"].to_numpy())
             version_reference(
@@ -159,10 +167,10 @@ def train(
                 parity,
                 params,
                 created_at=datetime.now(UTC),
-            )
+            ).model_copy(update={"small_model": small.metadata(small_parity)})
             gate_report = _gates(candidate, onnx_path, data, model_root, gate_policy, live)
         with steps.step("publish"):
-            _write_version_files(work, model, judged, data, steps.seconds)
+            _write_version_files(work, model, judged, data, steps.seconds, small.curves())
             published, folder, _ = lifecycle.publish_candidate(
                 candidate,
                 {name: work / name for name in _VERSION_FILES},
@@ -404,6 +412,7 @@ def _gates(
 
 _VERSION_FILES = (
     repository.MODEL_FILE,
+    repository.SMALL_MODEL_FILE,
     "metrics.json",
     "selection.json",
     "timings.json",
@@ -417,14 +426,19 @@ _VERSION_FILES = (
 
 
 def _write_version_files(
-    work: Path, model: _Model, judged: _Judgement, data: _Dataset, seconds: dict[str, float]
+    work: Path,
+    model: _Model,
+    judged: _Judgement,
+    data: _Dataset,
+    seconds: dict[str, float],
+    curves: dict[str, np.ndarray],
 ) -> None:
-    """Writes beside the ONNX model what a version records of its training."""
+    """Writes beside the ONNX models what a version records of its training."""
     (work / "metrics.json").write_text(json.dumps(judged.metrics, indent=2, sort_keys=True))
     (work / "selection.json").write_text(json.dumps(model.selection, indent=2))
     # Steps up to here; publishing itself is not in it.
     (work / "timings.json").write_text(json.dumps(seconds, indent=2))
-    judged.report.write(work, data.y[data.test], judged.scores, judged.fallback)
+    judged.report.write(work, data.y[data.test], judged.scores, judged.fallback, others=curves)
     model.booster.save_model(str(work / "lightgbm.txt"))
 
 

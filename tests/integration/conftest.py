@@ -9,6 +9,7 @@ meshes it is handed, and those of the meshes its module starts in a folder given
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,23 @@ T = TypeVar("T")
 
 FULL_QUALITY_WAIT_S = 60.0
 """How long a fresh mesh may take to give its first full-quality answer."""
+
+CASCADE_ENV = "FRAUD_GATEWAY_CASCADE"
+"""The gateway setting that turns the cascade's first stage on or off."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def full_path_by_default() -> Iterator[None]:
+    """The meshes these tests start run without the cascade's first stage (their processes
+    inherit this environment): the tests that judge the scorer's path (scores equal to the
+    scorer's, traces through it, recovery probes waiting for the model) need every
+    transaction to reach it. test_cascade.py runs the cascade, the product's default, by
+    naming it; the small model's fallback is on either way."""
+    previous = os.environ.get(CASCADE_ENV)
+    os.environ.setdefault(CASCADE_ENV, "false")
+    yield
+    if previous is None:
+        os.environ.pop(CASCADE_ENV, None)
 
 
 @dataclass(frozen=True)

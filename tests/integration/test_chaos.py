@@ -88,9 +88,11 @@ def test_a_fault_costs_no_more_late_or_failed_calls_than_its_baseline(
     assert verdict.ok, f"{row.fault}: {verdict}; late or failed: {_late_or_failed(row)}"
 
 
-def test_scorer_outage_is_answered_by_rules_and_recovers(matrix: dict[str, Row]) -> None:
+def test_scorer_outage_is_answered_by_the_small_model_and_recovers(
+    matrix: dict[str, Row],
+) -> None:
     row = _row(matrix, "scorer-killed")
-    assert "rules 0%" not in row.breaker
+    assert "small model 0%" not in row.breaker and "rules 0%" in row.breaker, row.breaker
     assert any(note.startswith("recovered") for note in row.notes), row.notes
 
 

@@ -1,4 +1,5 @@
-"""Minimal fallbacks with real processes: scorer down ⇒ rules; features down ⇒ defaults."""
+"""Minimal fallbacks with real processes: scorer down ⇒ the small model; features down ⇒
+defaults."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.mesh import Mesh
+from services.models.lifecycle import ModelLifecycle
 
 from .conftest import Known, start_mesh
 
@@ -43,6 +45,11 @@ def _score(mesh: Mesh, known: Known) -> pb.ScoreResponse:
         return pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
 
 
+def faulty_version(mesh: Mesh) -> str:
+    """The live version the mesh's gateway answers with."""
+    return ModelLifecycle(mesh.config.var_dir / "models").read().routing.live or ""
+
+
 def _until(predicate: Any, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -52,17 +59,18 @@ def _until(predicate: Any, timeout_s: float) -> bool:
     return False
 
 
-def test_scorer_down_means_rules_then_model_again(faulty: Mesh, known: Known) -> None:
+def test_scorer_down_means_the_small_model_then_model_again(faulty: Mesh, known: Known) -> None:
     # A loaded machine may slow one call past the model's slice: wait for a model answer.
     assert _until(lambda: _score(faulty, known).scored_by == pb.SCORED_BY_MODEL, 10.0)
     faulty.processes["scorer"].signal(signal.SIGKILL)
     faulty.processes["scorer"].popen.wait(10)  # type: ignore[union-attr]
     for _ in range(5):
         response = _score(faulty, known)
-        assert response.scored_by == pb.SCORED_BY_RULES
-        assert response.model_version.startswith("rules-")
+        # The version's small model stands in, with its own thresholds; not the rules.
+        assert response.scored_by == pb.SCORED_BY_SMALL_MODEL
+        assert response.model_version == faulty_version(faulty)
         assert response.decision != pb.DECISION_UNSPECIFIED
-        assert any(r.startswith("rules fallback") for r in response.reasons)
+        assert any(r.startswith("small model fallback") for r in response.reasons)
     faulty.restart("scorer")
     assert _until(lambda: _score(faulty, known).scored_by == pb.SCORED_BY_MODEL, 10.0)
 

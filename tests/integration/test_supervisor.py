@@ -1,6 +1,7 @@
 """``fraudmesh up`` supervises its children: under steady traffic through Envoy, SIGKILL of the
-scorer (then of the feature service) costs no call, the rules (defaults) answer while it is
-down, and the model (online features) answer again once the supervisor has restarted it.
+scorer (then of the feature service) costs no call, the fallback (the version's small model, or
+the rules for a version without one; the defaults) answers while it is down, and the model
+(online features) answers again once the supervisor has restarted it.
 A child that keeps crashing makes ``up`` stop everything and exit non-zero with its log.
 
 "Costs no call": no call fails with anything but DEADLINE_EXCEEDED (Envoy ends a call at
@@ -236,7 +237,7 @@ def test_scorer_killed_costs_no_call_rules_answer_then_the_model_again(
     _report(traffic, "scorer", seconds, without, killed)
     assert up.child("scorer").pid != old
     _the_kill_cost_no_call(traffic, killed)
-    assert without > 0  # the rules answered meanwhile
+    assert without > 0  # the fallback answered meanwhile
     assert "scorer restarted" in up.output()
 
 

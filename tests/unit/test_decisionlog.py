@@ -99,6 +99,19 @@ def test_day_index_splits_at_utc_midnight() -> None:
     assert layout.day_of_index(layout.day_index(layout.utc_us(midnight))) == date(2025, 3, 2)
 
 
+def test_the_small_models_answers_are_stored_by_their_short_names() -> None:
+    batch = Batch(RecentIds(10))
+    for i, engine in enumerate(
+        (scoring_pb2.SCORED_BY_FIRST_STAGE, scoring_pb2.SCORED_BY_SMALL_MODEL)
+    ):
+        envelope = decision(f"e{i}", f"tx-{i}")
+        envelope.decision.scored_by = engine
+        assert batch.add(record(envelope, i)) == AddResult.DECISION
+    ((_, buffer),) = batch.buffers.items()
+    rows = buffer.to_table().to_pylist()
+    assert [row["scored_by"] for row in rows] == ["first_stage", "small_model"]
+
+
 def test_recent_ids_forget_the_oldest() -> None:
     recent = RecentIds(2)
     for event_id in ("a", "b", "c"):

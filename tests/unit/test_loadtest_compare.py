@@ -38,12 +38,16 @@ def _step(
     default: float = 0.0,
     partial: float = 0.0,
     rules: float = 0.0,
+    small: float = 0.0,
+    first: float = 0.0,
     cpu: float = 3.0,
     errors: int = 0,
 ) -> report.Step:
     answers = {
-        "scored_by=model": 1000 * (1 - rules),
+        "scored_by=model": 1000 * (1 - rules - small - first),
         "scored_by=rules": 1000 * rules,
+        "scored_by=small_model": 1000 * small,
+        "scored_by=first_stage": 1000 * first,
         "feature_source=online": 1000 * (1 - default - partial),
         "feature_source=default": 1000 * default,
         "feature_source=partial": 1000 * partial,
@@ -67,10 +71,16 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_step_shares_name_each_kind_of_degraded_answer() -> None:
-    step = _step(400, 8.0, default=0.1, partial=0.05, rules=0.02)
+    step = _step(400, 8.0, default=0.1, partial=0.05, rules=0.02, small=0.03, first=0.8)
     assert step.shares() == pytest.approx(
-        {"feature_source=default": 0.1, "feature_source=partial": 0.05, "scored_by=rules": 0.02}
+        {
+            "feature_source=default": 0.1,
+            "feature_source=partial": 0.05,
+            "scored_by=rules": 0.02,
+            "scored_by=small_model": 0.03,
+        }
     )
+    assert step.share("scored_by=first_stage") == pytest.approx(0.8)
     assert report.Step(_result(400, 8.0)).shares() == {}
 
 
@@ -81,11 +91,23 @@ def test_step_shares_name_each_kind_of_degraded_answer() -> None:
         (_step(400, 8.0, partial=0.5), True),
         (_step(400, 8.0, default=0.05), False),
         (_step(400, 8.0, rules=0.01), False),
+        (_step(400, 8.0, small=0.01), False),
+        (_step(400, 8.0, first=0.9), True),
         (_step(400, 43.0), False),
         (_step(400, 8.0, errors=1), False),
         (report.Step(_result(400, 8.0)), False),
     ],
-    ids=["clean", "partial-is-fine", "default", "rules", "late", "error", "unknown"],
+    ids=[
+        "clean",
+        "partial-is-fine",
+        "default",
+        "rules",
+        "small-model-fallback",
+        "first-stage-is-full",
+        "late",
+        "error",
+        "unknown",
+    ],
 )
 def test_full_quality_needs_no_errors_p99_in_budget_and_few_degraded(
     step: report.Step, full: bool
@@ -100,11 +122,13 @@ def test_max_full_quality_is_the_highest_full_step_even_after_a_bad_one() -> Non
     assert report.max_full_quality([_step(200, 5.0, rules=0.2)]) is None
 
 
-def test_steps_table_shows_rules_default_and_partial_shares() -> None:
-    table = report.steps_table([_step(200, 5.0, default=0.125, partial=0.25, rules=0.5)])
-    head, _, row = table.splitlines()
-    assert "| by rules | default features | partial features |" in head
-    assert "| 50.0% | 12.5% | 25.0% |" in row
+def test_steps_table_shows_rules_small_model_default_partial_and_first_stage_shares() -> None:
+    step = _step(200, 5.0, default=0.125, partial=0.25, rules=0.5, small=0.1, first=0.3)
+    head, _, row = report.steps_table([step]).splitlines()
+    assert "| by rules | by small model | default features | partial features | first stage |" in (
+        head
+    )
+    assert "| 50.0% | 10.0% | 12.5% | 25.0% | 30.0% |" in row
     assert "default features" not in report.steps_table([report.Step(_result(200, 5.0))])
 
 
@@ -164,7 +188,9 @@ def _runs() -> list[compare.Run]:
     """Two rounds of old and new at 200 and 400 rps; new reaches 400 only in round 1."""
     return [
         compare.Run("old", 1, 1, [_step(200, 6.0, cpu=4.0), _step(400, 10.0, cpu=4.0)], ["g"]),
-        compare.Run("new", 1, 2, [_step(200, 3.0, cpu=2.0), _step(400, 5.0, cpu=2.0)], ["g"]),
+        compare.Run(
+            "new", 1, 2, [_step(200, 3.0, cpu=2.0, first=0.8), _step(400, 5.0, cpu=2.0)], ["g"]
+        ),
         compare.Run("new", 2, 1, [_step(200, 4.0, cpu=3.0), _step(400, 9.0, default=0.2)], ["g"]),
         compare.Run("old", 2, 2, [_step(200, 8.0, cpu=4.0), _step(400, 12.0, cpu=4.0)], ["g"]),
     ]
@@ -187,6 +213,8 @@ def test_summary_has_every_round_medians_and_ratios_to_the_baseline() -> None:
     # The updater works after the answer: not on the request path.
     assert new["median"]["serving_cpu_ms_per_call"] == pytest.approx(2.0)
     assert new["median"]["default_share"] == 0.0
+    assert new["median"]["first_stage_share"] == pytest.approx(0.4)
+    assert new["median"]["small_model_share"] == 0.0
     assert at200["versus_baseline"] == {
         "new": {
             "p99": pytest.approx(0.5),

@@ -113,7 +113,7 @@ def select(
             cut = booster.model_to_string(num_iteration=trees)
             best = (score, lgb.Booster(model_str=cut))
     assert best is not None
-    return _float32_thresholds(best[1]), selection
+    return float32_thresholds(best[1]), selection
 
 
 def predict(booster: lgb.Booster, x: np.ndarray) -> np.ndarray:
@@ -127,7 +127,7 @@ _THRESHOLD_LINE = re.compile(r"^threshold=(.*)$", re.MULTILINE)
 _TREE_SIZES_LINE = re.compile(r"^tree_sizes=.*\n", re.MULTILINE)
 
 
-def _float32_thresholds(booster: lgb.Booster) -> lgb.Booster:
+def float32_thresholds(booster: lgb.Booster) -> lgb.Booster:
     """The same model with each split threshold t replaced by the largest float32 <= t.
 
     The scorer's inputs are float32, and for a float32 x, ``x <= t`` holds exactly when

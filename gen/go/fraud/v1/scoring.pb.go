@@ -80,10 +80,19 @@ type ScoredBy int32
 
 const (
 	ScoredBy_SCORED_BY_UNSPECIFIED ScoredBy = 0
-	// The published machine-learning model answered.
+	// The version's full machine-learning model answered (the scorer).
 	ScoredBy_SCORED_BY_MODEL ScoredBy = 1
-	// The deterministic rules engine answered (model unavailable, failing or out of budget).
+	// The deterministic rules engine answered (the full model and the small model both
+	// unavailable, failing or out of budget).
 	ScoredBy_SCORED_BY_RULES ScoredBy = 2
+	// The cascade's first stage answered: the version's small model scored the transaction
+	// below its clear-approve threshold, so it was approved without asking the full model.
+	// A full-quality answer (the version's behaviour, judged with it).
+	ScoredBy_SCORED_BY_FIRST_STAGE ScoredBy = 3
+	// The version's small model answered alone, with its own thresholds, because the full
+	// model could not (failing, slow, its circuit breaker open or too little budget left):
+	// a degraded answer, better than the rules.
+	ScoredBy_SCORED_BY_SMALL_MODEL ScoredBy = 4
 )
 
 // Enum value maps for ScoredBy.
@@ -92,11 +101,15 @@ var (
 		0: "SCORED_BY_UNSPECIFIED",
 		1: "SCORED_BY_MODEL",
 		2: "SCORED_BY_RULES",
+		3: "SCORED_BY_FIRST_STAGE",
+		4: "SCORED_BY_SMALL_MODEL",
 	}
 	ScoredBy_value = map[string]int32{
 		"SCORED_BY_UNSPECIFIED": 0,
 		"SCORED_BY_MODEL":       1,
 		"SCORED_BY_RULES":       2,
+		"SCORED_BY_FIRST_STAGE": 3,
+		"SCORED_BY_SMALL_MODEL": 4,
 	}
 )
 
@@ -482,11 +495,13 @@ const file_fraud_v1_scoring_proto_rawDesc = "" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10DECISION_APPROVE\x10\x01\x12\x13\n" +
 	"\x0fDECISION_REVIEW\x10\x02\x12\x14\n" +
-	"\x10DECISION_DECLINE\x10\x03*O\n" +
+	"\x10DECISION_DECLINE\x10\x03*\x85\x01\n" +
 	"\bScoredBy\x12\x19\n" +
 	"\x15SCORED_BY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSCORED_BY_MODEL\x10\x01\x12\x13\n" +
-	"\x0fSCORED_BY_RULES\x10\x02*\x82\x01\n" +
+	"\x0fSCORED_BY_RULES\x10\x02\x12\x19\n" +
+	"\x15SCORED_BY_FIRST_STAGE\x10\x03\x12\x19\n" +
+	"\x15SCORED_BY_SMALL_MODEL\x10\x04*\x82\x01\n" +
 	"\rFeatureSource\x12\x1e\n" +
 	"\x1aFEATURE_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15FEATURE_SOURCE_ONLINE\x10\x01\x12\x1a\n" +

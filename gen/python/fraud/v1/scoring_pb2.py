@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66raud/v1/scoring.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x01\n\x0cScoreRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61rd_id\x18\x02 \x01(\t\x12\x13\n\x0bmerchant_id\x18\x03 \x01(\t\x12\x14\n\x0c\x61mount_minor\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\x12-\n\ttimestamp\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bterminal_id\x18\x07 \x01(\t\x12\"\n\x07\x63hannel\x18\x08 \x01(\x0e\x32\x11.fraud.v1.Channel\"\xf0\x01\n\rScoreResponse\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12$\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x12.fraud.v1.Decision\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0f\n\x07reasons\x18\x04 \x03(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12%\n\tscored_by\x18\x06 \x01(\x0e\x32\x12.fraud.v1.ScoredBy\x12/\n\x0e\x66\x65\x61ture_source\x18\x07 \x01(\x0e\x32\x17.fraud.v1.FeatureSource\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x01*e\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_APPROVE\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REVIEW\x10\x02\x12\x14\n\x10\x44\x45\x43ISION_DECLINE\x10\x03*O\n\x08ScoredBy\x12\x19\n\x15SCORED_BY_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORED_BY_MODEL\x10\x01\x12\x13\n\x0fSCORED_BY_RULES\x10\x02*\x82\x01\n\rFeatureSource\x12\x1e\n\x1a\x46\x45\x41TURE_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x45\x41TURE_SOURCE_ONLINE\x10\x01\x12\x1a\n\x16\x46\x45\x41TURE_SOURCE_PARTIAL\x10\x02\x12\x1a\n\x16\x46\x45\x41TURE_SOURCE_DEFAULT\x10\x03*Z\n\x07\x43hannel\x12\x17\n\x13\x43HANNEL_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HANNEL_CARD_PRESENT\x10\x01\x12\x1c\n\x18\x43HANNEL_CARD_NOT_PRESENT\x10\x02\x32H\n\x0c\x46raudScoring\x12\x38\n\x05Score\x12\x16.fraud.v1.ScoreRequest\x1a\x17.fraud.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66raud/v1/scoring.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x01\n\x0cScoreRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61rd_id\x18\x02 \x01(\t\x12\x13\n\x0bmerchant_id\x18\x03 \x01(\t\x12\x14\n\x0c\x61mount_minor\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\x12-\n\ttimestamp\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bterminal_id\x18\x07 \x01(\t\x12\"\n\x07\x63hannel\x18\x08 \x01(\x0e\x32\x11.fraud.v1.Channel\"\xf0\x01\n\rScoreResponse\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12$\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x12.fraud.v1.Decision\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0f\n\x07reasons\x18\x04 \x03(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12%\n\tscored_by\x18\x06 \x01(\x0e\x32\x12.fraud.v1.ScoredBy\x12/\n\x0e\x66\x65\x61ture_source\x18\x07 \x01(\x0e\x32\x17.fraud.v1.FeatureSource\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x01*e\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_APPROVE\x10\x01\x12\x13\n\x0f\x44\x45\x43ISION_REVIEW\x10\x02\x12\x14\n\x10\x44\x45\x43ISION_DECLINE\x10\x03*\x85\x01\n\x08ScoredBy\x12\x19\n\x15SCORED_BY_UNSPECIFIED\x10\x00\x12\x13\n\x0fSCORED_BY_MODEL\x10\x01\x12\x13\n\x0fSCORED_BY_RULES\x10\x02\x12\x19\n\x15SCORED_BY_FIRST_STAGE\x10\x03\x12\x19\n\x15SCORED_BY_SMALL_MODEL\x10\x04*\x82\x01\n\rFeatureSource\x12\x1e\n\x1a\x46\x45\x41TURE_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46\x45\x41TURE_SOURCE_ONLINE\x10\x01\x12\x1a\n\x16\x46\x45\x41TURE_SOURCE_PARTIAL\x10\x02\x12\x1a\n\x16\x46\x45\x41TURE_SOURCE_DEFAULT\x10\x03*Z\n\x07\x43hannel\x12\x17\n\x13\x43HANNEL_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43HANNEL_CARD_PRESENT\x10\x01\x12\x1c\n\x18\x43HANNEL_CARD_NOT_PRESENT\x10\x02\x32H\n\x0c\x46raudScoring\x12\x38\n\x05Score\x12\x16.fraud.v1.ScoreRequest\x1a\x17.fraud.v1.ScoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECISION']._serialized_start=535
   _globals['_DECISION']._serialized_end=636
-  _globals['_SCOREDBY']._serialized_start=638
-  _globals['_SCOREDBY']._serialized_end=717
-  _globals['_FEATURESOURCE']._serialized_start=720
-  _globals['_FEATURESOURCE']._serialized_end=850
-  _globals['_CHANNEL']._serialized_start=852
-  _globals['_CHANNEL']._serialized_end=942
+  _globals['_SCOREDBY']._serialized_start=639
+  _globals['_SCOREDBY']._serialized_end=772
+  _globals['_FEATURESOURCE']._serialized_start=775
+  _globals['_FEATURESOURCE']._serialized_end=905
+  _globals['_CHANNEL']._serialized_start=907
+  _globals['_CHANNEL']._serialized_end=997
   _globals['_SCOREREQUEST']._serialized_start=70
   _globals['_SCOREREQUEST']._serialized_end=290
   _globals['_SCORERESPONSE']._serialized_start=293
   _globals['_SCORERESPONSE']._serialized_end=533
-  _globals['_FRAUDSCORING']._serialized_start=944
-  _globals['_FRAUDSCORING']._serialized_end=1016
+  _globals['_FRAUDSCORING']._serialized_start=999
+  _globals['_FRAUDSCORING']._serialized_end=1071
 # @@protoc_insertion_point(module_scope)

@@ -22,6 +22,8 @@ class ScoredBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCORED_BY_UNSPECIFIED: _ClassVar[ScoredBy]
     SCORED_BY_MODEL: _ClassVar[ScoredBy]
     SCORED_BY_RULES: _ClassVar[ScoredBy]
+    SCORED_BY_FIRST_STAGE: _ClassVar[ScoredBy]
+    SCORED_BY_SMALL_MODEL: _ClassVar[ScoredBy]
 
 class FeatureSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +44,8 @@ DECISION_DECLINE: Decision
 SCORED_BY_UNSPECIFIED: ScoredBy
 SCORED_BY_MODEL: ScoredBy
 SCORED_BY_RULES: ScoredBy
+SCORED_BY_FIRST_STAGE: ScoredBy
+SCORED_BY_SMALL_MODEL: ScoredBy
 FEATURE_SOURCE_UNSPECIFIED: FeatureSource
 FEATURE_SOURCE_ONLINE: FeatureSource
 FEATURE_SOURCE_PARTIAL: FeatureSource
