@@ -155,7 +155,9 @@ def latency() -> list[Group]:
 def answers() -> list[Group]:
     """Degraded answers, server errors, breakers."""
     d, rpc = c.DECISIONS, c.RPC_SERVER_DURATION
-    served_by_both = f'{d.name}{{scored_by="model", feature_source!="default"}}'
+    # Full quality: the model answered, or the cascade's first stage approved a clear case
+    # (with features); the small model alone, the rules or default features are degraded.
+    served_by_both = f'{d.name}{{scored_by=~"model|first_stage", feature_source!="default"}}'
     served = f'rpc_service!~"{NOT_SERVING_PATHS}"'
     rules: list[Recording | Alert] = [
         Recording(
@@ -175,9 +177,9 @@ def answers() -> list[Group]:
         Alert(
             "FraudmeshDegradedAnswers",
             f"fraudmesh:answers_degraded:ratio_rate1m > {DEGRADED_THRESHOLD}",
-            "Many answers come from default features or the rules",
+            "Many answers come from default features, the small model alone or the rules",
             "{{ $value | humanizePercentage }} of Scores over the last minute were answered with "
-            "default features or by the rules (threshold "
+            "default features, by the small model alone or by the rules (threshold "
             f"{DEGRADED_THRESHOLD:.0%}): a dependency is slow, failing or behind an open breaker.",
             for_="1m",
         ),
