@@ -65,6 +65,8 @@ LIMITS_S: dict[str, int] = {
     "test_data_import.py": 420,
     # A mesh with Prometheus and its collector, a second collector, traces waited for.
     "test_observability.py": 420,
+    # A mesh with the monitor, steady traffic, three model imports and three rollouts.
+    "test_rollout.py": 900,
     "test_train_from_decisions.py": 420,
     # A Go client built in the test or its module (bounded at 300 s, 600 s cold in envoy_edge).
     "test_mesh.py": 600,

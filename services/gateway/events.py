@@ -61,6 +61,8 @@ def _model_slot(event: events_pb2.DecisionEvent, result: ScoreResult) -> None:
     """Which arm answered (live, also when the rules stood in for it, or canary) and the
     shadow version's score of the same transaction, when one was scored in time."""
     event.route = _ROUTE[result.arm]
+    event.canary_failed_version = result.canary_failed
+    event.canary_timed_out = result.canary_timed_out
     shadow = result.shadow.result() if result.shadow is not None else None
     if shadow is not None:
         event.shadow_score = shadow.score
