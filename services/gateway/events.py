@@ -19,6 +19,7 @@ from typing import Any
 from fraud.v1 import events_pb2, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
 from services.domain import featurespec
+from services.domain.money import amount_eur
 from services.eventlog import Producer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
@@ -93,7 +94,8 @@ def decision_event(
     event.card_not_present = card_not_present
     event.features.extend(result.features)
     if result.store is not None and result.features:
-        event.missing_features.extend(featurespec.missing_features(result.store))
+        amount = amount_eur(request.amount_minor, request.currency)
+        event.missing_features.extend(featurespec.missing_features(result.store, amount))
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source
