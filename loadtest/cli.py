@@ -68,6 +68,13 @@ def loadtest_command(
             "(--no-live-loop: neither, to measure what the loop costs)."
         ),
     ] = True,
+    observability: Annotated[
+        bool,
+        typer.Option(
+            help="A started mesh also runs Prometheus and the trace collector, as `fraudmesh "
+            "up` does (to measure what tracing and the histograms cost, with --compare)."
+        ),
+    ] = False,
     compare: Annotated[
         list[str] | None,
         typer.Option(
@@ -126,6 +133,7 @@ def loadtest_command(
         gateway_replicas=gateway_replicas,
         gateway_in_process=gateway_in_process,
         live_loop=live_loop,
+        observability=observability,
     )
     if variants:
         _compare(cfg, variants, rounds, console)

@@ -29,6 +29,7 @@ from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port, grpc_serving
+from services.mesh.topology import OBSERVABILITY
 from services.models import repository
 
 DEFAULT_RATES: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)
@@ -76,6 +77,8 @@ class LoadtestConfig:
     """The started mesh's gateways read the store and run the model in process."""
     live_loop: bool = True
     """The started mesh emits decision events and runs the feature updater."""
+    observability: bool = False
+    """The started mesh runs Prometheus and the trace collector, as ``fraudmesh up`` does."""
 
     @property
     def variant(self) -> str:
@@ -85,6 +88,8 @@ class LoadtestConfig:
             parts.append("no-loop")
         if self.gateway_replicas > 1:
             parts.append(f"{self.gateway_replicas}gw")
+        if self.observability:
+            parts.append("observed")
         return "-".join(parts)
 
     @property
@@ -153,6 +158,7 @@ def start_mesh(
     gateway_in_process: bool = False,
     live_loop: bool = True,
     replicas: Mapping[str, int] | None = None,
+    observability: bool = False,
     monitor: bool = True,
     log: Log = print,
 ) -> Mesh:
@@ -173,6 +179,7 @@ def start_mesh(
         metrics_ports={name: free_port() for name in [*gateways, "updater", "monitor"]},
         extra_env=extra_env or {},
         live_loop=live_loop,
+        observability=observability,
         monitor=monitor,
     )
     mesh = Mesh(config)
@@ -425,12 +432,13 @@ def request_source(population: Sequence[data.Txn], path: Path) -> Callable[[], P
 
 
 def check_env(mesh: Mesh, env: Mapping[str, str]) -> None:
-    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy and Redis
-    take none), so that no comparison passes off two alike meshes as two variants."""
+    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy, Redis,
+    Prometheus and the collector take none), so that no comparison passes off two alike
+    meshes as two variants."""
     if not env:
         return
     for name, process in mesh.processes.items():
-        if name.split("-")[0] in ("envoy", "redis") or process.pid is None:
+        if name.split("-")[0] in ("envoy", "redis") or name in OBSERVABILITY or process.pid is None:
             continue
         seen = psutil.Process(process.pid).environ()
         wrong = {k: seen.get(k) for k, v in env.items() if seen.get(k) != v}
@@ -462,6 +470,7 @@ def measure_mesh(
         gateway_in_process=cfg.gateway_in_process,
         live_loop=cfg.live_loop,
         replicas=replicas,
+        observability=cfg.observability,
         log=log,
     )
     try:

@@ -67,6 +67,8 @@ LIMITS_S: dict[str, int] = {
     # Envoy per test, and the report and export commands (each bounded at 300 s).
     "test_monitor.py": 900,
     "test_data_import.py": 420,
+    # A mesh with Prometheus and its collector, a second collector, traces waited for.
+    "test_observability.py": 420,
     # A mesh with the monitor, steady traffic, three model imports and three rollouts.
     "test_rollout.py": 900,
     "test_train_from_decisions.py": 420,

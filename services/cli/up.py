@@ -30,7 +30,8 @@ console = Console()
 
 METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog", "monitor")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
-this order; replicas (``gateway-2``, …) follow them."""
+this order; replicas (``gateway-2``, …) follow them, and the trace collector's own metrics
+take the port after theirs."""
 
 
 def metrics_ports(first: int, replicas: Sequence[str] = ()) -> dict[str, int]:
@@ -112,12 +113,16 @@ _Observability = Annotated[
     bool,
     typer.Option(
         help="The processes that watch the mesh for people: the web console (review queue, "
-        "decision lookup, models, overview); off: only the mesh itself."
+        "decision lookup, models, overview), Prometheus (its rules loaded, every process "
+        "scraped) and the trace collector (tail sampling; traces under the state folder), "
+        "the last two when installed; off: only the mesh itself, which never depends on them."
     ),
 ]
 _ConsolePort = Annotated[
     int, typer.Option(help="The console's HTTP port (loopback unless FRAUD_CONSOLE_HOST says).")
 ]
+_PrometheusPort = Annotated[int, typer.Option(help="Prometheus's port (127.0.0.1).")]
+_OtlpPort = Annotated[int, typer.Option(help="The trace collector's OTLP/gRPC port.")]
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
@@ -197,6 +202,8 @@ def up(
     features_replicas: _FeaturesReplicas = 2,
     scorer_replicas: _ScorerReplicas = 2,
     replica_port_step: _ReplicaPortStep = 100,
+    prometheus_port: _PrometheusPort = 9090,
+    otlp_port: _OtlpPort = 4317,
     monitor_port: _MonitorPort = 50056,
     monitor: _Monitor = True,
 ) -> None:
@@ -216,6 +223,7 @@ def up(
         features=(features_port, features_replicas),
         scorer=(scorer_port, scorer_replicas),
     )
+    scraped = metrics_ports(metrics_port, replicas)
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -227,7 +235,7 @@ def up(
         redis_port=redis_port,
         decisionlog_port=decisionlog_port,
         gateway_in_process=gateway_in_process,
-        metrics_ports=metrics_ports(metrics_port, replicas),
+        metrics_ports=scraped,
         edge=edge,
         live_loop=live_loop,
         eventlog=eventlog,
@@ -235,6 +243,9 @@ def up(
         updater_port=updater_port,
         observability=observability,
         console_port=console_port,
+        prometheus_port=prometheus_port,
+        otlp_port=otlp_port,
+        collector_metrics_port=metrics_port + len(scraped),
         extra_gateway_ports=extra["extra_gateway_ports"],
         extra_admin_ports=extra["extra_admin_ports"],
         extra_features_ports=extra["extra_features_ports"],
@@ -250,24 +261,43 @@ def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bo
     """Starts the mesh and supervises it until Ctrl-C/SIGTERM."""
     from services.mesh import Mesh
 
-    try:
-        edge.check_files()
-    except FileNotFoundError as error:
-        console.print(f"[red]{error}[/red]")
-        raise typer.Exit(1) from error
+    _check_edge_files(edge)
     mesh = Mesh(config)
+    if config.observability:
+        _warn_missing_observability(mesh)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     ready = _on_ready(mesh)
+    _start(mesh, ready)
+    console.print(_endpoints_table(mesh, edge))
+    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _start(mesh: Mesh, ready: Callable[[str], None]) -> None:
+    """Starts the mesh; exits 1 saying why when it does not start."""
     with console.status("starting the mesh …"):
         try:
             mesh.start(on_ready=ready)
         except RuntimeError as error:
             console.print(f"[red]start failed:[/red] {error}")
             raise typer.Exit(1) from error
-    console.print(_endpoints_table(mesh, edge))
-    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_edge_files(edge: EdgeSettings) -> None:
+    """Exits 1 naming every file the edge needs (TLS, JWT) that does not exist."""
+    try:
+        edge.check_files()
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from error
+
+
+def _warn_missing_observability(mesh: Mesh) -> None:
+    """Says which observability process is not installed: the mesh runs without it."""
+    for name, how in (("prometheus", "make system"), ("collector", "make tools")):
+        if name not in mesh.processes:
+            console.print(f"[yellow]{name} is not installed ({how}); running without it[/yellow]")
 
 
 def _check_choices(store: str, auth: str | None) -> None:
@@ -370,6 +400,9 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
         "console": f"{config.console_url}  review queue, decision lookup, models, overview",
+        "prometheus": f"http://{host}:{config.prometheus_port}  (rules, alerts, every process "
+        "scraped)",
+        "collector": f"otlp://{host}:{config.otlp_port}  traces kept → {config.traces_path}",
         "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
         f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }

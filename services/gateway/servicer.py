@@ -7,17 +7,19 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, Journaled, set_time
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Decision, Pipeline, ScoredBy, Source
+from services.gateway.pipeline import Decision, Pipeline, ScoredBy, ScoreResult, Source
 from services.gateway.validate import Limits, validate, validate_outcome
 
 _DECISION = {
@@ -36,6 +38,24 @@ _SOURCE = {
     Source.PARTIAL: pb.FEATURE_SOURCE_PARTIAL,
     Source.DEFAULT: pb.FEATURE_SOURCE_DEFAULT,
 }
+
+
+def _span_attributes(result: ScoreResult, budget: Budget, elapsed_s: float) -> dict[str, Any]:
+    """The project's attributes of a traced Score: how it was answered, and the budget's
+    slices in milliseconds."""
+    policy = budget.policy
+    return {
+        "fraudmesh.decision": result.decision.value,
+        "fraudmesh.scored_by": result.scored_by.value,
+        "fraudmesh.feature_source": result.feature_source.value,
+        "fraudmesh.model_version": result.model_version,
+        "fraudmesh.score": result.score,
+        "fraudmesh.budget.total_ms": budget.total_s * 1000,
+        "fraudmesh.budget.features_cap_ms": policy.features_cap_s * 1000,
+        "fraudmesh.budget.scorer_cap_ms": policy.scorer_cap_s * 1000,
+        "fraudmesh.budget.reserve_ms": policy.reserve_s * 1000,
+        "fraudmesh.elapsed_ms": elapsed_s * 1000,
+    }
 
 
 class FraudScoringServicer(pb_grpc.FraudScoringServicer):
@@ -121,7 +141,12 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         result = await pipeline.score(tx, budget)
         elapsed = budget.elapsed()
         m = self._metrics
-        m.latency.observe(elapsed)
+        trace_id = telemetry.trace_id()
+        if trace_id is None:
+            m.latency.observe(elapsed)
+        else:
+            m.latency.observe(elapsed, exemplar={"trace_id": trace_id})
+            telemetry.annotate(_span_attributes(result, budget, elapsed))
         m.decisions.labels(
             result.decision.value, result.scored_by.value, result.feature_source.value
         ).inc()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.edge_security import EdgeSettings
-from services.common.settings import from_mapping, to_env
+from services.common.settings import ServerSettings, from_mapping, to_env
+from services.common.telemetry import OtelEnvironment, TracePlan, plan
 from services.console.settings import ConsoleSettings
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog import EventLogSettings
@@ -94,10 +95,20 @@ class MeshConfig:
     edge: EdgeSettings | None = None
     """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
     observability: bool = False
-    """The processes that watch the mesh for people: the web console (``fraudmesh up`` turns
-    them on; ``--no-observability`` and the tests' meshes leave them off)."""
+    """The processes that watch the mesh for people: the web console, and Prometheus and the
+    trace collector each when installed (``fraudmesh up`` turns them on unless
+    ``--no-observability``; the tests' meshes leave them off); the mesh never depends on them."""
     console_port: int = 8090
     """The console's HTTP port (on ``host``: loopback unless configured)."""
+    prometheus_port: int = 9090
+    otlp_port: int = 4317
+    """The trace collector's OTLP/gRPC port."""
+    collector_metrics_port: int = 8888
+    """The trace collector's own /metrics."""
+    trace_keep_percent: float = 10.0
+    """Share of ordinary traces (no error, on time, approved) the collector keeps."""
+    observability_dir: Path | None = None
+    """Configs, Prometheus's data and the kept traces; unset: <var_dir>/observability."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
@@ -122,6 +133,9 @@ class MeshConfig:
                 "decisionlog_port",
                 "updater_port",
                 "console_port",
+                "prometheus_port",
+                "otlp_port",
+                "collector_metrics_port",
                 "monitor_port",
             )
         }
@@ -149,6 +163,16 @@ class MeshConfig:
     def logs_path(self) -> Path:
         """Folder of the processes' logs."""
         return self.log_dir or self.var_dir / "logs"
+
+    @property
+    def observability_path(self) -> Path:
+        """Folder of the observability processes' configs and data."""
+        return self.observability_dir or self.var_dir / "observability"
+
+    @property
+    def traces_path(self) -> Path:
+        """The file the mesh's collector appends kept traces to (OTLP JSON lines)."""
+        return self.observability_path / "traces" / "traces.jsonl"
 
     @property
     def envoy_target(self) -> str:
@@ -244,12 +268,27 @@ class MeshConfig:
                 var_dir=self.var_dir,
                 decisions_root=decisions,
                 outcome_target=self.envoy_target,
+                prometheus_url=f"http://{self.host}:{self.prometheus_port}",
                 monitor_url=f"http://{self.host}:{monitor_metrics}/metrics"
                 if monitor_metrics
                 else None,
             ),
             **self.extra_env,
         }
+
+    def otel_environment(self) -> OtelEnvironment:
+        """The standard OTEL_* variables the mesh's processes see (this process's environment
+        under the mesh's ``extra_env``)."""
+        given = {k.lower(): v for k, v in self.extra_env.items() if k.upper().startswith("OTEL_")}
+        return OtelEnvironment.model_validate(
+            {**OtelEnvironment().model_dump(exclude_none=True), **given}
+        )
+
+    def trace_plan(self, collector: bool) -> TracePlan:
+        """How the mesh traces: the standard variables where set; else, with the mesh's own
+        collector running, the services' default share of new traces to it; else off."""
+        ratio = ServerSettings.model_fields["trace_sample_ratio"].default
+        return plan("mesh", "otlp" if collector else "off", ratio, self.otel_environment())
 
     def monitor_env(self) -> dict[str, str]:
         """Environment of the monitor: the event log and the model repository of the

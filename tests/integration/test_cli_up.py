@@ -35,6 +35,10 @@ def test_up_serves_and_stops_without_orphans(
         "updater",
         "monitor",
         "console",
+        # Prometheus and the trace collector (observability is on by default): they are
+        # children too, and must not outlive `up` either.
+        "prometheus",
+        "otlp",
     )
     ports = up_ports(names, replicated=("admin", "gateway", "features", "scorer"))
     argv = [
@@ -60,6 +64,9 @@ def test_up_serves_and_stops_without_orphans(
             assert sum(f"services.{module}" in c for c in commands) == 2, commands
         assert sum("envoy" in c and "--config-path" in c for c in commands) == 2, commands
         assert "envoy-2" in (tmp_path / "up.log").read_text()
+        programs = {child.name() for child in children}
+        assert {"prometheus", "otelcol-fraudmesh"} <= programs, programs
+        assert http_ok(f"http://127.0.0.1:{ports['prometheus']}/-/ready")
         sample = client.Sample("cli", known.card_id, known.merchant_id, known.amount_minor)
         response = client.score(target, sample.request(), timeout_s=1.0)
         assert response.decision != 0
