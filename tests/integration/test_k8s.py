@@ -38,6 +38,7 @@ from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
+from services.monitor.settings import MonitorSettings
 from services.pipelines.simulate import SimulatorSettings
 from services.scorer.settings import ScorerSettings
 from services.updater.settings import UpdaterSettings
@@ -174,6 +175,7 @@ SETTINGS_CLASSES: tuple[type[BaseSettings], ...] = (
     EventLogSettings,
     UpdaterSettings,
     DecisionLogSettings,
+    MonitorSettings,
 )
 KNOWN_VARIABLES = {env_name(c, f) for c in SETTINGS_CLASSES for f in c.model_fields}
 """Every environment variable some settings class reads."""
@@ -185,6 +187,7 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "services.scorer": (ScorerSettings,),
     "services.updater": (UpdaterSettings, FeatureStoreSettings, EventLogSettings),
     "services.decisionlog": (DecisionLogSettings, EventLogSettings),
+    "services.monitor": (MonitorSettings, EventLogSettings),
     "fraudmesh features": (FeatureStoreSettings, SimulatorSettings),
     "fraudmesh train": (FeatureStoreSettings,),
     "fraudmesh decisions": (DecisionLogSettings,),
@@ -419,6 +422,7 @@ def test_every_reader_and_writer_of_the_event_log_uses_the_same_log(built: Built
         "services.gateway",
         "services.updater",
         "services.decisionlog",
+        "services.monitor",
     }
     views = {
         c.where: c.settings(EventLogSettings).model_dump(exclude={"consumer_name"}) for c in users
@@ -431,6 +435,7 @@ def test_every_reader_and_writer_of_the_event_log_uses_the_same_log(built: Built
     for consumer, settings_class in (
         ("services.updater", UpdaterSettings),
         ("services.decisionlog", DecisionLogSettings),
+        ("services.monitor", MonitorSettings),
     ):
         (container,) = built.processes(consumer)
         group = container.settings(settings_class).group  # type: ignore[attr-defined]
