@@ -155,7 +155,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):
         ) -> AsyncIterator[Any]:
             started = time.perf_counter()
             try:
-                async for response in streamed(request, context):
+                async for response in _responses(streamed, request, context):
                     yield response
             except BaseException as error:
                 record(started, context, error)
@@ -191,7 +191,7 @@ class RpcObserver(grpc.aio.ServerInterceptor):
             request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
             with telemetry.start_server_span(method, metadata):
-                async for response in streamed(request, context):
+                async for response in _responses(streamed, request, context):
                     yield response
 
         return grpc.unary_stream_rpc_method_handler(
@@ -199,6 +199,19 @@ class RpcObserver(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+async def _responses(
+    behavior: Callable[..., Any], request: Any, context: grpc.aio.ServicerContext
+) -> AsyncIterator[Any]:
+    """The responses of a server-streaming behaviour, either kind grpc.aio allows: an async
+    generator yields them; a coroutine (the health service's Watch) writes them itself with
+    ``context.write`` and yields none here."""
+    if inspect.isasyncgenfunction(behavior):
+        async for response in behavior(request, context):
+            yield response
+    else:
+        await behavior(request, context)
 
 
 class GcPauses:

@@ -81,6 +81,8 @@ def hostile_state(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -
     live = prepared_env.model_version
     metadata, folder = repository.load(models, NAME, live)
     files = {repository.MODEL_FILE: folder / repository.MODEL_FILE}
+    # The full model alone: what is under test is the repository's lookup, not the cascade.
+    metadata = metadata.model_copy(update={"small_model": None})
     candidate, _, _ = ModelLifecycle(models).publish_candidate(metadata, files)
     sibling = repository.publish(models, metadata.model_copy(update={"name": "other"}), files)
     outside = var_dir / "outside-models"

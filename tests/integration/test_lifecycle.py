@@ -63,10 +63,11 @@ DECLINING_VERSION = "3"
 
 
 def publish_variant(lifecycle: ModelLifecycle, base: str, **changes: Any) -> str:
-    """Publishes ``base``'s ONNX model with changed metadata as a new candidate."""
+    """Publishes ``base``'s ONNX model with changed metadata as a new candidate, without a
+    small model: each variant's behaviour is its full model's alone (no cascade)."""
     metadata, folder = repository.load(lifecycle.model_root, lifecycle.name, base)
     published, _, _ = lifecycle.publish_candidate(
-        metadata.model_copy(update=changes),
+        metadata.model_copy(update={"small_model": None, **changes}),
         {repository.MODEL_FILE: folder / repository.MODEL_FILE},
     )
     return published.version
