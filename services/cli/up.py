@@ -212,9 +212,7 @@ def up(
     from services.mesh import MeshConfig, RestartPolicy
 
     _check_choices(store, auth)
-    # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
-    flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
-    edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
+    edge = _edge(var_dir, {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port})
     _check_eventlog(store, eventlog, kafka_bootstrap)
     extra, replicas = _replicas(
         replica_port_step,
@@ -253,8 +251,13 @@ def up(
         monitor_port=monitor_port,
         monitor=monitor,
     )
-    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
-    _run(config, edge, policy, demo)
+    _run(config, edge, RestartPolicy(max_crashes=max_restarts, window_s=restart_window), demo)
+
+
+def _edge(var_dir: Path, flags: dict[str, Any]) -> EdgeSettings:
+    """The edge's settings: flags given on the command line win; the rest comes from
+    FRAUD_EDGE_* (production paths)."""
+    return EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
 
 
 def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:
