@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import lightgbm as lgb
@@ -19,6 +20,7 @@ from services.models import repository
 from services.pipelines import evaluate
 from services.pipelines.training import small as small_model
 from services.pipelines.training.params import TrainParams
+from services.pipelines.training.reference import version_reference
 from services.pipelines.training.selection import predict
 
 from .tiny_models import N_FEATURES, metadata, onnx_model
@@ -234,3 +236,33 @@ async def test_a_version_without_a_small_model_loads_none_and_one_that_names_it_
     # A folder whose small model cannot be loaded serves without one.
     broken = plain.model_copy(update={"small_model": info})
     assert await LocalSmallModelProvider(tmp_path / "models").prepare(broken) is None
+
+
+def test_the_reference_holds_the_score_as_the_cascade_answers(trained: Trained) -> None:
+    data, teacher, thresholds, step = trained
+    x_valid = data.x[data.valid]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    window = repository.TrainingWindow(
+        start=start,
+        end=start + timedelta(days=30),
+        holdout_start=start + timedelta(days=20),
+        train_end=start + timedelta(days=20),
+        validation_start=start + timedelta(days=10),
+    )
+    y_test = data.y[data.test]
+    test = (y_test, predict(teacher, data.x[data.test]), np.arange(len(y_test)) % 50)
+    raw = x_valid.astype(np.float64)
+    plain = version_reference(teacher, x_valid, raw, window, thresholds, test)
+    assert plain.answered is None
+    ref = version_reference(
+        teacher, x_valid, raw, window, thresholds, test, cascade=(step.booster, step.clear_approve)
+    )
+    small, full = predict(step.booster, x_valid), predict(teacher, x_valid)
+    answered = np.where(small < step.clear_approve, small, full)
+    assert ref.answered is not None
+    assert ref.answered.proportions == pytest.approx(ref.answered.counts(answered) / len(answered))
+    assert ref.answered.psi(answered) == pytest.approx(0.0, abs=1e-9)
+    # Most validation payments are cleared at the first stage with a lower score than the
+    # full model's: the full model's distribution is not the one the version answers with.
+    assert ref.score.psi(answered) > 0.1
+    assert ref.score == plain.score
