@@ -24,8 +24,17 @@ $(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --no-deps -e . -e ./loadtest
 	touch $@
 
+# The console's browser assets: pinned npm packages (package-lock.json, integrity-checked by
+# npm ci), copied into the console's static folder; the console serves them itself.
+CONSOLE_VENDOR := services/console/static/vendor
+$(CONSOLE_VENDOR)/htmx.min.js: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is needed for the console's assets (apt-get install npm)" >&2; exit 1; }
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	mkdir -p $(CONSOLE_VENDOR)
+	cp node_modules/htmx.org/dist/htmx.min.js $@
+
 .PHONY: install
-install: $(VENV)/.installed ## Create .venv and install the project and its load-test suite
+install: $(VENV)/.installed $(CONSOLE_VENDOR)/htmx.min.js ## Create .venv, install the project, its load-test suite and the console's assets
 
 .PHONY: system
 system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl) if missing

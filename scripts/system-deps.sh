@@ -2,7 +2,10 @@
 # Make sure the system programs the tests start are present: redis-server (Redis online
 # store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
 # (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
-# gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests). Missing
+# gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests),
+# Chromium (the web console's browser tests, driven by Playwright without downloading a
+# browser of its own), npm (the console's pinned assets), Prometheus (the console's overview
+# is checked against it). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -14,6 +17,9 @@ declare -A wanted=(
   [java]=openjdk-17-jre-headless
   [mvn]=maven
   [curl]=curl
+  [chromium]=chromium
+  [npm]=npm
+  [prometheus]=prometheus
   [promtool]=prometheus
 )
 

@@ -58,11 +58,16 @@ LIMITS_S: dict[str, int] = {
     "test_liveloop.py": 420,
     "test_liveloop_brokers.py": 420,
     "test_liveloop_replay.py": 420,
+    # The same, with the console, Chromium and verdicts waited for in the decision log.
+    "test_console.py": 480,
+    "test_console_secured.py": 420,
     "test_cascade.py": 600,
     # A mesh with the monitor on a store it materializes first, a few thousand calls through
     # Envoy per test, and the report and export commands (each bounded at 300 s).
     "test_monitor.py": 900,
     "test_data_import.py": 420,
+    # A mesh with the monitor, steady traffic, three model imports and three rollouts.
+    "test_rollout.py": 900,
     "test_train_from_decisions.py": 420,
     # A Go client built in the test or its module (bounded at 300 s, 600 s cold in envoy_edge).
     "test_mesh.py": 600,

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from services import client
+from services.cli import autopilot as autopilot_cli
 from services.cli import certs as certs_cli
 from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
@@ -53,6 +54,9 @@ app.add_typer(
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command
 )
+app.command(
+    "autopilot", help="Retrain when due and roll the candidate out through the monitor's gates."
+)(autopilot_cli.autopilot_command)
 app.command("certs")(certs_cli.certs_command)
 app.command("token")(certs_cli.token_command)
 app.command()(up_cli.up)

@@ -10,9 +10,11 @@ line on stderr says why and nothing was changed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +30,16 @@ from services.models.lifecycle import (
     LifecycleState,
     ModelLifecycle,
     Routing,
+    VersionState,
+    default_actor,
+)
+from services.models.rollout import (
+    DEFAULT_STEPS,
+    Outcome,
+    Phase,
+    RolloutFile,
+    RolloutPlan,
+    check_steps,
 )
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -153,6 +165,7 @@ def _print_list(state: LifecycleState, root: Path, history: int) -> None:
         )
     console.print(table)
     console.print(f"routing: {_routing_text(state.routing)}")
+    _print_rollout(RolloutFile(root, state.name).read())
     for record in records:
         console.print(
             f"  v{record.version} {record.state.value} since {record.since:%Y-%m-%d %H:%M:%S}: "
@@ -172,6 +185,24 @@ def _print_list(state: LifecycleState, root: Path, history: int) -> None:
             console.print(
                 f"  {t.at:%Y-%m-%d %H:%M:%S} g{t.generation} v{t.version} {old} → "
                 f"{t.to_state.value} by {t.by}: {t.reason}"
+            )
+
+
+def _print_rollout(plan: RolloutPlan | None) -> None:
+    if plan is None:
+        return
+    console.print(f"[bold]rollout[/bold] of v{plan.version}: {plan.where()}", highlight=False)
+    for result in plan.results:
+        mark = "passed" if result.passed else "[red]FAILED[/red]"
+        console.print(
+            f"  {result.at:%H:%M:%S} {result.step} {mark} on {result.decisions} decisions "
+            f"(live {result.live_decisions}, {result.seconds:g} s)",
+            highlight=False,
+        )
+        for c in result.comparisons:
+            console.print(
+                f"      {'ok' if c.passed else '[red]FAIL[/red]'} {c.name}: {c.detail}",
+                highlight=False,
             )
 
 
@@ -199,10 +230,224 @@ def shadow(
     var_dir: VarDirOption = None,
     model_root: ModelRootOption = None,
     name: NameOption = repository.DEFAULT_MODEL_NAME,
+    min_decisions: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Hand VERSION to the monitor's shadow gate, judged once it has scored this "
+            "many answers (agreement, score PSI, answers scored in time); 0: shadow only.",
+        ),
+    ] = 0,
+    max_seconds: Annotated[
+        float, typer.Option(min=1.0, help="The gate fails when the decisions take longer.")
+    ] = 3600.0,
+    wait: Annotated[bool, typer.Option(help="With --min-decisions: wait for the verdict.")] = False,
 ) -> None:
-    """Score live traffic with VERSION after each answer, for comparison only."""
+    """Score live traffic with VERSION after each answer, for comparison only; with
+    --min-decisions, the monitor judges it and records the verdict in the history."""
     lifecycle = _lifecycle(var_dir, model_root, name)
-    _run("shadow", lambda: lifecycle.shadow(version))
+    if min_decisions == 0:
+        _run("shadow", lambda: lifecycle.shadow(version))
+        return
+    plan = _new_plan(
+        lifecycle,
+        version,
+        steps=[],
+        shadow_min_decisions=min_decisions,
+        step_min_decisions=1,
+        step_max_seconds=max_seconds,
+        require_approval=True,
+        stop_after_shadow=True,
+    )
+    _start_plan(lifecycle, plan, "shadow")
+    if wait:
+        _wait(lifecycle, max_seconds + 60)
+
+
+def _new_plan(lifecycle: ModelLifecycle, version: str, **fields: Any) -> RolloutPlan:
+    phase = Phase.SHADOW if fields["shadow_min_decisions"] else Phase.CANARY
+    return RolloutPlan(
+        version=version,
+        requested_by=default_actor(),
+        requested_at=datetime.now(UTC),
+        phase=phase,
+        **fields,
+    )
+
+
+def _start_plan(lifecycle: ModelLifecycle, plan: RolloutPlan, action: str) -> None:
+    """Checks the version may be rolled out and writes the plan for the monitor."""
+    plans = RolloutFile(lifecycle.model_root, lifecycle.name)
+    try:
+        with plans.locked():
+            state = lifecycle.read()
+            record = state.record(plan.version)
+            current = plans.read()
+            if current is not None and not current.finished:
+                fail(
+                    f"{action} refused",
+                    f"v{current.version} is being rolled out ({current.where()}): let it "
+                    "finish, or retire it",
+                    REFUSED,
+                )
+            if record.state in (VersionState.LIVE, VersionState.RETIRED):
+                fail(f"{action} refused", f"v{plan.version} is {record.state.value}", REFUSED)
+            if state.routing.live is None:
+                fail(f"{action} refused", "no live version to compare with", REFUSED)
+            gates = record.gates
+            if gates is not None and not gates.passed:
+                failed = "; ".join(f"{c.name}: {c.detail}" for c in gates.failures())
+                fail(f"{action} refused", f"v{plan.version} failed its gates ({failed})", REFUSED)
+            plans.write(plan)
+    except (InvalidArgument, NotFound, CorruptLifecycleFile) as error:
+        fail(f"{action} rejected", error.message, BAD_INPUT)
+    console.print(f"v{plan.version}: handed to the monitor's rollout controller: {plan.where()}")
+    if plan.steps:
+        console.print(
+            f"  steps {', '.join(f'{s:g}%' for s in plan.steps)}; each judged on at least "
+            f"{plan.step_min_decisions} decisions of each arm within {plan.step_max_seconds:g} s"
+        )
+    console.print("  follow it with `fraudmesh model list`")
+
+
+def _wait(lifecycle: ModelLifecycle, timeout_s: float) -> None:
+    """Waits for the rollout to end; exit 0 when it promoted or passed, 1 otherwise."""
+    plans = RolloutFile(lifecycle.model_root, lifecycle.name)
+    deadline = time.monotonic() + timeout_s
+    plan = plans.read()
+    while plan is not None and not plan.finished and time.monotonic() < deadline:
+        time.sleep(1.0)
+        plan = plans.read()
+    if plan is None or not plan.finished:
+        fail("rollout", "no verdict yet: is the monitor running?", REFUSED)
+    for result in plan.results:
+        mark = "passed" if result.passed else "[red]FAILED[/red]"
+        console.print(f"  {result.step} {mark}: {result.summary()}", highlight=False)
+    console.print(f"v{plan.version}: {plan.where()}", highlight=False)
+    if plan.outcome not in (Outcome.PROMOTED, Outcome.SHADOW_PASSED):
+        raise typer.Exit(REFUSED)
+
+
+def _steps(text: str) -> list[float]:
+    """Typer callback: comma-separated canary shares ending at 100."""
+    try:
+        steps = [float(part) for part in text.split(",")]
+    except ValueError:
+        bad_option("--steps", f"{text!r} is not a comma-separated list of percentages")
+    problem = check_steps(steps)
+    if problem is not None:
+        bad_option("--steps", problem)
+    return steps
+
+
+@app.command()
+def rollout(
+    version: VersionArgument,
+    steps: Annotated[
+        str, typer.Option(help="Canary shares in %, comma-separated; the last (100) promotes.")
+    ] = ",".join(f"{s:g}" for s in DEFAULT_STEPS),
+    shadow_min_decisions: Annotated[
+        int, typer.Option(min=0, help="Decisions of the shadow gate first; 0: no shadow gate.")
+    ] = 1000,
+    step_min_decisions: Annotated[
+        int, typer.Option(min=1, help="Decisions each arm needs before a step is judged.")
+    ] = 1000,
+    step_max_seconds: Annotated[
+        float,
+        typer.Option(min=1.0, help="A step without enough decisions by then rolls back."),
+    ] = 3600.0,
+    require_approval: Annotated[
+        bool, typer.Option(help="Wait for `fraudmesh model approve` before the last step.")
+    ] = False,
+    wait: Annotated[bool, typer.Option(help="Wait until the rollout ends.")] = False,
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """Hand VERSION to the monitor's rollout controller: a shadow gate, then each canary
+    share judged against live on the same window, rolled back at the first failed step,
+    promoted (or held for approval) after the last."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    plan = _new_plan(
+        lifecycle,
+        version,
+        steps=_steps(steps),
+        shadow_min_decisions=shadow_min_decisions,
+        step_min_decisions=step_min_decisions,
+        step_max_seconds=step_max_seconds,
+        require_approval=require_approval,
+    )
+    _start_plan(lifecycle, plan, "rollout")
+    if wait:
+        _wait(lifecycle, step_max_seconds * (len(plan.steps) + 1) + 60)
+
+
+@app.command()
+def approve(
+    version: VersionArgument,
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """Promote VERSION whose staged rollout passed every step and waits for approval."""
+    lifecycle = _lifecycle(var_dir, model_root, name)
+    plans = RolloutFile(lifecycle.model_root, lifecycle.name)
+    with plans.locked():
+        try:
+            plan = plans.read()
+        except CorruptLifecycleFile as error:
+            fail("approve rejected", error.message, BAD_INPUT)
+        if plan is None or plan.version != version or plan.phase is not Phase.APPROVAL:
+            where = f"v{plan.version}: {plan.where()}" if plan else "no rollout"
+            fail("approve refused", f"v{version} is not waiting for approval ({where})", REFUSED)
+        reason = f"approved by {default_actor()} after {len(plan.results)} judged steps"
+        _run("approve", lambda: lifecycle.promote(version, reason=reason))
+        plan.phase, plan.outcome, plan.reason = Phase.DONE, Outcome.PROMOTED, reason
+        plan.finished_at = datetime.now(UTC)
+        plans.write(plan)
+
+
+@app.command("import")
+def import_command(
+    folder: Annotated[
+        Path, typer.Argument(help="Folder with model.onnx and metadata.json.", show_default=False)
+    ],
+    var_dir: VarDirOption = None,
+    model_root: ModelRootOption = None,
+    name: NameOption = repository.DEFAULT_MODEL_NAME,
+) -> None:
+    """Publish a model trained elsewhere as a candidate: validated, given a reference on the
+    store's latest periods, judged by the promotion gates against live."""
+    from services.pipelines import importing
+    from services.pipelines.training.params import TrainingDataError
+
+    settings = from_env(var_dir=var_dir)
+    root = model_root or settings.var_dir / "models"
+    try:
+        importing.validate(folder)
+    except importing.ImportProblem as error:
+        fail("import rejected", str(error), BAD_INPUT)
+    try:
+        done = importing.import_model(folder, settings, root, name=name)
+    except importing.ImportProblem as error:
+        fail("import rejected", str(error), BAD_INPUT)
+    except (TrainingDataError, FraudmeshError, FileNotFoundError) as error:
+        fail("import failed", str(error), REFUSED)
+    m = done.metadata
+    console.print(f"v{m.version}: new → [bold]candidate[/bold] (imported from {folder})")
+    q = done.reference.quality
+    if q is not None:
+        console.print(
+            f"  test period: average precision {q.average_precision.estimate:.4f}, recall at "
+            f"review {q.recall['review'].estimate:.1%}, at decline {q.recall['decline'].estimate:.1%}"
+            f" ({q.frauds} frauds in {q.rows} payments)",
+            highlight=False,
+        )
+    against = f"v{done.gates.against}" if done.gates.against else "no live version"
+    verdict = "passed" if done.gates.passed else "[red]failed[/red]"
+    console.print(f"  gates against {against}: {verdict}")
+    for check in done.gates.checks:
+        console.print(f"    {check.name}: {check.detail}", highlight=False)
 
 
 @app.command()

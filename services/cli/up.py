@@ -101,6 +101,16 @@ _EventLog = Annotated[
         "redis, else the file log under the state folder)."
     ),
 ]
+_Observability = Annotated[
+    bool,
+    typer.Option(
+        help="The processes that watch the mesh for people: the web console (review queue, "
+        "decision lookup, models, overview); off: only the mesh itself."
+    ),
+]
+_ConsolePort = Annotated[
+    int, typer.Option(help="The console's HTTP port (loopback unless FRAUD_CONSOLE_HOST says).")
+]
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
@@ -129,6 +139,8 @@ def up(
     eventlog: _EventLog = None,
     kafka_bootstrap: _KafkaBootstrap = None,
     updater_port: int = 50054,
+    observability: _Observability = True,
+    console_port: _ConsolePort = 8090,
     monitor_port: _MonitorPort = 50056,
     monitor: _Monitor = True,
 ) -> None:
@@ -136,10 +148,7 @@ def up(
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
     from services.mesh import Mesh, MeshConfig, RestartPolicy
 
-    if store not in ("sqlite", "redis"):
-        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
-    if auth not in (None, "none", "jwt"):
-        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    _check_choices(store, auth)
     # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
@@ -161,6 +170,8 @@ def up(
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
         updater_port=updater_port,
+        observability=observability,
+        console_port=console_port,
         monitor_port=monitor_port,
         monitor=monitor,
     )
@@ -183,6 +194,14 @@ def up(
     console.print(_endpoints_table(mesh, edge))
     policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
     _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_choices(store: str, auth: str | None) -> None:
+    """Refuses a store or an authentication the mesh does not know."""
+    if store not in ("sqlite", "redis"):
+        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if auth not in (None, "none", "jwt"):
+        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
 
 
 def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:
@@ -248,6 +267,7 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+        "console": f"{config.console_url}  review queue, decision lookup, models, overview",
         "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
         f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }

@@ -19,6 +19,7 @@ from typing import Any
 from fraud.v1 import events_pb2, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
 from services.domain import featurespec
+from services.domain.money import amount_eur
 from services.eventlog import Producer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
@@ -61,6 +62,8 @@ def _model_slot(event: events_pb2.DecisionEvent, result: ScoreResult) -> None:
     """Which arm answered (live, also when the rules stood in for it, or canary) and the
     shadow version's score of the same transaction, when one was scored in time."""
     event.route = _ROUTE[result.arm]
+    event.canary_failed_version = result.canary_failed
+    event.canary_timed_out = result.canary_timed_out
     shadow = result.shadow.result() if result.shadow is not None else None
     if shadow is not None:
         event.shadow_score = shadow.score
@@ -91,7 +94,8 @@ def decision_event(
     event.card_not_present = card_not_present
     event.features.extend(result.features)
     if result.store is not None and result.features:
-        event.missing_features.extend(featurespec.missing_features(result.store))
+        amount = amount_eur(request.amount_minor, request.currency)
+        event.missing_features.extend(featurespec.missing_features(result.store, amount))
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source
@@ -114,6 +118,7 @@ def outcome_event(report: OutcomeReport, received_at_s: float) -> events_pb2.Eve
     event.transaction_id = report.transaction_id
     event.outcome = _VERDICT_NUMBER[report.verdict]  # type: ignore[assignment]
     event.source = _REPORTER_NUMBER[report.reporter]  # type: ignore[assignment]
+    event.reported_by = report.reported_by
     set_time(event.reported_at, report.reported_at_s)
     set_time(event.received_at, received_at_s)
     return envelope

@@ -122,6 +122,11 @@ class ScoreResult:
     feature_source: Source = Source.ONLINE
     arm: Arm = Arm.LIVE
     """The arm that answered: the canary, or live (also when the rules answered)."""
+    canary_failed: str = ""
+    """The canary version this card was routed to when the canary could not answer (live or
+    the rules answered instead); empty otherwise."""
+    canary_timed_out: bool = False
+    """True when that canary ran out of time rather than failed."""
     shadow: ShadowJob | None = None
     """The shadow version's scoring of this transaction, run after the answer is sent
     (``Pipeline.after_answer``): ``shadow.version``, ``await shadow.wait(timeout)``."""
@@ -223,12 +228,32 @@ class Pipeline:
         route, arm = table.pick(tx.card_id)
         store, source = await self._read_features(tx, budget)
         notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
+        failed: tuple[str, bool] | None = None
         if arm is Arm.CANARY:
             answered = await self._score_canary(table, route, tx, store, source, notes, budget)
-            if answered is not None:
+            if isinstance(answered, ScoreResult):
                 answered.store = store
                 return self._with_shadow(table, answered, tx, store)
+            failed = answered
             route = table.live
+        result = await self._score_live(table, route, tx, store, source, notes, budget)
+        if failed is not None:
+            # The event says the canary failed this card, so one process watching every
+            # gateway's events can judge the canary's error and timeout rates.
+            result.canary_failed, result.canary_timed_out = failed
+        return result
+
+    async def _score_live(
+        self,
+        table: RouteTable,
+        route: ModelRoute,
+        tx: Transaction,
+        store: Mapping[str, float | None],
+        source: Source,
+        notes: list[str],
+        budget: Budget,
+    ) -> ScoreResult:
+        """Live's answer, or the rules' when the model cannot give one in time."""
         vector = route.vector(tx, store)
         small_score = None
         small_tried = False
@@ -384,8 +409,9 @@ class Pipeline:
         source: Source,
         notes: list[str],
         budget: Budget,
-    ) -> ScoreResult | None:
-        """The canary's answer, or None when it cannot give one (live answers then)."""
+    ) -> ScoreResult | tuple[str, bool] | None:
+        """The canary's answer; when it cannot give one (live answers then), its version and
+        whether it ran out of time, or None when it was not asked (no budget left)."""
         breaker, watch = table.canary_breaker, table.watch
         vector = route.vector(tx, store)
         if self.cascade and route.small is not None:
@@ -409,7 +435,7 @@ class Pipeline:
                 watch.record(
                     Arm.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
                 )
-            return None
+            return route.version, error.reason == "timeout"
         elapsed = time.perf_counter() - started
         named = dict(zip(route.order, vector, strict=True))
         rule_reasons = self.rules.evaluate(named).reasons(named)

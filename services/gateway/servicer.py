@@ -178,6 +178,7 @@ class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):
                 ),
                 now_s=time.time(),
                 limits=self._limits,
+                reported_by=request.reported_by,
             )
         except InvalidArgument as error:
             self._metrics.invalid.labels(error.field).inc()

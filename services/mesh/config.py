@@ -9,6 +9,7 @@ from pathlib import Path
 
 from services.common.edge_security import EdgeSettings
 from services.common.settings import from_mapping, to_env
+from services.console.settings import ConsoleSettings
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
@@ -69,6 +70,11 @@ class MeshConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
     """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
+    observability: bool = False
+    """The processes that watch the mesh for people: the web console (``fraudmesh up`` turns
+    them on; ``--no-observability`` and the tests' meshes leave them off)."""
+    console_port: int = 8090
+    """The console's HTTP port (on ``host``: loopback unless configured)."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
@@ -84,6 +90,7 @@ class MeshConfig:
                 "redis_port",
                 "decisionlog_port",
                 "updater_port",
+                "console_port",
                 "monitor_port",
             )
         }
@@ -149,6 +156,50 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    @property
+    def console_url(self) -> str:
+        """Where a browser opens the console."""
+        scheme = "https" if self.edge_settings().tls else "http"
+        return f"{scheme}://{self.host}:{self.console_port}"
+
+    def console_env(self) -> dict[str, str]:
+        """Environment of the console: this mesh's decision log, models and edge (verdicts go
+        through Envoy like any client's outcome), and the edge's TLS and token settings,
+        which the console applies to itself."""
+        edge = self.edge_settings()
+        decisions = from_mapping(DecisionLogSettings, self.decisionlog_env()).root_path
+        # The Models page reads the monitor's own metrics page, where this mesh runs one.
+        monitor_metrics = (
+            self.metrics_ports.get("monitor") if self.live_loop and self.monitor else None
+        )
+        return {
+            **self.service_env(),
+            **to_env(
+                EdgeSettings,
+                var_dir=edge.var_dir,
+                tls=edge.tls,
+                mtls=edge.mtls,
+                auth=edge.auth,
+                cert_path=edge.cert_path,
+                key_path=edge.key_path,
+                jwks_path=edge.jwks_path,
+                jwt_issuer=edge.jwt_issuer,
+                jwt_audience=edge.jwt_audience,
+            ),
+            **to_env(
+                ConsoleSettings,
+                host=self.host,
+                port=self.console_port,
+                var_dir=self.var_dir,
+                decisions_root=decisions,
+                outcome_target=self.envoy_target,
+                monitor_url=f"http://{self.host}:{monitor_metrics}/metrics"
+                if monitor_metrics
+                else None,
+            ),
+            **self.extra_env,
+        }
 
     def monitor_env(self) -> dict[str, str]:
         """Environment of the monitor: the event log and the model repository of the

@@ -118,9 +118,27 @@ class Mesh:
             log_path=logs / "envoy.log",
         )
         self._envoy_config = envoy_config
+        if c.observability:
+            self._add_console()
         self._lock = threading.Lock()
         self._held: set[str] = set()
         self._stopping = False
+
+    def _add_console(self) -> None:
+        """Adds the web console, started last: it reads the decision log and reports verdicts
+        through Envoy."""
+        c = self.config
+        url = f"http://{c.host}:{c.console_port}/healthz"
+        tls = c.edge_settings().tls
+        self.processes["console"] = Process(
+            "console",
+            [sys.executable, "-m", "services.console"],
+            # Over TLS the mesh holds no client trust of its own: an open port will do.
+            ready=(lambda: tcp_open(c.host, c.console_port)) if tls else (lambda: http_ok(url)),
+            env=c.console_env(),
+            log_path=c.logs_path / "console.log",
+            niceness=c.background_niceness,
+        )
 
     def _envoy_ready(self) -> bool:
         """Plaintext: the edge answers health with SERVING. With TLS the mesh holds no client
@@ -177,6 +195,7 @@ class Mesh:
                 ("features", "scorer", "decisionlog", "updater", "monitor"),
                 gateways,
                 ("envoy",),
+                ("console",),
             )
             for group in groups:
                 started = [self.processes[n] for n in group if n in self.processes]

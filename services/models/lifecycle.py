@@ -233,6 +233,11 @@ def _version_key(version: str) -> tuple[int, str]:
     )
 
 
+def _with(what: str, reason: str) -> str:
+    """``what``, followed by why when a reason is given."""
+    return f"{what}: {reason}" if reason else what
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -450,7 +455,17 @@ class ModelLifecycle:
 
         return self._require(self._change(mutate, by))
 
-    def shadow(self, version: str, by: str | None = None) -> LifecycleChange:
+    def annotate(self, version: str, reason: str, by: str | None = None) -> LifecycleChange:
+        """Records an event of ``version`` that changes no state (a rollout step's verdict,
+        a shadow gate's figures) in the history."""
+
+        def mutate(e: _Editor) -> None:
+            record = e.state.record(version)
+            e.transitions.append(e.transition(version, record.state, record.state, reason))
+
+        return self._require(self._change(mutate, by))
+
+    def shadow(self, version: str, by: str | None = None, reason: str = "") -> LifecycleChange:
         """``version`` scores live traffic in shadow (replacing any other shadow)."""
 
         def mutate(e: _Editor) -> None:
@@ -473,11 +488,13 @@ class ModelLifecycle:
                 e.note(f"v{version} leaves its {canary.percent:g}% canary")
                 canary = None
             e.state.routing = routing.model_copy(update={"shadow": version, "canary": canary})
-            e.move(version, VersionState.SHADOW, "shadow")
+            e.move(version, VersionState.SHADOW, _with("shadow", reason))
 
         return self._require(self._change(mutate, by))
 
-    def canary(self, version: str, percent: float, by: str | None = None) -> LifecycleChange:
+    def canary(
+        self, version: str, percent: float, by: str | None = None, reason: str = ""
+    ) -> LifecycleChange:
         """``version`` answers ``percent`` % of the cards (or changes its share)."""
         rounded = round(percent, 2) if math.isfinite(percent) else percent
         if not 0 < rounded <= 100:  # False for NaN as well
@@ -510,16 +527,16 @@ class ModelLifecycle:
                 e.move(
                     version,
                     VersionState.CANARY,
-                    f"canary {current.percent:g}% → {share.percent:g}%",
+                    _with(f"canary {current.percent:g}% → {share.percent:g}%", reason),
                 )
                 return
             shadow = None if routing.shadow == version else routing.shadow
             e.state.routing = routing.model_copy(update={"canary": share, "shadow": shadow})
-            e.move(version, VersionState.CANARY, f"canary at {share.percent:g}%")
+            e.move(version, VersionState.CANARY, _with(f"canary at {share.percent:g}%", reason))
 
         return self._require(self._change(mutate, by))
 
-    def promote(self, version: str, by: str | None = None) -> LifecycleChange:
+    def promote(self, version: str, by: str | None = None, reason: str = "") -> LifecycleChange:
         """``version`` answers all traffic at once; the replaced live version stays loaded
         as the rollback target."""
 
@@ -550,7 +567,7 @@ class ModelLifecycle:
             e.state.routing = Routing(live=version, canary=canary, shadow=shadow, previous=old)
             if old is not None:
                 e.move(old, VersionState.RETIRED, f"replaced by v{version}; kept for rollback")
-            e.move(version, VersionState.LIVE, "promoted")
+            e.move(version, VersionState.LIVE, _with("promoted", reason))
 
         return self._require(self._change(mutate, by))
 
@@ -574,7 +591,7 @@ class ModelLifecycle:
 
         return self._require(self._change(mutate, by))
 
-    def retire(self, version: str, by: str | None = None) -> LifecycleChange:
+    def retire(self, version: str, by: str | None = None, reason: str = "") -> LifecycleChange:
         """Takes ``version`` out of service (candidate, shadow, canary or rollback target)."""
 
         def mutate(e: _Editor) -> None:
@@ -597,7 +614,7 @@ class ModelLifecycle:
             if routing.canary and routing.canary.version == version:
                 updates["canary"] = None
             e.state.routing = routing.model_copy(update=updates)
-            e.move(version, VersionState.RETIRED, "retired")
+            e.move(version, VersionState.RETIRED, _with("retired", reason))
 
         return self._require(self._change(mutate, by))
 

@@ -20,6 +20,11 @@ class TensorSpec:
     datatype: str
     shape: tuple[int, ...]
 
+    @classmethod
+    def of(cls, arg: ort.NodeArg) -> TensorSpec:
+        """The spec of an ONNX Runtime session's input or output."""
+        return _spec(arg)
+
 
 _V2_TYPES = {
     "tensor(float)": "FP32",

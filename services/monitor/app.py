@@ -1,7 +1,9 @@
 """The monitor as a Service for the shared runtime.
 
 Start: open the state file (the last checkpoint's slices and cohorts come back), read the
-advice already given, and run the consume loop (``loop.py``) on its own thread. The server
+advice already given, and run the consume loop (``loop.py``) on its own thread, and the
+rollout controller (``controller.py``) on another, which acts only while the loop is caught
+up. The server
 only answers health checks (and reflection): NOT_SERVING until the loop is connected to the
 log and has caught up with it, and again whenever that stops being true. SIGTERM: the
 runtime reports NOT_SERVING, the loop checkpoints and commits, and the state file is closed.
@@ -20,7 +22,10 @@ import threading
 import grpc
 
 from services.eventlog import EventLogSettings, open_consumer
+from services.models.lifecycle import ModelLifecycle
+from services.models.rollout import RolloutFile
 from services.monitor.advice import Advisor
+from services.monitor.controller import RolloutController
 from services.monitor.engine import MonitorEngine
 from services.monitor.loop import MonitorLoop
 from services.monitor.metrics import MonitorMetrics
@@ -49,6 +54,7 @@ class MonitorApp:
         self._store: MonitorStore | None = None
         self._loop: MonitorLoop | None = None
         self._thread: threading.Thread | None = None
+        self._controller: threading.Thread | None = None
         self._stop = threading.Event()
         self.failed = False
         """Set when the loop thread died of an unexpected error (the exit status says so)."""
@@ -62,6 +68,20 @@ class MonitorApp:
         await asyncio.to_thread(self._prepare)
         self._thread = threading.Thread(target=self._run_loop, name="monitor-loop", daemon=True)
         self._thread.start()
+        assert self.engine is not None
+        controller = RolloutController(
+            self.engine,
+            ModelLifecycle(self.settings.models_path, self.settings.model_name),
+            RolloutFile(self.settings.models_path, self.settings.model_name),
+            self.settings.slice_s,
+        )
+        self._controller = threading.Thread(
+            target=controller.run,
+            args=(self._stop, self.ready, self.settings.rollout_interval_s),
+            name="rollout-controller",
+            daemon=True,
+        )
+        self._controller.start()
         log.info(
             "monitor consuming",
             extra={"backend": self.events.backend, "group": self.settings.group},
@@ -99,7 +119,8 @@ class MonitorApp:
     async def close(self) -> None:
         """Stops the loop after its last checkpoint and closes the state file."""
         self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        for thread in (self._thread, self._controller):
+            if thread is not None:
+                await asyncio.to_thread(thread.join)
         if self._store is not None:
             self._store.close()

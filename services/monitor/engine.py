@@ -282,6 +282,20 @@ class MonitorEngine:
             )
             tally.count(layout, batch, self._tally(version, arm, start, layout))
         self._count_shadows(fresh)
+        self._count_canary_failures(fresh)
+
+    def _count_canary_failures(self, fresh: list[_Decision]) -> None:
+        """Cards a canary could not answer, against the canary (its error and timeout rates);
+        the answer itself was counted as the version that gave it."""
+        groups: dict[tuple[str, int], list[_Decision]] = {}
+        for d in fresh:
+            if d.event.canary_failed_version:
+                groups.setdefault((d.event.canary_failed_version, d.slice_start), []).append(d)
+        for (version, start), members in groups.items():
+            layout = self.book.get(version).layout
+            into = self._tally(version, "canary", start, layout)
+            into.failed += len(members)
+            into.timed_out += sum(1 for d in members if d.event.canary_timed_out)
 
     def _count_shadows(self, fresh: list[_Decision]) -> None:
         groups: dict[tuple[str, int], list[_Decision]] = {}

@@ -53,6 +53,9 @@ class MonitorSettings(ModelServerSettings):
     publish_interval_s: float = Field(
         5.0, gt=0, description="How often the gauges and the advice are recomputed."
     )
+    rollout_interval_s: float = Field(
+        1.0, gt=0, description="How often the rollout controller looks at a staged rollout."
+    )
     retry_backoff_s: float = Field(0.5, gt=0, description="Wait before retrying a failed log.")
     slice_s: int = Field(_P.slice_s, ge=1, le=3600, description="Width of a time slice (s).")
     window_s: int = Field(

@@ -27,8 +27,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT = "1"
-"""Version of the table layout; a file of another format is started afresh."""
+FORMAT = "2"
+"""Version of the table layout (2: tallies count canary failures); a file of another
+format is started afresh."""
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",

@@ -85,6 +85,11 @@ class Tally:
     )
     agreement: np.ndarray = field(default_factory=lambda: np.zeros((3, 3), np.int64))
     """Shadow only: answered decision (rows) × the shadow's decision (columns)."""
+    failed: int = 0
+    """Canary only: cards routed to this version that it could not answer (live or the
+    rules answered them, and counted them as their own decisions)."""
+    timed_out: int = 0
+    """Of ``failed``, those it ran out of time on."""
 
     def add(self, other: Tally) -> None:
         """Adds ``other``'s counts (same layout; a layout that differs adds no bins)."""
@@ -96,6 +101,8 @@ class Tally:
         self.latency += other.latency
         self.agreement += other.agreement
         self.with_features += other.with_features
+        self.failed += other.failed
+        self.timed_out += other.timed_out
         self.engines += other.engines
         for name in ("score_bins", "answered_bins", "feature_bins", "missing"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -131,7 +138,15 @@ class Tally:
         """Compact bytes: the scalars, each array's length, then every value (int64)."""
         arrays = [np.asarray(getattr(self, n), np.int64).ravel() for n in self._ARRAYS]
         head = np.array(
-            [self.decisions, self.rules, self.with_features, *(len(a) for a in arrays)], np.int64
+            [
+                self.decisions,
+                self.rules,
+                self.with_features,
+                self.failed,
+                self.timed_out,
+                *(len(a) for a in arrays),
+            ],
+            np.int64,
         )
         return np.concatenate([head, *arrays]).astype("<i8").tobytes()
 
@@ -140,12 +155,18 @@ class Tally:
         """The tally ``encode`` gave."""
         values = np.frombuffer(data, dtype="<i8").astype(np.int64)
         n = len(cls._ARRAYS)
-        if 3 + n > len(values) or 3 + n + int(values[3 : 3 + n].sum()) != len(values):
+        if 5 + n > len(values) or 5 + n + int(values[5 : 5 + n].sum()) != len(values):
             # A checkpoint of an older build: its arrays are a prefix of ours.
             n = cls._BEFORE_CASCADE
-        out = cls(decisions=int(values[0]), rules=int(values[1]), with_features=int(values[2]))
-        lengths = values[3 : 3 + n]
-        at = 3 + n
+        out = cls(
+            decisions=int(values[0]),
+            rules=int(values[1]),
+            with_features=int(values[2]),
+            failed=int(values[3]),
+            timed_out=int(values[4]),
+        )
+        lengths = values[5 : 5 + n]
+        at = 5 + n
         for name, length in zip(cls._ARRAYS[:n], lengths, strict=True):
             array = values[at : at + int(length)].copy()
             at += int(length)

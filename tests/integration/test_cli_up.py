@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from services import client
-from services.mesh import free_port, grpc_serving
+from services.mesh import free_port, grpc_serving, http_ok
 
 from .conftest import Known
 
@@ -24,7 +24,17 @@ pytestmark = pytest.mark.integration
 def test_up_serves_and_stops_without_orphans(
     prepared_env: Any, known: Known, tmp_path: Path
 ) -> None:
-    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater", "monitor")
+    names = (
+        "envoy",
+        "admin",
+        "gateway",
+        "features",
+        "scorer",
+        "decisionlog",
+        "updater",
+        "monitor",
+        "console",
+    )
     ports = {name: free_port() for name in names}
     argv = [
         sys.executable, "-m", "services.cli", "up",
@@ -37,12 +47,14 @@ def test_up_serves_and_stops_without_orphans(
     try:
         target = f"127.0.0.1:{ports['envoy']}"
         deadline = time.monotonic() + 120
-        while not grpc_serving(target):
+        console = f"http://127.0.0.1:{ports['console']}/healthz"
+        # The console starts last, once Envoy serves.
+        while not (grpc_serving(target) and http_ok(console)):
             assert up.poll() is None, (tmp_path / "up.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
             time.sleep(0.2)
         children = psutil.Process(up.pid).children(recursive=True)
-        assert len(children) >= 5  # envoy, gateway, features, scorer, updater
+        assert len(children) >= 6  # envoy, gateway, features, scorer, updater, console
         sample = client.Sample("cli", known.card_id, known.merchant_id, known.amount_minor)
         response = client.score(target, sample.request(), timeout_s=1.0)
         assert response.decision != 0

@@ -88,6 +88,7 @@ def up(
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
         "--metrics-port", str(free_port()),
         "--max-restarts", str(MAX_RESTARTS), "--restart-window", "600",
+        "--no-observability",
     ]  # fmt: skip
     log_path = tmp / "up.log"
     with log_path.open("wb") as log:

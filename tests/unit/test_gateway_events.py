@@ -167,6 +167,13 @@ def test_an_outcome_event_carries_the_report() -> None:
     assert event.source == outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK
     assert event.reported_at.ToSeconds() == NOW - 60
     assert event.received_at.ToSeconds() == NOW
+    assert event.reported_by == ""
+
+
+def test_an_analyst_outcome_names_who_gave_it() -> None:
+    report = validate_outcome(**_report(reported_by="alice@example.org"))
+    assert report.reported_by == "alice@example.org"
+    assert outcome_event(report, NOW).outcome.reported_by == "alice@example.org"
 
 
 def test_every_proto_outcome_and_source_is_mapped() -> None:
@@ -221,6 +228,9 @@ def test_a_valid_outcome_passes() -> None:
         ({"reported_at": (int(NOW) + 3600, 0)}, "reported_at"),
         ({"reported_at": (int(NOW) - 600 * 86_400, 0)}, "reported_at"),
         ({"reported_at": (253_402_300_800 * 10, 0)}, "reported_at"),
+        ({"reported_by": "a" * 129}, "reported_by"),
+        ({"reported_by": "ana\u0000lyst"}, "reported_by"),
+        ({"reported_by": "ana\nlyst"}, "reported_by"),
     ],
 )
 def test_an_invalid_outcome_names_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -240,3 +240,27 @@ def test_a_model_name_that_is_a_path_exits_2(root: Path, command: tuple[str, ...
     code, output = _run(root, *command, "--name", "x/../fraud-lgbm")
     assert code == 2, output
     assert "not a model name" in output
+
+
+def test_rollout_hands_a_plan_to_the_monitor_and_refuses_bad_input(root: Path) -> None:
+    from services.models.rollout import Phase, RolloutFile
+
+    code, out = _run(root, "rollout", "2", "--steps", "5,1,100")
+    assert code == 2 and out.strip().splitlines() == [
+        "fraudmesh model rollout: Invalid value for '--steps': shares must increase"
+    ]
+    code, out = _run(root, "rollout", "9")
+    assert code == 2 and "rollout rejected: version '9' of 'fraud-lgbm' is not published" in out
+    code, out = _run(root, "rollout", "3")
+    assert code == 1 and "v3 failed its gates" in out
+    assert RolloutFile(root).read() is None
+    code, out = _run(root, "rollout", "2", "--steps", "10,100", "--step-min-decisions", "50")
+    assert code == 0, out
+    plan = RolloutFile(root).read()
+    assert plan is not None and plan.steps == [10, 100] and plan.phase is Phase.SHADOW
+    code, out = _run(root, "rollout", "2")
+    assert code == 1 and "v2 is being rolled out (shadow gate (needs 1000 decisions))" in out
+    code, out = _run(root, "approve", "2")
+    assert code == 1 and "v2 is not waiting for approval" in out
+    code, out = _run(root, "list")
+    assert "rollout of v2: shadow gate (needs 1000 decisions)" in out

@@ -349,3 +349,23 @@ def test_the_decision_index_costs_under_64_bytes_a_decision(tmp_path: Path) -> N
     per_decision = size / n
     print(f"decision index: {per_decision:.1f} bytes a decision over {n} decisions")
     assert per_decision < 64
+
+
+def test_cards_a_canary_failed_count_against_it_across_a_checkpoint(tmp_path: Path) -> None:
+    ref = _reference(np.random.default_rng(9))
+    engine = _engine(tmp_path / "state.db", ref)
+    records = [decision(f"c{i}", 0.1) for i in range(10)]
+    for i, record in enumerate(records[:4]):
+        envelope = events_pb2.EventEnvelope.FromString(record.value)
+        envelope.decision.canary_failed_version = "8"
+        envelope.decision.canary_timed_out = i < 3
+        records[i] = Record(record.key, envelope.SerializeToString(), "0")
+    engine.apply(records)
+    # Live answered all ten; the canary owes four of them, three timed out.
+    assert engine.window("7").decisions == 10
+    canary = engine.window("8", ("canary",))
+    assert (canary.decisions, canary.failed, canary.timed_out) == (0, 4, 3)
+    engine.checkpoint()
+    engine.store.close()
+    again = _engine(tmp_path / "state.db", ref).window("8", ("canary",))
+    assert (again.failed, again.timed_out) == (4, 3)

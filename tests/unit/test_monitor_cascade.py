@@ -142,7 +142,7 @@ def test_a_checkpoint_of_an_older_build_decodes() -> None:
         np.asarray(getattr(into, n), np.int64).ravel()
         for n in tally.Tally._ARRAYS[: tally.Tally._BEFORE_CASCADE]
     ]
-    head = np.array([12, 2, 0, *(len(a) for a in arrays)], np.int64)
+    head = np.array([12, 2, 0, 0, 0, *(len(a) for a in arrays)], np.int64)
     old = tally.Tally.decode(np.concatenate([head, *arrays]).astype("<i8").tobytes())
     assert (old.decisions, old.rules, int(old.score_bins[0])) == (12, 2, 10)
     assert old.answered_bins.size == 0 and old.engines.tolist() == [0, 0, 0, 0]

@@ -162,10 +162,15 @@ async def test_canary_cards_get_the_canarys_answer_thresholds_and_defaults() -> 
 async def test_a_failing_canary_is_answered_by_live_not_the_rules() -> None:
     live, canary = Model(0.2), Model(None)
     pipeline, metrics = _pipeline(live, canary)
+    timed_out = []
     for _ in range(6):
         outcome = await pipeline.score(_tx(CANARY_CARD), Budget(POLICY, None))
         assert outcome.scored_by is ScoredBy.MODEL
         assert outcome.model_version == "1" and outcome.arm is Arm.LIVE
+        # The answer names the canary that failed the card, for the monitor to count.
+        assert outcome.canary_failed == "2"
+        timed_out.append(outcome.canary_timed_out)
+    assert timed_out == [True] * 4 + [False] * 2  # then refused by its open breaker
     # The canary's breaker opened after four failures; live's never saw them.
     assert len(canary.vectors) == 4
     assert pipeline.scorer_breaker.failed_calls == 0

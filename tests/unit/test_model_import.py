@@ -1,0 +1,144 @@
+"""``fraudmesh model import``: a folder trained elsewhere is validated before anything is
+published; each problem is one line naming the file and field, exit 2, nothing published."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from services.cli.main import app
+from services.domain.featurespec import MODEL_FEATURES
+from services.models import repository
+from services.pipelines import importing
+
+from .tiny_models import N_FEATURES, onnx_model
+
+runner = CliRunner()
+
+
+def _spec(**changes: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "feature_order": list(MODEL_FEATURES),
+        "input_name": "input",
+        "output_name": "probabilities",
+        "thresholds": {"review": 0.3, "decline": 0.8},
+        "default_features": dict.fromkeys(MODEL_FEATURES, 0.0),
+    }
+    spec.update(changes)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return onnx_model(tmp_path_factory.mktemp("onnx") / "model.onnx")
+
+
+def _folder(tmp_path: Path, model_file: Path, **changes: object) -> Path:
+    folder = tmp_path / "bring"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.onnx").write_bytes(model_file.read_bytes())
+    (folder / "metadata.json").write_text(json.dumps(_spec(**changes)))
+    return folder
+
+
+def test_a_valid_folder_passes_and_its_model_answers(tmp_path: Path, model_file: Path) -> None:
+    checked = importing.validate(_folder(tmp_path, model_file))
+    scores = checked.model.predict(np.zeros((3, N_FEATURES), np.float32))
+    assert scores.shape == (3,) and ((scores >= 0) & (scores <= 1)).all()
+
+
+def _problem(folder: Path) -> str:
+    with pytest.raises(importing.ImportProblem) as caught:
+        importing.validate(folder)
+    return str(caught.value)
+
+
+def test_a_missing_file_is_named(tmp_path: Path, model_file: Path) -> None:
+    folder = _folder(tmp_path, model_file)
+    (folder / "metadata.json").unlink()
+    assert _problem(folder) == f"metadata.json is missing in {folder}"
+    folder = _folder(tmp_path, model_file)
+    (folder / "model.onnx").unlink()
+    assert _problem(folder) == f"model.onnx is missing in {folder}"
+
+
+def test_an_unknown_or_missing_feature_is_named(tmp_path: Path, model_file: Path) -> None:
+    order = [*MODEL_FEATURES[:-1], "shoe_size"]
+    assert "unknown feature 'shoe_size'" in _problem(
+        _folder(tmp_path, model_file, feature_order=order)
+    )
+    short = list(MODEL_FEATURES[:-1])
+    assert f"lacks {MODEL_FEATURES[-1]!r}" in _problem(
+        _folder(tmp_path, model_file, feature_order=short)
+    )
+    swapped = [MODEL_FEATURES[1], MODEL_FEATURES[0], *MODEL_FEATURES[2:]]
+    assert "order" in _problem(_folder(tmp_path, model_file, feature_order=swapped))
+    defaults = dict.fromkeys(MODEL_FEATURES[1:], 0.0)
+    assert f"default_features lacks {MODEL_FEATURES[0]!r}" in _problem(
+        _folder(tmp_path, model_file, default_features=defaults)
+    )
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "expected"),
+    [
+        ({"review": 0.0, "decline": 0.8}, "thresholds.review is 0, not inside (0, 1)"),
+        ({"review": 0.3, "decline": 1.0}, "thresholds.decline is 1, not inside (0, 1)"),
+        ({"review": 0.3, "decline": 1.5}, "thresholds.decline is 1.5, not inside (0, 1)"),
+        ({"review": 0.9, "decline": 0.5}, "decline 0.5 is below review 0.9"),
+        ({"review": 0.3}, "thresholds.decline: Field required"),
+    ],
+)
+def test_thresholds_outside_the_open_interval_are_refused(
+    tmp_path: Path, model_file: Path, thresholds: dict[str, float], expected: str
+) -> None:
+    assert expected in _problem(_folder(tmp_path, model_file, thresholds=thresholds))
+
+
+def test_a_model_that_does_not_load_or_has_other_shapes_is_refused(
+    tmp_path: Path, model_file: Path
+) -> None:
+    folder = _folder(tmp_path, model_file)
+    (folder / "model.onnx").write_bytes(b"not a model")
+    assert _problem(folder).startswith("model.onnx does not load")
+    assert "output_name 'proba'" in _problem(_folder(tmp_path, model_file, output_name="proba"))
+    assert "input_name 'x'" in _problem(_folder(tmp_path, model_file, input_name="x"))
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 3])
+    y = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["probabilities"])], "g", [x], [y]
+    )
+    (narrow / "model.onnx").write_bytes(
+        helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9
+        ).SerializeToString()
+    )
+    (narrow / "metadata.json").write_text(json.dumps(_spec()))
+    assert f"not FP32 [batch, {N_FEATURES}]" in _problem(narrow)
+
+
+def test_the_command_prints_one_line_exits_2_and_publishes_nothing(
+    tmp_path: Path, model_file: Path
+) -> None:
+    root = tmp_path / "models"
+    folder = _folder(tmp_path, model_file, thresholds={"review": 0.3, "decline": 1.2})
+    result = runner.invoke(
+        app, ["model", "import", str(folder), "--model-root", str(root)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == ["import rejected: metadata.json thresholds.decline is 1.2, not inside (0, 1)"]
+    assert repository.published_versions(root) == []
+    assert not root.exists()
+    missing = runner.invoke(
+        app, ["model", "import", str(tmp_path / "nowhere"), "--model-root", str(root)]
+    )
+    assert missing.exit_code == 2 and "is not a folder" in missing.output
