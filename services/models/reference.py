@@ -3,6 +3,9 @@ tested at, stored in its folder (``reference.json``) for the monitor to judge li
 
 - the score's quantile bins and each model feature's bins (quantiles, or category shares for
   categorical ones), with the missing share in the last bin, over the validation period;
+- with a small model, the score as the version answers through its cascade (the small model's
+  below the clear-approve threshold, the full model's otherwise), in its own quantile bins
+  (``answered``; absent in older references, which the monitor still reads);
 - the decision rates the version's thresholds gave on that period;
 - the test period's precision and recall at the review and decline thresholds (Wilson
   intervals) and its average precision (a bootstrap interval over cards).
@@ -120,6 +123,15 @@ class ModelReference:
     quality: Quality | None = None
     """The test period's figures; None when the version was not tested on labels."""
     notes: list[str] = field(default_factory=list)
+    answered: metrics.NumericReference | None = None
+    """The score as the version answers with its cascade on the same period (the small
+    model's below its clear-approve threshold, the full model's otherwise); None without a
+    small model, or in a reference written before it existed."""
+
+    def score_reference(self, cascade: bool) -> metrics.NumericReference:
+        """The score distribution live answers are compared with: the cascade's when they
+        came through the cascade and the reference has it, else the full model's."""
+        return self.answered if cascade and self.answered is not None else self.score
 
     def missing_share(self, feature: str) -> float:
         """The reference's share of missing values of ``feature``."""
@@ -137,7 +149,7 @@ class ModelReference:
             "decision_rates": self.decision_rates,
             "quality": self.quality.to_dict() if self.quality is not None else None,
             "notes": self.notes,
-        }
+        } | ({"answered_score": self.answered.to_dict()} if self.answered is not None else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelReference:
@@ -150,6 +162,10 @@ class ModelReference:
         if not isinstance(score, metrics.NumericReference):
             raise ReferenceFormatError("the score's reference must be numeric")
         quality = data.get("quality")
+        answered = data.get("answered_score")
+        answered_score = metrics.reference_from_dict(answered) if answered else None
+        if answered_score is not None and not isinstance(answered_score, metrics.NumericReference):
+            raise ReferenceFormatError("the answered score's reference must be numeric")
         return cls(
             period=(str(data["period"][0]), str(data["period"][1])),
             rows=int(data["rows"]),
@@ -159,6 +175,7 @@ class ModelReference:
             decision_rates={k: float(v) for k, v in data["decision_rates"].items()},
             quality=Quality.from_dict(quality) if quality else None,
             notes=[str(n) for n in data.get("notes", [])],
+            answered=answered_score,
         )
 
     def write(self, folder: Path) -> Path:
@@ -176,10 +193,14 @@ def fit(
     period: tuple[str, str],
     quality: Quality | None = None,
     bins: int = metrics.PSI_BINS,
+    answered: np.ndarray | None = None,
 ) -> ModelReference:
     """The reference of a period: ``scores`` (one per row) and ``features`` (rows × names,
-    NaN where a value was missing, as ``featurespec.model_frame`` gives them before defaults)."""
+    NaN where a value was missing, as ``featurespec.model_frame`` gives them before defaults);
+    ``answered``, the scores the version's cascade answers with on the same rows, if it has one."""
     s = np.asarray(scores, dtype=np.float64).ravel()
+    if answered is not None and len(answered) != len(s):
+        raise ValueError(f"answered must hold {len(s)} scores, not {len(answered)}")
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape != (len(s), len(feature_names)):
         raise ValueError(
@@ -202,6 +223,11 @@ def fit(
         thresholds=thresholds,
         decision_rates=metrics.decision_rates(s, thresholds.review, thresholds.decline),
         quality=quality,
+        answered=(
+            metrics.NumericReference.fit(np.asarray(answered, np.float64), bins)
+            if answered is not None
+            else None
+        ),
     )
 
 

@@ -148,11 +148,19 @@ class SmallModel(BaseModel):
         le=1.0,
         description="Below this score the cascade approves without asking the full model; "
         "chosen on the validation period so that the cascade loses at most "
-        "``max_fraud_loss`` of the frauds the full model flags at review, and never above "
-        "the full model's review threshold.",
+        "``max_fraud_loss`` of the frauds the full model flags at review on fresh payments "
+        "with probability ``loss_confidence``, and never above the full model's review "
+        "threshold.",
     )
     max_fraud_loss: float = Field(
         ge=0.0, le=1.0, description="The share of the full model's review frauds it may lose."
+    )
+    loss_confidence: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Probability that the loss stays within ``max_fraud_loss`` out of sample "
+        "(absent in versions whose threshold allowed the budget's own count on validation).",
     )
     thresholds: Thresholds = Field(
         description="Its own review and decline thresholds, for when it answers alone."

@@ -46,6 +46,12 @@ _LABEL = {
     outcomes_pb2.OUTCOME_LEGITIMATE: evaluation.LABELS.index("legitimate"),
 }
 _DISPUTED = evaluation.LABELS.index("disputed")
+_ENGINE = {
+    pb.SCORED_BY_FIRST_STAGE: tally.FIRST_STAGE,
+    pb.SCORED_BY_SMALL_MODEL: tally.SMALL_MODEL,
+    pb.SCORED_BY_RULES: tally.RULES,
+}
+"""Who answered, by ``scored_by`` (anything else: the full model)."""
 _MODEL_ORDER = featurespec.MODEL_FEATURES
 _US = 1_000_000
 
@@ -110,6 +116,7 @@ class _Decision:
     decision: int
     score: float
     rules: bool
+    engine: int
     source: int
     latency_ms: float
     event: events_pb2.DecisionEvent
@@ -209,6 +216,7 @@ class MonitorEngine:
                 decision=decision,
                 score=min(max(event.score, 0.0), 1.0),
                 rules=event.scored_by == pb.SCORED_BY_RULES,
+                engine=_ENGINE.get(event.scored_by, tally.MODEL),
                 source=_SOURCE.get(event.feature_source, 0),
                 latency_ms=event.elapsed_ms,
                 event=event,
@@ -267,6 +275,7 @@ class MonitorEngine:
                 scores=np.asarray([d.score for d in members]),
                 decisions=np.asarray([d.decision for d in members]),
                 rules=np.asarray([d.rules for d in members]),
+                engines=np.asarray([d.engine for d in members], dtype=np.int64),
                 sources=np.asarray([d.source for d in members]),
                 latency_ms=np.asarray([d.latency_ms for d in members]),
                 features=self._features(layout, [d.event for d in members]),

@@ -2,6 +2,13 @@
 score on a fine grid and in its reference's bins, each feature in its reference's bins,
 missing values, feature sources, the rules' share and the gateway's latency.
 
+The score's reference bins count only the answers a model version's own path gave: the full
+model's, and the small model's first-stage approvals when the cascade is on. The rules' and
+the small model's fallback answers are degraded answers of another engine; they are counted
+(``rules``, ``engines``) but kept out of the score's distribution. A window with first-stage
+answers is judged against the reference's cascade distribution (``answered_bins``), one
+without against the full model's (``score_bins``).
+
 A ``Tally`` is fixed-size (its shape comes from the version's reference), so the monitor's
 state grows with versions × arms × slices, never with decisions. Tallies add up: a window is
 the sum of its slices. Pure numpy; nothing here knows the event log or the transport.
@@ -25,6 +32,10 @@ SOURCES: tuple[str, ...] = ("online", "partial", "default")
 ARMS: tuple[str, ...] = ("live", "canary", "shadow")
 """Who scored: the live version, a canary taking a share of cards, or a shadow scoring
 every answered payment after the answer."""
+
+ENGINES: tuple[str, ...] = ("model", "first_stage", "small_model", "rules")
+"""Who answered (``scored_by``), in the order ``Tally.engines`` counts them."""
+MODEL, FIRST_STAGE, SMALL_MODEL, RULES = range(len(ENGINES))
 
 GRID_LOGIT = np.linspace(-16.0, 16.0, 257)
 """Cut points of the fine score grid, in log-odds: 0.125 apart, from 1e-7 to 1 − 1e-7."""
@@ -56,7 +67,13 @@ class Tally:
     by_source: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
     score_grid: np.ndarray = field(default_factory=lambda: np.zeros(GRID_BINS, np.int64))
     score_bins: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Scores in the reference's bins (empty without a reference)."""
+    """Scores of the full model's and the first stage's answers in the reference's bins
+    (empty without a reference)."""
+    answered_bins: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """The same scores in the bins of the reference's cascade distribution (empty when the
+    reference has none)."""
+    engines: np.ndarray = field(default_factory=lambda: np.zeros(len(ENGINES), np.int64))
+    """Answers by engine (``ENGINES``)."""
     feature_bins: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     """Every feature's reference bins, one after another (``Layout.offsets``)."""
     missing: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -86,7 +103,8 @@ class Tally:
         self.with_features += other.with_features
         self.failed += other.failed
         self.timed_out += other.timed_out
-        for name in ("score_bins", "feature_bins", "missing"):
+        self.engines += other.engines
+        for name in ("score_bins", "answered_bins", "feature_bins", "missing"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if len(mine) == 0 and len(theirs):
                 setattr(self, name, theirs.copy())
@@ -110,7 +128,11 @@ class Tally:
         "missing",
         "latency",
         "agreement",
+        "answered_bins",
+        "engines",
     )
+    _BEFORE_CASCADE = 8
+    """Arrays in tallies written before ``answered_bins`` and ``engines`` existed."""
 
     def encode(self) -> bytes:
         """Compact bytes: the scalars, each array's length, then every value (int64)."""
@@ -133,6 +155,9 @@ class Tally:
         """The tally ``encode`` gave."""
         values = np.frombuffer(data, dtype="<i8").astype(np.int64)
         n = len(cls._ARRAYS)
+        if 5 + n > len(values) or 5 + n + int(values[5 : 5 + n].sum()) != len(values):
+            # A checkpoint of an older build: its arrays are a prefix of ours.
+            n = cls._BEFORE_CASCADE
         out = cls(
             decisions=int(values[0]),
             rules=int(values[1]),
@@ -142,7 +167,7 @@ class Tally:
         )
         lengths = values[5 : 5 + n]
         at = 5 + n
-        for name, length in zip(cls._ARRAYS, lengths, strict=True):
+        for name, length in zip(cls._ARRAYS[:n], lengths, strict=True):
             array = values[at : at + int(length)].copy()
             at += int(length)
             setattr(out, name, array.reshape(3, 3) if name == "agreement" else array)
@@ -173,6 +198,8 @@ class Layout:
         tally = Tally()
         if self.reference is not None:
             tally.score_bins = np.zeros(len(self.reference.score.proportions), np.int64)
+            if self.reference.answered is not None:
+                tally.answered_bins = np.zeros(len(self.reference.answered.proportions), np.int64)
             tally.feature_bins = np.zeros(self.offsets[-1], np.int64)
             tally.missing = np.zeros(len(self.features), np.int64)
         return tally
@@ -181,8 +208,10 @@ class Layout:
         """True when ``tally`` has this layout's bins."""
         if self.reference is None:
             return True
+        answered = self.reference.answered
         return (
             len(tally.score_bins) == len(self.reference.score.proportions)
+            and len(tally.answered_bins) == (len(answered.proportions) if answered else 0)
             and len(tally.feature_bins) == self.offsets[-1]
         )
 
@@ -203,6 +232,15 @@ class Scored:
     """Rows × the reference's features (NaN where missing), or None."""
     answered: np.ndarray | None = None
     """Shadow only: the decision answered (index into ``DECISIONS``)."""
+    engines: np.ndarray | None = None
+    """Who answered (index into ``ENGINES``); None: the full model (or the rules where
+    ``rules``)."""
+
+    def engine(self) -> np.ndarray:
+        """Who answered each row."""
+        if self.engines is not None:
+            return self.engines
+        return np.where(self.rules, RULES, MODEL)
 
 
 def count(layout: Layout, batch: Scored, into: Tally) -> None:
@@ -214,6 +252,8 @@ def count(layout: Layout, batch: Scored, into: Tally) -> None:
     into.by_decision += np.bincount(batch.decisions, minlength=3)[:3]
     into.rules += int(batch.rules.sum())
     into.by_source += np.bincount(batch.sources, minlength=3)[:3]
+    engines = batch.engine()
+    into.engines += np.bincount(engines, minlength=len(ENGINES))[: len(ENGINES)]
     into.score_grid += np.bincount(grid_bins(batch.scores), minlength=GRID_BINS)
     edges = np.asarray(LATENCY_EDGES_MS)
     into.latency += np.bincount(
@@ -224,7 +264,10 @@ def count(layout: Layout, batch: Scored, into: Tally) -> None:
     reference = layout.reference
     if reference is None:
         return
-    into.score_bins += reference.score.counts(batch.scores)
+    scored = batch.scores[(engines == MODEL) | (engines == FIRST_STAGE)]
+    into.score_bins += reference.score.counts(scored)
+    if reference.answered is not None:
+        into.answered_bins += reference.answered.counts(scored)
     if batch.features is None:
         return
     into.with_features += len(batch.features)
@@ -262,6 +305,29 @@ class Drift:
     feature_psi: dict[str, float]
     missing_ratio: dict[str, float]
     reference_missing: dict[str, float]
+    score_against: str = "model"
+    """The reference distribution the score was compared with: ``model`` (the full model's
+    scores) or ``cascade`` (as the version answers with its cascade)."""
+    scored: int = 0
+    """Answers in the score's distribution (the full model's and the first stage's)."""
+
+
+def through_cascade(tally: Tally) -> bool:
+    """True when the window's answers came through a cascade (any first-stage answer)."""
+    return bool(tally.engines[FIRST_STAGE] > 0)
+
+
+def score_psi(layout: Layout, tally: Tally, min_decisions: int) -> tuple[float, str, int]:
+    """The score's PSI against the matching reference distribution, which one, and how many
+    answers it covers (NaN below ``min_decisions`` of them)."""
+    reference = layout.reference
+    assert reference is not None
+    cascade = through_cascade(tally) and reference.answered is not None
+    bins = tally.answered_bins if cascade else tally.score_bins
+    scored = int(bins.sum())
+    against = reference.score_reference(cascade)
+    psi = metrics.psi(against.proportions, bins) if scored >= min_decisions else math.nan
+    return psi, "cascade" if cascade else "model", scored
 
 
 def drift(layout: Layout, tally: Tally, min_decisions: int) -> Drift:
@@ -270,8 +336,7 @@ def drift(layout: Layout, tally: Tally, min_decisions: int) -> Drift:
     reference = layout.reference
     if reference is None or not layout.fits(tally):
         return Drift(tally.decisions, math.nan, {}, {}, {})
-    enough = tally.decisions >= min_decisions
-    score = metrics.psi(reference.score.proportions, tally.score_bins) if enough else math.nan
+    score, against, scored = score_psi(layout, tally, min_decisions)
     features: dict[str, float] = {}
     missing: dict[str, float] = {}
     enough_features = tally.with_features >= min_decisions
@@ -281,7 +346,7 @@ def drift(layout: Layout, tally: Tally, min_decisions: int) -> Drift:
         features[name] = metrics.psi(proportions, bins) if enough_features else math.nan
         missing[name] = tally.missing[j] / tally.with_features if tally.with_features else math.nan
     reference_missing = {name: reference.missing_share(name) for name in layout.features}
-    return Drift(tally.decisions, score, features, missing, reference_missing)
+    return Drift(tally.decisions, score, features, missing, reference_missing, against, scored)
 
 
 def decision_ratios(tally: Tally) -> dict[str, float]:

@@ -54,6 +54,7 @@ _COLUMNS = (
     "missing_features",
     "shadow_score",
     "shadow_model_version",
+    "scored_by",
 )
 _DECISIONS = ("approve", "review", "decline")
 _FLAGGED = {"review": ("review", "decline"), "decline": ("decline",)}
@@ -253,11 +254,17 @@ def _version(
     entry["psi"], entry["missing_ratio"] = {}, {}
     if known is not None and known.reference is not None:
         ref = known.reference
-        enough = len(rows) >= p.min_decisions
-        entry["psi"]["score"] = ref.score.psi(scores) if enough else math.nan
+        # The monitor's rule (services/monitor/tally.py): the full model's and the first
+        # stage's answers only, against the cascade's distribution when any came through it.
+        engine = rows["scored_by"].fillna("model").to_numpy(dtype=object)
+        own = scores[(engine == "model") | (engine == "first_stage")]
+        cascade = bool((engine == "first_stage").any()) and ref.answered is not None
+        against = ref.score_reference(cascade)
+        entry["score_against"] = "cascade" if cascade else "model"
+        entry["psi"]["score"] = against.psi(own) if len(own) >= p.min_decisions else math.nan
         report.score_bins[version] = (
-            np.asarray(ref.score.proportions),
-            ref.score.counts(scores) / max(len(scores), 1),
+            np.asarray(against.proportions),
+            against.counts(own) / max(len(own), 1),
         )
         matrix = _feature_matrix(rows, orders, tuple(ref.features))
         for j, name in enumerate(ref.features):

@@ -155,7 +155,7 @@ def train(
             test = (data.y[data.test], judged.scores, data.tested["card_id"].to_numpy())
             version_reference(
                 model.selected, data.x[data.valid], data.raw_valid, data.window,
-                judged.thresholds, test, params.seed,
+                judged.thresholds, test, params.seed, (small.booster, small.clear_approve),
             ).write(work)  # fmt: skip
         with steps.step("gates"):
             lifecycle = ModelLifecycle(model_root)

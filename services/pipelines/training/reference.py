@@ -21,17 +21,26 @@ def version_reference(
     thresholds: Thresholds,
     test: tuple[np.ndarray, np.ndarray, np.ndarray],
     seed: int = 0,
+    cascade: tuple[lgb.Booster, float] | None = None,
 ) -> reference.ModelReference:
     """The reference of a trained model: its scores of every validation row (``x_valid``, the
     model input) against the raw features of those rows (``raw_valid``, NaN where missing),
-    and the test period's (labels, scores, cards) quality."""
+    the test period's (labels, scores, cards) quality and, with a small model and its
+    clear-approve threshold (``cascade``), the scores the cascade answers with."""
     assert window.validation_start is not None and window.train_end is not None
     labels, scores, cards = test
+    full = predict(booster, x_valid)
+    answered = None
+    if cascade is not None:
+        small, clear = cascade
+        small_scores = predict(small, x_valid)
+        answered = np.where(small_scores < clear, small_scores, full)
     return reference.fit(
-        predict(booster, x_valid),
+        full,
         raw_valid,
         featurespec.MODEL_FEATURES,
         thresholds,
         (window.validation_start.isoformat(), window.train_end.isoformat()),
         reference.tested_quality(labels, scores, thresholds, cards, seed),
+        answered=answered,
     )
