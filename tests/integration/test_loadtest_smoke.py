@@ -69,7 +69,7 @@ def test_runner_writes_a_sane_report(prepared_env: Any, tmp_path: Path, ghz_bina
 
     text = result.markdown.read_text()
     assert "| offered rps | achieved rps |" in text and "p99.9 ms" in text
-    assert "| by rules | default features | partial features |" in text
+    assert "| by rules | by small model | default features | partial features |" in text
     assert "smoke.png" in text
     summary = json.loads(result.summary.read_text())
     assert [s["offered_rps"] for s in summary["steps"]] == [20.0, 40.0]
