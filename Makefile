@@ -24,15 +24,24 @@ $(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock
 	$(PY) -m pip install --quiet --no-deps -e . -e ./loadtest
 	touch $@
 
+# The console's browser assets: pinned npm packages (package-lock.json, integrity-checked by
+# npm ci), copied into the console's static folder; the console serves them itself.
+CONSOLE_VENDOR := services/console/static/vendor
+$(CONSOLE_VENDOR)/htmx.min.js: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is needed for the console's assets (apt-get install npm)" >&2; exit 1; }
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	mkdir -p $(CONSOLE_VENDOR)
+	cp node_modules/htmx.org/dist/htmx.min.js $@
+
 .PHONY: install
-install: $(VENV)/.installed ## Create .venv and install the project and its load-test suite
+install: $(VENV)/.installed $(CONSOLE_VENDOR)/htmx.min.js ## Create .venv, install the project, its load-test suite and the console's assets
 
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl) if missing
+system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl, Prometheus) if missing
 	bash scripts/system-deps.sh
 
 .PHONY: tools
-tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize
+tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize, otelcol-fraudmesh
 	bash scripts/tools.sh
 
 .PHONY: gen
@@ -65,8 +74,11 @@ run: system data ## Set up and run the mesh on the embedded defaults, with sampl
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
 .PHONY: chaos
-chaos: data tools ## Run the fault matrix under ghz load and print the measured table
+chaos: system data tools ## Run the fault matrix and the crash matrix (SIGKILL of each process) under load, then the degraded-answers alert end to end
 	$(FRAUDMESH) chaos --var-dir $(VAR)
+	$(FRAUDMESH) crash --var-dir $(VAR)
+	$(FRAUDMESH) crash --var-dir $(VAR) --store redis
+	$(PY) -m loadtest.alerting --var-dir $(VAR)
 
 .PHONY: loadtest
 loadtest: data tools ## Load-test Score through Envoy (ghz open loop) up to saturation; report in loadtest/results/

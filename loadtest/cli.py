@@ -1,5 +1,6 @@
 """The load-test suite's ``fraudmesh`` commands: ``loadtest`` (rate steps to saturation, with
-a report; or variants of the mesh side by side) and ``chaos`` (the fault matrix under load).
+a report; or variants of the mesh side by side), ``chaos`` (the fault matrix under load) and
+``crash`` (the crash matrix: SIGKILL of each process under load).
 
 They join the product's command through the ``fraudmesh.commands`` entry point
 (``register``), so the product never imports this package.
@@ -7,8 +8,11 @@ They join the product's command through the ``fraudmesh.commands`` entry point
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -64,6 +68,13 @@ def loadtest_command(
             "(--no-live-loop: neither, to measure what the loop costs)."
         ),
     ] = True,
+    observability: Annotated[
+        bool,
+        typer.Option(
+            help="A started mesh also runs Prometheus and the trace collector, as `fraudmesh "
+            "up` does (to measure what tracing and the histograms cost, with --compare)."
+        ),
+    ] = False,
     compare: Annotated[
         list[str] | None,
         typer.Option(
@@ -71,7 +82,9 @@ def loadtest_command(
             metavar="NAME:KEY=VALUE[,KEY=VALUE…]",
             help="A variant of the mesh for a side-by-side run: a name, then environment "
             "settings for its service processes (e.g. stream:FRAUD_GATEWAY_TRANSPORT=stream; "
-            "a name alone: the mesh as configured). Give it two or more times: every round "
+            "a name alone: the mesh as configured) and the processes it runs of each part "
+            "(gateway_replicas, envoy_replicas, features_replicas, scorer_replicas, e.g. "
+            "two:gateway_replicas=2,envoy_replicas=2). Give it two or more times: every round "
             "starts a fresh mesh per variant, in an order that rotates each round, on the same "
             "store, rates and requests; the first variant is the baseline of the ratios. "
             "Report: compare-<store>-<a>-vs-<b>.md/.json/.png.",
@@ -120,6 +133,7 @@ def loadtest_command(
         gateway_replicas=gateway_replicas,
         gateway_in_process=gateway_in_process,
         live_loop=live_loop,
+        observability=observability,
     )
     if variants:
         _compare(cfg, variants, rounds, console)
@@ -196,6 +210,74 @@ def chaos_command(
         raise typer.Exit(1)
 
 
+def crash_command(
+    var_dir: Annotated[Path, typer.Option(help="Prepared state folder (make data).")] = Path("var"),
+    store: Annotated[
+        str, typer.Option(help="Online store: sqlite, or redis (its row too).")
+    ] = "sqlite",
+    processes: Annotated[
+        str, typer.Option(help="Comma-separated processes to kill (default: every one).")
+    ] = "",
+    rps: Annotated[int, typer.Option(min=1, help="Steady load through Envoy, calls/s.")] = 100,
+    before_s: Annotated[float, typer.Option(min=1, help="Load before each kill.")] = 3.0,
+    after_s: Annotated[float, typer.Option(min=1, help="Load after each kill.")] = 12.0,
+    gateway_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    envoy_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    features_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    scorer_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    journal: Annotated[
+        str, typer.Option(help="The gateways' FRAUD_GATEWAY_JOURNAL: write, fsync or off.")
+    ] = "write",
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Markdown report; default loadtest/results/crash-<store>.md."),
+    ] = None,
+) -> None:
+    """Run the crash matrix: SIGKILL each process in turn under load; print the table and
+    write it with its figures (``--out``, and the same name with ``.json``)."""
+    from loadtest.crash import Crash, CrashPlan, markdown, summary
+
+    console = Console()
+    if store not in ("sqlite", "redis"):
+        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if journal not in ("write", "fsync", "off"):
+        raise typer.BadParameter("journal must be write, fsync or off", param_hint="--journal")
+    plan = CrashPlan(
+        rps=rps,
+        before_s=before_s,
+        after_s=after_s,
+        store=store,
+        gateway_replicas=gateway_replicas,
+        envoy_replicas=envoy_replicas,
+        features_replicas=features_replicas,
+        scorer_replicas=scorer_replicas,
+        journal=journal,
+    )
+    names = [n.strip() for n in processes.split(",") if n.strip()] or None
+    crash = Crash(var_dir, var_dir / "crash", plan)
+    try:
+        rows = crash.run(names, log=console.print)
+    except (ValueError, FileNotFoundError) as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from error
+    except RuntimeError as error:
+        console.print(f"[red]crash matrix failed:[/red] {error}")
+        raise typer.Exit(1) from error
+    report = markdown(rows, plan)
+    target = out or Path("loadtest/results") / f"crash-{store}.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    machine = f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()[0]:.1f} at the end."
+    target.write_text(f"{report}\n{machine}\n")
+    figures = summary(rows, plan) | {
+        "command": " ".join(["fraudmesh", *sys.argv[1:]]),
+        "machine": machine,
+    }
+    target.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    console.print(report, markup=False, highlight=False)
+    if not all(row.passed() for row in rows):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Adds ``loadtest`` and ``chaos`` to the ``fraudmesh`` command."""
     app.command(
@@ -209,3 +291,9 @@ def register(app: typer.Typer) -> None:
     app.command("chaos", help="Run the fault matrix under load and print the measured table.")(
         chaos_command
     )
+    app.command(
+        "crash",
+        help="Run the crash matrix: SIGKILL each process of the mesh in turn under steady load "
+        "(calls failed and late against the row's baseline, answered decisions missing from "
+        "the log, time until ready and full quality again).",
+    )(crash_command)

@@ -61,12 +61,19 @@ _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NEXT_PAIR = re.compile(r",(?=[A-Za-z_][A-Za-z0-9_]*=)")
 
 
+REPLICA_KEYS = ("gateway_replicas", "envoy_replicas", "features_replicas", "scorer_replicas")
+"""Variant keys that shape the mesh rather than set an environment variable: how many
+processes of each replicated part it runs (e.g. ``one:gateway_replicas=1,envoy_replicas=1``)."""
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One side of the comparison: a name and the environment its service processes get."""
+    """One side of the comparison: a name, the environment its service processes get, and
+    the replicas it runs (``REPLICA_KEYS``; unset: the load test's own)."""
 
     name: str
     env: Mapping[str, str] = field(default_factory=dict)
+    replicas: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -81,19 +88,26 @@ class Variant:
                 f"variant name {name!r}: use letters, digits, '.', '_' or '-' (it names files)"
             )
         env: dict[str, str] = {}
+        replicas: dict[str, int] = {}
         for pair in _NEXT_PAIR.split(rest.strip()) if rest.strip() else []:
             key, sep, value = pair.partition("=")
             key = key.strip()
             if not sep or not _KEY.fullmatch(key):
                 raise ValueError(f"{name}: {pair!r} is not KEY=VALUE")
-            if key in env:
+            if key in env or key in replicas:
                 raise ValueError(f"{name}: {key} given twice")
-            env[key] = value
-        return cls(name, env)
+            if key in REPLICA_KEYS:
+                if not value.strip().isdigit() or not 1 <= int(value) <= 9:
+                    raise ValueError(f"{name}: {key} must be a count from 1 to 9, got {value!r}")
+                replicas[key] = int(value)
+            else:
+                env[key] = value
+        return cls(name, env, replicas)
 
     def describe(self) -> str:
-        """The environment as ``KEY=VALUE`` pairs, or a note that it has none."""
-        return ", ".join(f"`{k}={v}`" for k, v in self.env.items()) or "(none: as configured)"
+        """The replicas and environment as ``KEY=VALUE`` pairs, or a note that it has none."""
+        pairs = [*self.replicas.items(), *self.env.items()]
+        return ", ".join(f"`{k}={v}`" for k, v in pairs) or "(none: as configured)"
 
 
 def check_env(env: Mapping[str, str]) -> None:
@@ -209,6 +223,7 @@ def _cell(run: Run, step: report.Step) -> dict[str, Any]:
             v for n, v in step.cpu_ms_per_call.items() if n.split("-")[0] in SERVING
         ),
         "cpu_by_process": dict(step.cpu_ms_per_call),
+        "rss_mb_by_process": {n: b / 2**20 for n, b in step.peak_rss.items()},
         "full_quality": step.full_quality(),
     }
 
@@ -264,6 +279,12 @@ def summarize(
             medians["cpu_by_process"] = {
                 n: _median([c["cpu_by_process"].get(n) for c in cells]) for n in processes
             }
+            # Replicas cost memory above all: the peak RSS of each process, and of them all.
+            rss = [c.get("rss_mb_by_process", {}) for c in cells]
+            medians["rss_mb_by_process"] = {
+                n: _median([r.get(n) for r in rss]) for n in sorted({n for r in rss for n in r})
+            }
+            medians["rss_mb"] = _median([sum(r.values()) if r else None for r in rss])
             entry["variants"][variant.name] = {
                 "rounds_run": len(cells),
                 "rounds_full_quality": sum(c["full_quality"] for c in cells),
@@ -466,6 +487,31 @@ def markdown(cfg: CompareConfig, summary: Mapping[str, Any], started: datetime, 
                 + " | ".join(_ms(per.get(n)) for n in processes)
                 + f" | {_ms(cell['median']['cpu_ms_per_call'])} |"
             )
+    held = sorted(
+        {
+            n
+            for entry in summary["rates"]
+            for cell in entry["variants"].values()
+            for n in cell["median"].get("rss_mb_by_process", {})
+        }
+    )
+    if held:
+        lines += [
+            "",
+            "## Peak RSS MB by process (medians)",
+            "",
+            "| offered rps | variant | " + " | ".join(held) + " | all |",
+            "|---:|---|" + "---:|" * (len(held) + 1),
+        ]
+        for entry in summary["rates"]:
+            for name, cell in entry["variants"].items():
+                per = cell["median"].get("rss_mb_by_process", {})
+                total = cell["median"].get("rss_mb")
+                lines.append(
+                    f"| {entry['offered_rps']} | {name} | "
+                    + " | ".join("–" if per.get(n) is None else f"{per[n]:.0f}" for n in held)
+                    + f" | {'–' if total is None else f'{total:.0f}'} |"
+                )
     lines += ["", f"![medians and each run's p99, degraded answers, vs rate]({png.name})", ""]
     return "\n".join(lines)
 
@@ -534,7 +580,11 @@ def write_report(cfg: CompareConfig, runs: Sequence[Run], started: datetime) -> 
                 "step_s": base.step_s,
                 "warmup_s": base.warmup_s,
                 "deadline_ms": base.deadline_ms,
-                "variants": [{"name": v.name, "env": dict(v.env)} for v in cfg.variants],
+                "variants": [
+                    {"name": v.name, "env": dict(v.env)}
+                    | ({"replicas": dict(v.replicas)} if v.replicas else {})
+                    for v in cfg.variants
+                ],
                 "runs": [
                     {
                         "variant": r.variant,
@@ -578,7 +628,13 @@ def run(cfg: CompareConfig, log: Log = print) -> CompareReport:
             state = runner.copy_state(base.var_dir, home / "var")
             try:
                 steps, processes = runner.measure_mesh(
-                    base, state, home, requests, extra_env=variant.env, log=log
+                    base,
+                    state,
+                    home,
+                    requests,
+                    extra_env=variant.env,
+                    replicas=variant.replicas,
+                    log=log,
                 )
             except RuntimeError as error:
                 raise RuntimeError(

@@ -14,14 +14,20 @@ handbook's column names, ``fraudmesh train`` with the handbook's periods (traini
 2018-07-25 → 08-01, a 7-day delay, test 2018-08-08 → 08-15) and ``--scores-out``, and
 judges the scores with the handbook's protocol: test transactions of customers already
 known to be compromised (a fraud labelled by the day before the delay) are left out, and
-card precision at 100 leaves out cards detected on earlier days. A second run trains on
-the whole history before the same gap (2018-04-08 → 08-01), as a team with history would.
-Each run's training report also puts the cascade, the small model alone and the rules beside
-the model on every test payment, judged against the cascade's quality targets
+card precision at 100 leaves out cards detected on earlier days. ``--history`` adds a run
+on the whole history before the same gap (2018-04-08 → 08-01), as a team with history would.
+Each run's figures also put the cascade, the small model alone and the rules beside the model
+on every test payment, judged against the cascade's quality targets
 (``loadtest/cascade_quality.py``).
 
-    python -m loadtest.external            # writes loadtest/results/external-handbook.*
-    python -m loadtest.external --seed 1 --out loadtest/results/external-handbook-seed1
+One regeneration is one draw: the figures move by about 0.01-0.02 between seeds, as much as
+many changes of training do. So it runs several seeds (``--seeds``), reports the mean and
+standard deviation of each figure, and with ``--before`` (an installed checkout of an
+earlier commit) trains that version on the same data, each version importing with its own
+code, and reports the per-seed differences: their spread is the noise a comparison has.
+
+    python -m loadtest.external --before ../earlier-checkout
+        # writes loadtest/results/external-handbook.{json,md}
 
 Published baselines (handbook, section 3.4 "Baseline fraud detection system", test set):
 ``BASELINES``.
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -38,6 +45,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,6 +63,13 @@ BASELINES: dict[str, tuple[float, float, float]] = {
     "XGBoost": (0.862, 0.639, 0.273),
 }
 """Model → (AUC ROC, average precision, card precision at 100) on the handbook's test set."""
+BEST_PUBLISHED: dict[str, float] = {
+    "auc_roc": 0.879,
+    "average_precision": 0.694,
+    "card_precision_at_100": 0.304,
+}
+"""The best figure per column the handbook publishes for any model on this test set (its
+model-selection chapter's tuned models included): the bar to clear."""
 MAPPING = {
     "transaction_id": "TRANSACTION_ID",
     "timestamp": "TX_DATETIME",
@@ -183,154 +198,267 @@ def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> di
     }
 
 
-def _fraudmesh() -> str:
-    found = shutil.which("fraudmesh", path=str(Path(sys.executable).parent))
-    if found is None:
-        raise SystemExit("fraudmesh is not installed next to this Python (make install)")
+def _fraudmesh(checkout: Path | None = None) -> Path:
+    """The ``fraudmesh`` next to this Python, or in ``checkout``'s own ``.venv``."""
+    folder = Path(sys.executable).parent if checkout is None else checkout / ".venv" / "bin"
+    found = folder / "fraudmesh"
+    if not found.is_file():
+        raise SystemExit(f"fraudmesh is not installed in {folder} (make install)")
     return found
 
 
 def _run(argv: list[str], log: Path) -> float:
     started = time.perf_counter()
     with log.open("w") as out:
-        result = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+        result = subprocess.run(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=_environment(), check=False
+        )
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({result.returncode}); see {log}")
     return round(time.perf_counter() - started, 1)
 
 
-def run(work: Path, seed: int = 0) -> dict[str, object]:
-    """Generates (with ``seed``), imports, trains twice and judges; returns the results."""
-    fraudmesh = _fraudmesh()
-    started = time.perf_counter()
-    tx = generate(seed)
-    source = work / "handbook-transactions.csv"
-    tx.to_csv(source, index=False)
-    generated_s = round(time.perf_counter() - started, 1)
-    print(f"generated {len(tx):,} transactions ({tx['TX_FRAUD'].mean():.2%} fraud)")
-    var_dir = work / "var"
+def _environment() -> dict[str, str]:
+    """This environment without ``FRAUD_*`` settings: both versions run their defaults."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FRAUD_")}
+
+
+def _import(fraudmesh: Path, source: Path, var_dir: Path, log: Path) -> float:
+    """``fraudmesh data import`` of the handbook's CSV, as the README documents it."""
     maps = [f"--map={target}={column}" for target, column in MAPPING.items()]
-    import_s = _run(
-        # A few amounts round to 0.00 in the generator: imported as account verifications.
+    # A few amounts round to 0.00 in the generator: imported as account verifications.
+    argv = [str(fraudmesh), "data", "import", str(source), "--var-dir", str(var_dir), *maps]
+    return _run([*argv, "--max-bad-rows", "1000"], log)
+
+
+def _train(
+    fraudmesh: Path, var_dir: Path, work: Path, name: str, train_from: str
+) -> tuple[pd.DataFrame, dict[str, object], float]:
+    """``fraudmesh train`` on the handbook's periods: its test scores, report and seconds."""
+    scores_path = work / f"scores-{name}.parquet"
+    report_dir = work / f"report-{name}"
+    seconds = _run(
         [
-            fraudmesh,
-            "data",
-            "import",
-            str(source),
-            "--var-dir",
-            str(var_dir),
-            *maps,
-            "--max-bad-rows",
-            "1000",
+            str(fraudmesh), "train", "--var-dir", str(var_dir),
+            "--train-from", train_from, "--train-until", TRAIN_UNTIL,
+            "--test-from", TEST_FROM, "--test-until", TEST_UNTIL,
+            "--scores-out", str(scores_path), "--report-dir", str(report_dir),
         ],
-        work / "import.log",
-    )
-    results: dict[str, object] = {
+        work / f"train-{name}.log",
+    )  # fmt: skip
+    report = json.loads((report_dir / "evaluation.json").read_text())
+    return pd.read_parquet(scores_path), report, seconds
+
+
+def _figures(tx: pd.DataFrame, scores: pd.DataFrame, report: dict[str, Any]) -> dict[str, Any]:
+    """The handbook's figures of one model, and fraudmesh's own on every test row."""
+    figures: dict[str, Any] = dict(handbook_metrics(tx, scores))
+    model = report["model"]
+    figures["all_test_rows"] = {
+        "roc_auc": model["roc_auc"],
+        "average_precision": model["average_precision"],
+        "recall_at_1pct_fpr": model["recall_at_1pct_fpr"],
+        "card_precision_at_100": model["card_precision_at_k"],
+        "recall_at_review_by_scenario": model["recall_at_review_by_scenario"],
+    }
+    # The cascade, the small model alone and the rules beside the model, judged against the
+    # cascade's quality targets (loadtest/cascade_quality.py).
+    figures["side_by_side"] = cascade_quality.figures(report)
+    figures["cascade_targets"] = [
+        {"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
+        for t in cascade_quality.judge(report)
+    ]
+    figures["cascade"] = report.get("cascade_summary", {})
+    return figures
+
+
+def run_seed(
+    seed: int, work: Path, versions: dict[str, Path], history: bool = False
+) -> dict[str, object]:
+    """One regeneration: generated, imported and trained by each version, judged alike."""
+    started = time.perf_counter()
+    tx = generate(seed=seed)
+    source = work / f"handbook-{seed}.csv"
+    tx.to_csv(source, index=False)
+    result: dict[str, Any] = {
         "seed": seed,
         "transactions": len(tx),
         "fraud_share": float(tx["TX_FRAUD"].mean()),
-        "seconds": {"generate": generated_s, "import": import_s},
-        "baselines": {
-            name: dict(
-                zip(("auc_roc", "average_precision", "card_precision_at_100"), v, strict=True)
-            )
-            for name, v in BASELINES.items()
-        },
-        "fraudmesh": {},
+        "seconds": {"generate": round(time.perf_counter() - started, 1)},
+        "versions": {},
     }
-    for label, train_from in (("handbook periods", TRAIN_FROM), ("longer history", HISTORY_FROM)):
-        scores_path = work / f"scores-{train_from}.parquet"
-        report_dir = work / f"report-{train_from}"
-        seconds = _run(
-            [
-                fraudmesh, "train", "--var-dir", str(var_dir),
-                "--train-from", train_from, "--train-until", TRAIN_UNTIL,
-                "--test-from", TEST_FROM, "--test-until", TEST_UNTIL,
-                "--scores-out", str(scores_path), "--report-dir", str(report_dir),
-            ],
-            work / f"train-{train_from}.log",
-        )  # fmt: skip
-        scores = pd.read_parquet(scores_path)
-        figures: dict[str, object] = dict(handbook_metrics(tx, scores))
-        ours = json.loads((report_dir / "evaluation.json").read_text())
-        figures["train_seconds"] = seconds
-        figures["all_test_rows"] = {
-            "roc_auc": ours["model"]["roc_auc"],
-            "average_precision": ours["model"]["average_precision"],
-            "recall_at_1pct_fpr": ours["model"]["recall_at_1pct_fpr"],
-            "card_precision_at_100": ours["model"]["card_precision_at_k"],
-            "recall_at_review_by_scenario": ours["model"]["recall_at_review_by_scenario"],
-        }
-        figures["side_by_side"] = cascade_quality.figures(ours)
-        figures["cascade_targets"] = [
-            {"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
-            for t in cascade_quality.judge(ours)
-        ]
-        figures["cascade"] = ours.get("cascade_summary", {})
-        results["fraudmesh"][label] = figures  # type: ignore[index]
-        print(f"{label}: {figures}")
-    return results
+    print(f"seed {seed}: {len(tx):,} transactions ({tx['TX_FRAUD'].mean():.2%} fraud)")
+    periods = [("handbook periods", TRAIN_FROM)]
+    periods += [("longer history", HISTORY_FROM)] if history else []
+    for version, fraudmesh in versions.items():
+        # Each version imports with its own code: its store features are its own.
+        var_dir = work / f"var-{version}-{seed}"
+        result["seconds"][f"{version}_import"] = _import(
+            fraudmesh, source, var_dir, work / f"import-{version}-{seed}.log"
+        )
+        runs: dict[str, Any] = {}
+        for label, train_from in periods:
+            name = f"{version}-{seed}-{train_from}"
+            scores, report, seconds = _train(fraudmesh, var_dir, work, name, train_from)
+            runs[label] = _figures(tx, scores, report) | {"train_seconds": seconds}
+            print(f"seed {seed}, {version}, {label}: {_brief(runs[label])}", flush=True)
+        result["versions"][version] = runs
+        shutil.rmtree(var_dir, ignore_errors=True)
+    source.unlink()
+    return result
 
 
-def markdown(results: dict[str, object]) -> str:
-    """The comparison as a Markdown table."""
+_MAIN = ("auc_roc", "average_precision", "card_precision_at_100")
+"""The handbook's three figures, in its column order."""
+
+
+def _brief(figures: dict[str, Any]) -> str:
+    return " ".join(f"{name} {figures[name]:.4f}" for name in _MAIN)
+
+
+def summary(seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and standard deviation over the seeds of each version's figures, and of the
+    per-seed differences between versions (after − before): the noise a comparison has."""
+    out: dict[str, Any] = {}
+    versions = list(seeds[0]["versions"]) if seeds else []
+    labels = list(seeds[0]["versions"][versions[0]]) if versions else []
+    for label in labels:
+        per_label: dict[str, Any] = {}
+        for version in versions:
+            per_label[version] = {
+                name: _spread([s["versions"][version][label][name] for s in seeds])
+                for name in _MAIN
+            }
+        if {"before", "after"} <= set(versions):
+            per_label["after_minus_before"] = {
+                name: _spread(
+                    [
+                        s["versions"]["after"][label][name] - s["versions"]["before"][label][name]
+                        for s in seeds
+                    ]
+                )
+                for name in _MAIN
+            }
+        out[label] = per_label
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    array = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(array.mean()),
+        "sd": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+        "min": float(array.min()),
+        "max": float(array.max()),
+        "n": len(array),
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The comparison as Markdown: the baselines, each version's mean ± sd over the seeds,
+    the paired differences, every seed's figures."""
     lines = [
-        "| model (test 2018-08-08 → 08-15, handbook protocol) | AUC ROC | average precision "
-        "| card precision@100 |",
+        f"Regenerated handbook data, seeds {', '.join(str(s['seed']) for s in results['seeds'])};"
+        f" test 2018-08-08 → 08-15, handbook protocol. Versions: "
+        + ", ".join(f"{v} ({c})" for v, c in results["commits"].items())
+        + ".",
+        "",
+        "| model | AUC ROC | average precision | card precision@100 |",
         "|---|---:|---:|---:|",
     ]
-    baselines = results["baselines"]
-    assert isinstance(baselines, dict)
-    for name, v in baselines.items():
+    for name, v in results["baselines"].items():
         lines.append(
             f"| handbook: {name} (published) | {v['auc_roc']:.3f} | {v['average_precision']:.3f} "
             f"| {v['card_precision_at_100']:.3f} |"
         )
-    ours = results["fraudmesh"]
-    assert isinstance(ours, dict)
-    for label, f in ours.items():
-        lines.append(
-            f"| **fraudmesh, {label}** | **{f['auc_roc']:.3f}** | **{f['average_precision']:.3f}** "
-            f"| **{f['card_precision_at_100']:.3f}** |"
-        )
-    side = {label: f["side_by_side"] for label, f in ours.items() if "side_by_side" in f}
-    if side:
-        lines += [
-            "",
-            f"Every test payment (generator seed {results.get('seed', 0)}): the model, the "
-            "cascade, the small model alone and the rules, each at its thresholds.",
-            "",
-            cascade_quality.table(side),
-            "",
-            cascade_quality.targets_table(
-                {
-                    label: [cascade_quality.Target(**t) for t in f["cascade_targets"]]
-                    for label, f in ours.items()
-                }
-            ),
-            "",
-            *[
-                cascade_quality.cascade_line(label, {"cascade_summary": f["cascade"]})
-                for label, f in ours.items()
-            ],
-        ]
+    best = results["best_published"]
+    lines.append(
+        f"| best published figure per column | {best['auc_roc']:.3f} | "
+        f"{best['average_precision']:.3f} | {best['card_precision_at_100']:.3f} |"
+    )
+    for label, per_label in results["summary"].items():
+        for version, figures in per_label.items():
+            cells = " | ".join(
+                f"{figures[n]['mean']:+.3f} ± {figures[n]['sd']:.3f}"
+                if version == "after_minus_before"
+                else f"**{figures[n]['mean']:.3f}** ± {figures[n]['sd']:.3f}"
+                for n in _MAIN
+            )
+            what = "after − before, per seed" if version == "after_minus_before" else version
+            lines.append(f"| fraudmesh {what}, {label} (mean ± sd, n={figures['auc_roc']['n']}) "
+                         f"| {cells} |")  # fmt: skip
+    lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | train s |", "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for s in results["seeds"]:
+        for version, runs in s["versions"].items():
+            for label, f in runs.items():
+                lines.append(
+                    f"| {s['seed']} | {version} | {label} | {f['auc_roc']:.4f} | "
+                    f"{f['average_precision']:.4f} | {f['card_precision_at_100']:.4f} | "
+                    f"{f['train_seconds']:.0f} |"
+                )
     return "\n".join(lines) + "\n"
+
+
+def _commit(checkout: Path) -> str:
+    """The last commit that changed the product's code in ``checkout``."""
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%h", "--", "services"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of seeds"
+        ) from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("give at least one seed")
+    return seeds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the comparison and writes ``loadtest/results/external-handbook.{json,md}``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--seeds", type=_seeds, default=[0, 1, 2, 3, 4],
+        help="regenerations to run (comma-separated generator seeds; default 0,1,2,3,4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--before", type=Path, default=None,
+        help="a checkout of an earlier commit, installed: trained on the same data, side by side",
+    )  # fmt: skip
+    parser.add_argument(
+        "--history", action="store_true",
+        help=f"also train on the whole history from {HISTORY_FROM} (as a team with history)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=RESULTS / "external-handbook")
-    parser.add_argument("--seed", type=int, default=0, help="the generator's seed")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="fraudmesh-external-", dir=args.work) as tmp:
-        results = run(Path(tmp), args.seed)
+    here = Path(__file__).resolve().parents[1]
+    versions = {"after": _fraudmesh()}
+    commits = {"after": _commit(here)}
+    if args.before is not None:
+        versions = {"before": _fraudmesh(args.before.resolve()), **versions}
+        commits = {"before": _commit(args.before.resolve()), **commits}
+    results: dict[str, Any] = {
+        "baselines": {name: dict(zip(_MAIN, v, strict=True)) for name, v in BASELINES.items()},
+        "best_published": dict(BEST_PUBLISHED),
+        "commits": commits,
+        "seeds": [],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-    table = markdown(results)
-    args.out.with_suffix(".md").write_text(table)
-    print(table)
+    with tempfile.TemporaryDirectory(prefix="fraudmesh-external-", dir=args.work) as tmp:
+        for seed in args.seeds:
+            results["seeds"].append(run_seed(seed, Path(tmp), versions, args.history))
+            results["summary"] = summary(results["seeds"])
+            # Written after every seed: a long run that stops keeps the seeds it finished.
+            args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+            args.out.with_suffix(".md").write_text(markdown(results))
+    print(markdown(results))
     return 0
 
 

@@ -63,7 +63,7 @@ REPRODUCTION_TOLERANCE = 1e-9
 # Run by the before checkout's own Python in its own folder: its code rebuilds its holdout
 # exactly as its ``fraudmesh train`` did and scores it with the LightGBM model it published.
 _BEFORE_SCORES = """
-import json, sys
+import inspect, json, sys
 from pathlib import Path
 import lightgbm as lgb
 import numpy as np
@@ -77,7 +77,9 @@ var_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 metadata, folder = repository.load(var_dir / "models")
 params = train.TrainParams()
 frame = train._training_frame(from_env(var_dir=var_dir))
-window = train._window(frame["timestamp"], params)
+# The window's signature grew a periods argument when periods became explicit settings.
+extra = [train.Periods()] if "periods" in inspect.signature(train._window).parameters else []
+window = train._window(frame["timestamp"], params, *extra)
 assert window.holdout_start == metadata.training_window.holdout_start
 frame = frame[frame["timestamp"] >= window.start].reset_index(drop=True)
 holdout = (frame["timestamp"] >= window.holdout_start).to_numpy()

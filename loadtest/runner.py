@@ -29,6 +29,7 @@ from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port, grpc_serving
+from services.mesh.topology import OBSERVABILITY
 from services.models import repository
 
 DEFAULT_RATES: tuple[int, ...] = (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200)
@@ -76,6 +77,8 @@ class LoadtestConfig:
     """The started mesh's gateways read the store and run the model in process."""
     live_loop: bool = True
     """The started mesh emits decision events and runs the feature updater."""
+    observability: bool = False
+    """The started mesh runs Prometheus and the trace collector, as ``fraudmesh up`` does."""
 
     @property
     def variant(self) -> str:
@@ -85,6 +88,8 @@ class LoadtestConfig:
             parts.append("no-loop")
         if self.gateway_replicas > 1:
             parts.append(f"{self.gateway_replicas}gw")
+        if self.observability:
+            parts.append("observed")
         return "-".join(parts)
 
     @property
@@ -152,13 +157,20 @@ def start_mesh(
     gateway_replicas: int = 1,
     gateway_in_process: bool = False,
     live_loop: bool = True,
+    replicas: Mapping[str, int] | None = None,
+    observability: bool = False,
     monitor: bool = True,
     log: Log = print,
 ) -> Mesh:
-    """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first."""
+    """Starts a mesh on free ports on ``var_dir``; with Redis, materializes into it first.
+    ``replicas`` gives ``envoy_replicas``, ``features_replicas``, ``scorer_replicas`` (and may
+    override ``gateway_replicas``)."""
+    counts = {"gateway_replicas": gateway_replicas, **(replicas or {})}
+    gateway_replicas = counts.pop("gateway_replicas")
     gateways = ["gateway", *(f"gateway-{i}" for i in range(2, gateway_replicas + 1))]
     config = MeshConfig.on_free_ports(
         gateway_replicas=gateway_replicas,
+        **counts,
         gateway_in_process=gateway_in_process,
         var_dir=var_dir,
         store=store,
@@ -167,6 +179,7 @@ def start_mesh(
         metrics_ports={name: free_port() for name in [*gateways, "updater", "monitor"]},
         extra_env=extra_env or {},
         live_loop=live_loop,
+        observability=observability,
         monitor=monitor,
     )
     mesh = Mesh(config)
@@ -419,12 +432,13 @@ def request_source(population: Sequence[data.Txn], path: Path) -> Callable[[], P
 
 
 def check_env(mesh: Mesh, env: Mapping[str, str]) -> None:
-    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy and Redis
-    take none), so that no comparison passes off two alike meshes as two variants."""
+    """Fails unless every service process of ``mesh`` runs with ``env`` (Envoy, Redis,
+    Prometheus and the collector take none), so that no comparison passes off two alike
+    meshes as two variants."""
     if not env:
         return
     for name, process in mesh.processes.items():
-        if name in ("envoy", "redis") or process.pid is None:
+        if name.split("-")[0] in ("envoy", "redis") or name in OBSERVABILITY or process.pid is None:
             continue
         seen = psutil.Process(process.pid).environ()
         wrong = {k: seen.get(k) for k, v in env.items() if seen.get(k) != v}
@@ -439,11 +453,12 @@ def measure_mesh(
     requests: Callable[[], Path],
     *,
     extra_env: Mapping[str, str] | None = None,
+    replicas: Mapping[str, int] | None = None,
     log: Log = print,
 ) -> tuple[list[report.Step], list[str]]:
     """Starts a mesh as ``cfg`` says on ``var_dir`` (with ``extra_env`` on top of the
-    config's), runs the rate schedule through its Envoy, stops it; returns the steps and
-    the measured processes' names."""
+    config's, and ``replicas`` as ``start_mesh`` takes them), runs the rate schedule through
+    its Envoy, stops it; returns the steps and the measured processes' names."""
     env = {**cfg.extra_env, **(extra_env or {})}
     mesh = start_mesh(
         var_dir,
@@ -454,6 +469,8 @@ def measure_mesh(
         gateway_replicas=cfg.gateway_replicas,
         gateway_in_process=cfg.gateway_in_process,
         live_loop=cfg.live_loop,
+        replicas=replicas,
+        observability=cfg.observability,
         log=log,
     )
     try:

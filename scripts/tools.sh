@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the pinned developer tools: the protoc plugins that produced gen/go, buf, ghz,
-# grpcurl, kubeconform, kube-score and kustomize (used by `make k8s-check` where kubectl,
+# grpcurl, kubeconform, kube-score, kustomize and the project's OpenTelemetry Collector
+# (scripts/collector.sh) (used by `make k8s-check` where kubectl,
 # whose built-in kustomize it prefers, is absent). Go tools go to $(go env GOPATH)/bin (where the Makefile and
 # scripts/gen.sh look), buf comes from npm. A tool already there at the pinned version is
 # skipped, so running this again is cheap. Needs go and npm on PATH.
@@ -62,6 +63,8 @@ else
   have=$(buf --version 2>/dev/null || true)
   [ "$have" = "$BUF" ] || die "buf on PATH reports '${have:-nothing}', wanted $BUF (is npm's global bin, $(npm prefix --global)/bin, on PATH?)"
 fi
+
+bash "$(dirname "$0")/collector.sh"
 
 case ":$PATH:" in
   *":$gobin:"*) ;;

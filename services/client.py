@@ -1,7 +1,15 @@
-"""A small Python client of the public API, used by ``fraudmesh score`` and the demo."""
+"""A small Python client of the public API, used by ``fraudmesh score`` and the demo.
+
+Its channels carry the retry policy every client of the edge should use
+(docs/reliability.md): a call that fails with UNAVAILABLE (the Envoy holding the connection
+died, or no gateway could take it) is sent again, at most twice more, within the call's own
+deadline; ``waitForReady`` lets a call made while the channel reconnects wait for the new
+connection instead of failing at once.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -13,6 +21,43 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+
+SERVICE_CONFIG: dict[str, object] = {
+    "methodConfig": [
+        {
+            "name": [{"service": "fraud.v1.FraudScoring"}, {"service": "fraud.v1.OutcomeService"}],
+            # A call made while the channel reconnects (its Envoy was killed) waits for the
+            # new connection, within its deadline, rather than failing at once.
+            "waitForReady": True,
+            "retryPolicy": {
+                "maxAttempts": 3,
+                "initialBackoff": "0.002s",
+                "maxBackoff": "0.010s",
+                "backoffMultiplier": 2,
+                # Only UNAVAILABLE: the call did not reach a gateway, or its connection died
+                # with it. Never DEADLINE_EXCEEDED (late) or RESOURCE_EXHAUSTED (shed: back off).
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
+    # Retries stop while more than half of the recent calls fail: a dead edge is not
+    # flooded with them.
+    "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1},
+}
+"""gRPC service config of the client's channels: retry policy and waitForReady."""
+
+CHANNEL_OPTIONS: tuple[tuple[str, int | str], ...] = (
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    ("grpc.enable_retries", 1),
+    # Finds a dead connection between calls instead of on the next one.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    # Reconnects within milliseconds of losing its Envoy (the default waits up to a second).
+    ("grpc.initial_reconnect_backoff_ms", 20),
+    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+)
+"""Options of every channel the client opens (``Credentials.channel``, ``aio_channel``)."""
 
 DECISION_NAMES = {
     pb.DECISION_APPROVE: "APPROVE",
@@ -79,16 +124,28 @@ class Credentials:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def channel(self, target: str) -> grpc.Channel:
-        """A blocking channel to ``target`` with these credentials."""
+        """A blocking channel to ``target`` with these credentials and the retry policy."""
         if not self.tls:
-            return grpc.insecure_channel(target)
-        secure = grpc.ssl_channel_credentials(
+            return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.secure_channel(target, self._secure(), options=self._options())
+
+    def aio_channel(self, target: str, *extra: tuple[str, int | str]) -> grpc.aio.Channel:
+        """An asyncio channel to ``target`` with these credentials, the retry policy and
+        ``extra`` options."""
+        if not self.tls:
+            return grpc.aio.insecure_channel(target, options=[*CHANNEL_OPTIONS, *extra])
+        return grpc.aio.secure_channel(target, self._secure(), options=[*self._options(), *extra])
+
+    def _secure(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
             root_certificates=self.ca_path.read_bytes() if self.ca_path else None,
             private_key=self.key_path.read_bytes() if self.key_path else None,
             certificate_chain=self.cert_path.read_bytes() if self.cert_path else None,
         )
-        options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
-        return grpc.secure_channel(target, secure, options=options)
+
+    def _options(self) -> list[tuple[str, int | str]]:
+        override = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+        return [*CHANNEL_OPTIONS, *override]
 
 
 PLAINTEXT = Credentials()

@@ -39,6 +39,7 @@ LIMITS_S: dict[str, int] = {
     "test_transport_reasons.py": 120,
     # The session's redis-server or Kafka broker (Kafka formats and starts in ~15 s), a sink.
     "eventlog/test_redis_streams.py": 120,
+    "eventlog/test_journal.py": 180,
     "eventlog/test_contract.py": 240,
     "eventlog/test_outage.py": 240,
     "decisionlog/test_sink.py": 240,
@@ -58,11 +59,16 @@ LIMITS_S: dict[str, int] = {
     "test_liveloop.py": 420,
     "test_liveloop_brokers.py": 420,
     "test_liveloop_replay.py": 420,
+    # The same, with the console, Chromium and verdicts waited for in the decision log.
+    "test_console.py": 480,
+    "test_console_secured.py": 420,
     "test_cascade.py": 600,
     # A mesh with the monitor on a store it materializes first, a few thousand calls through
     # Envoy per test, and the report and export commands (each bounded at 300 s).
     "test_monitor.py": 900,
     "test_data_import.py": 420,
+    # A mesh with Prometheus and its collector, a second collector, traces waited for.
+    "test_observability.py": 420,
     # A mesh with the monitor, steady traffic, three model imports and three rollouts.
     "test_rollout.py": 900,
     "test_train_from_decisions.py": 420,
@@ -78,6 +84,7 @@ LIMITS_S: dict[str, int] = {
     "test_lifecycle.py": 900,
     "test_supervisor.py": 600,
     "test_chaos.py": 1200,
+    "test_crash.py": 1200,
     # debootstrap, a buildah build and the smoke test inside the image.
     "test_images.py": 1800,
 }

@@ -103,7 +103,9 @@ def _format(landed: reader.Landed) -> str:
         when = reported.isoformat() if isinstance(reported, datetime) else "-"
         return (
             f"{_stamp(row.get('received_at') or reported)} outcome  {row['transaction_id']}  "
-            f"{row['outcome']}  source={row['outcome_source']}  reported_at={when}"
+            f"{row['outcome']}  source={row['outcome_source']}"
+            + (f" by={row['reported_by']}" if row.get("reported_by") else "")
+            + f"  reported_at={when}"
         )
     amount = _number(row.get("amount_minor"))
     currency = str(row.get("currency") or "")

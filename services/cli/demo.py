@@ -35,10 +35,12 @@ def samples(config: MeshConfig) -> list[client.Sample]:
     # A typical payment in every way the model sees: a card never defrauded, at a merchant
     # of its home country, at an hour of the day it usually pays (within an hour of now).
     defrauded = tx.loc[tx["is_fraud"].fillna(False).astype(bool), "card_id"]
+    # Among cards the online store holds fresh rows for: the sample is about a known card.
     eur = tx[
         (tx["currency"] == "EUR")
         & (tx["merchant_country"] == tx["card_home_country"])
         & ~tx["card_id"].isin(defrauded)
+        & tx["card_id"].isin(cards.index)
     ]
     hour = pd.to_datetime(eur["timestamp"], utc=True).dt.hour
     now = eur[((hour - time.gmtime().tm_hour) % 24).isin([23, 0, 1])]
@@ -88,7 +90,8 @@ def run(
     config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
 ) -> None:
     """Sends every sample through Envoy and prints each answer under what was expected;
-    then the live attack, when the loop runs."""
+    then, when the loop runs, the live attack and payments the model holds for review; and
+    where the console runs, its address."""
     console.rule("sample transactions through Envoy")
     for sample in samples(config):
         console.print(f"[bold]{sample.label}[/]  (expected: {sample.expect})")
@@ -98,8 +101,21 @@ def run(
             console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
             continue
         _print_answer(console, response)
+    held: list[str] = []
     if config.live_loop:
         live_attack(config, console, credentials)
+        held = held_for_review(config, console, credentials)
+    if config.observability:
+        waiting = (
+            f"the {len(held)} payments held for review above wait there for an analyst's "
+            "verdict (within seconds, once the decision log has them)"
+            if held
+            else "REVIEW decisions wait there for an analyst's verdict"
+        )
+        console.print(
+            f"[bold]console[/]: {config.console_url}/reviews — {waiting}; any decision: "
+            f"{config.console_url}/decisions\n"
+        )
 
 
 BURST = 12
@@ -174,3 +190,60 @@ def live_attack(
         f"event {reply.event_id} on the log; the merchant's fraud rate counts it once "
         "the label delay has passed, as in training\n"
     )
+
+
+HELD = 3
+"""Payments the demo has the model hold for review."""
+_GROWING_AMOUNTS = tuple(int(500 * 1.6**i) for i in range(16))
+"""5 EUR to about 5,600 EUR: somewhere on the way the model stops approving."""
+
+
+def _risky_merchants(config: MeshConfig, count: int = 6) -> list[str]:
+    """The merchants with the highest 28-day fraud rates in the data."""
+    data = FeatureStoreSettings(var_dir=config.var_dir).data_path
+    merchants = _latest(pd.read_parquet(data / layout.MERCHANT_FEATURES_FILE), "merchant_id")
+    return [str(m) for m in merchants.nlargest(count, "merchant_fraud_rate_28d").index]
+
+
+def held_for_review(
+    config: MeshConfig,
+    console: Console,
+    credentials: client.Credentials = client.PLAINTEXT,
+    wanted: int = HELD,
+) -> list[str]:
+    """Online payments of growing amounts on fresh cards at high-fraud merchants, until the
+    model has held ``wanted`` of them for review (the ones an analyst then judges); their
+    transaction ids. Bounded: 16 amounts at each of 6 merchants."""
+    console.rule("payments held for review")
+    console.print(
+        "[bold]online payments of growing amounts on new cards at high-fraud merchants[/], "
+        f"until the model holds {wanted} for an analyst"
+    )
+    held: list[str] = []
+    sent = 0
+    for merchant in _risky_merchants(config):
+        card = f"card-new-{uuid.uuid4().hex[:8]}"
+        for amount in _GROWING_AMOUNTS:
+            sample = client.Sample("held", card, merchant, amount, card_not_present=True)
+            sent += 1
+            try:
+                response = client.score(
+                    config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
+                )
+            except grpc.RpcError as error:  # said and passed over: the demo goes on
+                console.print(f"  [yellow]{error.code().name}[/]: {error.details()}")
+                continue
+            if response.decision != scoring_pb2.DECISION_REVIEW:
+                continue
+            held.append(response.transaction_id)
+            console.print(
+                f"  [yellow]REVIEW[/]  {response.transaction_id}  {amount / 100:,.2f} EUR  "
+                f"{card} at {merchant}  score={response.score:.3f}",
+                highlight=False,
+            )
+            if len(held) == wanted:
+                break
+        if len(held) == wanted:
+            break
+    console.print(f"{len(held)} held for review in {sent} payments\n")
+    return held

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,12 +30,20 @@ console = Console()
 
 METRICS_PROCESSES = ("gateway", "features", "scorer", "updater", "decisionlog", "monitor")
 """Processes serving Prometheus /metrics, on ``--metrics-port`` and the ports after it, in
-this order."""
+this order; replicas (``gateway-2``, …) follow them, and the trace collector's own metrics
+take the port after theirs."""
 
 
-def metrics_ports(first: int) -> dict[str, int]:
-    """The /metrics port of each of ``METRICS_PROCESSES``, counting up from ``first``."""
-    return {name: first + i for i, name in enumerate(METRICS_PROCESSES)}
+def metrics_ports(first: int, replicas: Sequence[str] = ()) -> dict[str, int]:
+    """The /metrics port of each of ``METRICS_PROCESSES`` and then of each replica, counting
+    up from ``first``."""
+    names = [*METRICS_PROCESSES, *(r for r in replicas if r not in METRICS_PROCESSES)]
+    return {name: first + i for i, name in enumerate(names)}
+
+
+def replica_ports(first: int, replicas: int, step: int) -> tuple[int, ...]:
+    """Ports of the replicas after the first: ``first + step``, ``first + 2 × step``, …"""
+    return tuple(first + step * i for i in range(1, replicas))
 
 
 _METRICS_HELP = (
@@ -101,8 +109,66 @@ _EventLog = Annotated[
         "redis, else the file log under the state folder)."
     ),
 ]
+_Observability = Annotated[
+    bool,
+    typer.Option(
+        help="The processes that watch the mesh for people: the web console (review queue, "
+        "decision lookup, models, overview), Prometheus (its rules loaded, every process "
+        "scraped) and the trace collector (tail sampling; traces under the state folder), "
+        "the last two when installed; off: only the mesh itself, which never depends on them."
+    ),
+]
+_ConsolePort = Annotated[
+    int, typer.Option(help="The console's HTTP port (loopback unless FRAUD_CONSOLE_HOST says).")
+]
+_PrometheusPort = Annotated[int, typer.Option(help="Prometheus's port (127.0.0.1).")]
+_OtlpPort = Annotated[int, typer.Option(help="The trace collector's OTLP/gRPC port.")]
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
+]
+_GatewayReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Gateway processes behind Envoy. With two or more, Envoy retries a call whose "
+        "gateway died before answering on another, and a killed gateway costs no call.",
+    ),
+]
+_EnvoyReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Envoy processes sharing the edge port (SO_REUSEPORT): a killed one takes only "
+        "its own connections, and clients reconnect to another.",
+    ),
+]
+_FeaturesReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Feature service processes; the gateways spread calls over them, so a killed one "
+        "costs the calls in flight on it default features, not every call until it is back.",
+    ),
+]
+_ScorerReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Scorer processes; the gateways spread calls over them, so a killed one costs "
+        "the calls in flight on it a rules answer, not every call until it is back.",
+    ),
+]
+_ReplicaPortStep = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Replica N of a part listens on its port + (N-1) × this (an Envoy: its admin "
+        "port); their metrics follow the other /metrics ports.",
+    ),
 ]
 
 
@@ -129,21 +195,35 @@ def up(
     eventlog: _EventLog = None,
     kafka_bootstrap: _KafkaBootstrap = None,
     updater_port: int = 50054,
+    observability: _Observability = True,
+    console_port: _ConsolePort = 8090,
+    gateway_replicas: _GatewayReplicas = 2,
+    envoy_replicas: _EnvoyReplicas = 2,
+    features_replicas: _FeaturesReplicas = 2,
+    scorer_replicas: _ScorerReplicas = 2,
+    replica_port_step: _ReplicaPortStep = 100,
+    prometheus_port: _PrometheusPort = 9090,
+    otlp_port: _OtlpPort = 4317,
     monitor_port: _MonitorPort = 50056,
     monitor: _Monitor = True,
 ) -> None:
     """Start redis-server (if configured), the services and Envoy; restart a child that dies;
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
-    from services.mesh import Mesh, MeshConfig, RestartPolicy
+    from services.mesh import MeshConfig, RestartPolicy
 
-    if store not in ("sqlite", "redis"):
-        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
-    if auth not in (None, "none", "jwt"):
-        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    _check_choices(store, auth)
     # Flags given on the command line win; the rest comes from FRAUD_EDGE_* (production paths).
     flags: dict[str, Any] = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
     _check_eventlog(store, eventlog, kafka_bootstrap)
+    extra, replicas = _replicas(
+        replica_port_step,
+        gateway=(gateway_port, gateway_replicas),
+        admin=(admin_port, envoy_replicas),
+        features=(features_port, features_replicas),
+        scorer=(scorer_port, scorer_replicas),
+    )
+    scraped = metrics_ports(metrics_port, replicas)
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -155,34 +235,105 @@ def up(
         redis_port=redis_port,
         decisionlog_port=decisionlog_port,
         gateway_in_process=gateway_in_process,
-        metrics_ports=metrics_ports(metrics_port),
+        metrics_ports=scraped,
         edge=edge,
         live_loop=live_loop,
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
         updater_port=updater_port,
+        observability=observability,
+        console_port=console_port,
+        prometheus_port=prometheus_port,
+        otlp_port=otlp_port,
+        collector_metrics_port=metrics_port + len(scraped),
+        extra_gateway_ports=extra["extra_gateway_ports"],
+        extra_admin_ports=extra["extra_admin_ports"],
+        extra_features_ports=extra["extra_features_ports"],
+        extra_scorer_ports=extra["extra_scorer_ports"],
         monitor_port=monitor_port,
         monitor=monitor,
     )
-    try:
-        edge.check_files()
-    except FileNotFoundError as error:
-        console.print(f"[red]{error}[/red]")
-        raise typer.Exit(1) from error
+    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
+    _run(config, edge, policy, demo)
+
+
+def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:
+    """Starts the mesh and supervises it until Ctrl-C/SIGTERM."""
+    from services.mesh import Mesh
+
+    _check_edge_files(edge)
     mesh = Mesh(config)
+    if config.observability:
+        _warn_missing_observability(mesh)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     ready = _on_ready(mesh)
+    _start(mesh, ready)
+    console.print(_endpoints_table(mesh, edge))
+    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _start(mesh: Mesh, ready: Callable[[str], None]) -> None:
+    """Starts the mesh; exits 1 saying why when it does not start."""
     with console.status("starting the mesh …"):
         try:
             mesh.start(on_ready=ready)
         except RuntimeError as error:
             console.print(f"[red]start failed:[/red] {error}")
             raise typer.Exit(1) from error
-    console.print(_endpoints_table(mesh, edge))
-    policy = RestartPolicy(max_crashes=max_restarts, window_s=restart_window)
-    _supervise(mesh, edge, policy, ready, stop, demo)
+
+
+def _check_edge_files(edge: EdgeSettings) -> None:
+    """Exits 1 naming every file the edge needs (TLS, JWT) that does not exist."""
+    try:
+        edge.check_files()
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from error
+
+
+def _warn_missing_observability(mesh: Mesh) -> None:
+    """Says which observability process is not installed: the mesh runs without it."""
+    for name, how in (("prometheus", "make system"), ("collector", "make tools")):
+        if name not in mesh.processes:
+            console.print(f"[yellow]{name} is not installed ({how}); running without it[/yellow]")
+
+
+def _check_choices(store: str, auth: str | None) -> None:
+    """Refuses a store or an authentication the mesh does not know."""
+    if store not in ("sqlite", "redis"):
+        raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
+    if auth not in (None, "none", "jwt"):
+        raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+
+
+def _replicas(step: int, **parts: tuple[int, int]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Per replicated part (``part=(port, count)``) the ports of its replicas beyond the
+    first, checked, and the names of the service replicas beyond the first (an Envoy's
+    part is its admin port; it has no service name)."""
+    extra = {
+        f"extra_{part}_ports": replica_ports(port, count, step)
+        for part, (port, count) in parts.items()
+    }
+    _check_ports(extra)
+    names = [
+        f"{part}-{i}"
+        for part, (_, count) in parts.items()
+        if part != "admin"
+        for i in range(2, count + 1)
+    ]
+    return extra, names
+
+
+def _check_ports(extra: dict[str, tuple[int, ...]]) -> None:
+    """Refuses replica ports past 65535 (a large --replica-port-step)."""
+    for name, ports in extra.items():
+        if any(port > 65535 for port in ports):
+            raise typer.BadParameter(
+                f"{name.removeprefix('extra_').replace('_', ' ')} would pass 65535: {ports}",
+                param_hint="--replica-port-step",
+            )
 
 
 def _check_eventlog(store: str, eventlog: str | None, kafka_bootstrap: str | None) -> None:
@@ -234,7 +385,7 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         )
         if part
     )
-    return {
+    rows = {
         "envoy": f"{scheme}://{config.envoy_target}  (admin http://{host}:{config.admin_port})"
         + (f"  {security}" if security else ""),
         "gateway": f"grpc://{host}:{config.gateway_port}  fraud.v1.FraudScoring"
@@ -248,9 +399,19 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         f"{config.decisionlog_port}, metrics :{metrics['decisionlog']})",
         "updater": f"grpc://{host}:{config.updater_port}  health only; event log "
         f"{config.eventlog_backend} → online store ({store})  (metrics :{metrics['updater']})",
+        "console": f"{config.console_url}  review queue, decision lookup, models, overview",
+        "prometheus": f"http://{host}:{config.prometheus_port}  (rules, alerts, every process "
+        "scraped)",
+        "collector": f"otlp://{host}:{config.otlp_port}  traces kept → {config.traces_path}",
         "monitor": f"grpc://{host}:{config.monitor_port}  health only; drift and live quality "
         f"(metrics http://{host}:{metrics['monitor']}/metrics; fraudmesh monitor report)",
     }
+    for part in ("gateway", "features", "scorer"):
+        for name, port in list(config.replica_ports(part).items())[1:]:
+            rows[name] = f"grpc://{host}:{port}  replica  (metrics :{metrics.get(name, '-')})"
+    for name, admin in list(config.replica_ports("envoy").items())[1:]:
+        rows[name] = f"{scheme}://{config.envoy_target}  (admin http://{host}:{admin})"
+    return rows
 
 
 def _supervise(

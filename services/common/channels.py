@@ -28,7 +28,7 @@ def insecure_channel(target: str, traced: bool = True) -> grpc.aio.Channel:
     """An aio channel to ``target`` (host:port) on a trusted network; with ``traced`` (and
     tracing on) every call on it opens a span and carries the trace context. Persistent
     streams use an untraced channel: a stream carries many requests, of many traces."""
-    interceptors = telemetry.client_interceptors() if traced else []
+    interceptors = telemetry.client_interceptors(target) if traced else []
     return grpc.aio.insecure_channel(
         target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
     )

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -55,6 +56,68 @@ def _check_port(name: str, port: int) -> None:
         raise ValueError(f"{name} must be a TCP port in 1..65535, got {port!r}")
 
 
+@dataclass(frozen=True)
+class EnvoyTracing:
+    """Envoy's OpenTelemetry tracer: the OTLP/gRPC collector it sends spans to, and the share
+    of calls without a trace context it starts a trace for (the head of every trace that
+    enters through the edge; calls that bring a sampled ``traceparent`` keep theirs)."""
+
+    collector_host: str
+    collector_port: int
+    sample_percent: float = 100.0
+    service_name: str = "fraudmesh-envoy"
+
+    def hcm_block(self) -> str:
+        """The connection manager's ``tracing`` block. The OpenTelemetry tracer records every
+        call unless given a sampler of its own (the connection manager's ``random_sampling``
+        does not reach it, measured with Envoy 1.40): a parent-based trace-id-ratio one, as
+        the services' default."""
+        millionths = round(self.sample_percent * 10_000)
+        return "\n".join(
+            (
+                "                tracing:",
+                "                  provider:",
+                "                    name: envoy.tracers.opentelemetry",
+                "                    typed_config:",
+                '                      "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig',
+                f"                      service_name: {json.dumps(self.service_name)}",
+                "                      sampler:",
+                "                        name: envoy.tracers.opentelemetry.samplers.parent_based",
+                "                        typed_config:",
+                '                          "@type": type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3.ParentBasedSamplerConfig',
+                "                          wrapped_sampler:",
+                "                            name: envoy.tracers.opentelemetry.samplers.trace_id_ratio_based",
+                "                            typed_config:",
+                '                              "@type": type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3.TraceIdRatioBasedSamplerConfig',
+                "                              sampling_percentage: "
+                f"{{ numerator: {millionths}, denominator: MILLION }}",
+                "                      grpc_service:",
+                "                        envoy_grpc: { cluster_name: otel_collector }",
+                "                        timeout: 1s",
+            )
+        )
+
+    def cluster_block(self) -> str:
+        """The collector's cluster (HTTP/2, as every gRPC upstream needs)."""
+        return "\n".join(
+            (
+                "    - name: otel_collector",
+                "      type: STATIC",
+                "      connect_timeout: 0.25s",
+                "      typed_extension_protocol_options:",
+                "        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:",
+                '          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions',
+                "          explicit_http_config: { http2_protocol_options: {} }",
+                "      load_assignment:",
+                "        cluster_name: otel_collector",
+                "        endpoints:",
+                "          - lb_endpoints:",
+                "              - endpoint: { address: { socket_address: "
+                f"{{ address: {self.collector_host}, port_value: {self.collector_port} }} }} }}",
+            )
+        )
+
+
 def render_config(
     *,
     listen_port: int,
@@ -66,6 +129,7 @@ def render_config(
     template: Path | None = None,
     listen_address: str = "127.0.0.1",
     gateway_dns: str | None = None,
+    tracing: EnvoyTracing | None = None,
 ) -> str:
     """Fills the edge bootstrap template and returns the YAML text.
 
@@ -78,6 +142,7 @@ def render_config(
     ``gateway_dns`` replaces the loopback gateways by a DNS name, such as a headless
     Service, whose every address is a gateway replica: the cluster becomes strict DNS,
     re-resolved every ``DNS_REFRESH_S`` seconds, each address health-checked on its own.
+    ``tracing`` puts Envoy in the mesh's traces (W3C ``traceparent`` to the gateway).
     """
     _check_arguments(
         listen_port=listen_port,
@@ -112,6 +177,8 @@ def render_config(
         gateway_endpoints=endpoints,
         rate_limit_tokens=tokens_per_fill,
         access_log_path=log_path,
+        tracing=tracing.hcm_block() if tracing else "",
+        tracing_cluster=tracing.cluster_block() if tracing else "",
     )
 
 

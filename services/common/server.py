@@ -1,4 +1,5 @@
-"""The server runtime every service shares: health, reflection, metrics, ordered shutdown.
+"""The server runtime every service shares: health, reflection, metrics, tracing, ordered
+shutdown.
 
 A service implements the small ``Service`` contract (register servicers, load and warm
 up, close); ``serve`` does the rest the same way for all three services.
@@ -17,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from services.common import logs, reflection, telemetry
+from services.common import logs, reflection, rpc_observer, telemetry
 from services.common.interceptor import ErrorInterceptor
 from services.common.settings import ServerSettings
 
@@ -93,14 +94,17 @@ class Runtime:
         self.settings = settings
         self.service = service
         self.health = health.aio.HealthServicer()
+        # Outermost first: the observer sees the status the error interceptor settles on.
+        observer = [rpc_observer.RpcObserver()] if settings.observe_rpcs else []
         self.server = grpc.aio.server(
-            interceptors=[*telemetry.server_interceptors(), ErrorInterceptor()],
+            interceptors=[*observer, ErrorInterceptor()],
             options=server_options(settings),
         )
         self.port = 0
         self.stopping = asyncio.Event()
         self._names: list[str] = []
         self._follower: asyncio.Task[None] | None = None
+        self._loop_lag: asyncio.Task[None] | None = None
 
     async def _set_all(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ["", *self._names]:
@@ -118,12 +122,17 @@ class Runtime:
         if self.port == 0:
             raise RuntimeError(f"cannot bind {address}")
         await self.server.start()
+        if self.settings.observe_rpcs:
+            self._loop_lag = asyncio.create_task(rpc_observer.watch_loop_lag())
         log.info("listening", extra={"port": self.port, "phase": "warming"})
         await self.service.start()
         # Objects alive after warm-up live for the whole process: keep them out of the
         # collector's generations so full collections stay short on the request path.
         gc.collect()
         gc.freeze()
+        if self.settings.observe_rpcs:
+            # Collections from here on are the ones a request can meet: time them.
+            rpc_observer.GcPauses().install()
         ready = getattr(self.service, "ready", None)
         if callable(ready):
             self._follower = asyncio.create_task(self._follow(ready))
@@ -148,8 +157,9 @@ class Runtime:
 
     async def stop(self) -> None:
         """Ordered shutdown: NOT_SERVING, let health checks notice, drain, stop, close."""
-        if self._follower is not None:
-            self._follower.cancel()
+        for task in (self._follower, self._loop_lag):
+            if task is not None:
+                task.cancel()
         await self.health.enter_graceful_shutdown()
         log.info("draining", extra={"drain_seconds": self.settings.drain_seconds})
         await asyncio.sleep(self.settings.drain_seconds)
@@ -169,10 +179,17 @@ async def _run(settings: ServerSettings, service: Service) -> None:
     await runtime.stop()
 
 
+def trace_plan(name: str, settings: ServerSettings) -> telemetry.TracePlan:
+    """The service's trace plan: the standard OTEL_* variables over its settings."""
+    return telemetry.plan(
+        name, settings.tracing, settings.trace_sample_ratio, telemetry.OtelEnvironment()
+    )
+
+
 def serve(settings: ServerSettings, service: Service) -> None:
     """Runs ``service`` until SIGTERM or SIGINT, then shuts it down in order."""
     logs.configure(service.name, settings.log_level, settings.log_json)
-    telemetry.configure(service.name, settings.tracing, settings.trace_sample_ratio)
+    telemetry.configure(trace_plan(service.name, settings))
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port, addr=settings.host)
     asyncio.run(_run(settings, service))

@@ -58,11 +58,23 @@ class ServerSettings(BaseSettings):
         "re-resolve the server's name and balance onto replicas added since (Kubernetes "
         "autoscaling); unset keeps connections open.",
     )
-    tracing: Literal["off", "console"] = Field(
-        "off", description="OpenTelemetry tracing of gRPC calls: off, or spans to the log."
+    observe_rpcs: bool = Field(
+        True,
+        description="Server-side latency histograms of every call, garbage-collection pauses "
+        "and event-loop lag (off only to measure what they cost: docs/performance.md).",
+    )
+    tracing: Literal["off", "console", "otlp"] = Field(
+        "off",
+        description="OpenTelemetry tracing of gRPC calls: off, spans to the log (console), or "
+        "OTLP to OTEL_EXPORTER_OTLP_ENDPOINT (otlp). OTEL_TRACES_EXPORTER overrides it.",
     )
     trace_sample_ratio: float = Field(
-        0.01, ge=0, le=1, description="Share of new traces sampled when tracing is on."
+        0.1,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded when tracing is on by this setting "
+        "(OTEL_TRACES_SAMPLER and _ARG override it); a request with a parent, as every one "
+        "through Envoy has, follows its parent's decision.",
     )
 
 

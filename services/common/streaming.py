@@ -23,11 +23,14 @@ _END = object()
 async def answer_concurrently(
     requests: AsyncIterator[Request],
     answer: Callable[[Request, float], Coroutine[Any, Any, Reply]],
+    answered: Callable[[Reply, float], None] | None = None,
 ) -> AsyncIterator[Reply]:
     """Yields ``answer(request, arrived)`` for every request, in the order they finish;
-    ``arrived`` is the request's arrival on the monotonic clock."""
+    ``arrived`` is the request's arrival on the monotonic clock. ``answered(reply, arrived)``
+    runs as each reply is handed to the stream (for its latency)."""
     ready: asyncio.Queue[object] = asyncio.Queue()
     working: set[asyncio.Task[Reply]] = set()
+    arrivals: dict[asyncio.Task[Reply], float] = {}
 
     def finished(task: asyncio.Task[Reply]) -> None:
         working.discard(task)
@@ -36,7 +39,10 @@ async def answer_concurrently(
     async def read() -> None:
         try:
             async for request in requests:
-                task: asyncio.Task[Reply] = asyncio.create_task(answer(request, time.monotonic()))
+                arrived = time.monotonic()
+                task: asyncio.Task[Reply] = asyncio.create_task(answer(request, arrived))
+                if answered is not None:
+                    arrivals[task] = arrived
                 working.add(task)
                 task.add_done_callback(finished)
         finally:
@@ -55,7 +61,10 @@ async def answer_concurrently(
             task = item
             assert isinstance(task, asyncio.Task)
             if not task.cancelled():
-                yield task.result()
+                reply = task.result()
+                if answered is not None:
+                    answered(reply, arrivals.pop(task))
+                yield reply
     finally:
         reader.cancel()
         for task in working:

@@ -23,7 +23,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from services.common import logs, telemetry
-from services.common.server import Runtime
+from services.common.server import Runtime, trace_plan
 from services.decisionlog.metrics import SinkMetrics
 from services.decisionlog.settings import DecisionLogSettings
 from services.decisionlog.sink import DecisionSink
@@ -140,7 +140,7 @@ async def _run(settings: DecisionLogSettings, app: DecisionLogApp) -> int:
 def serve(settings: DecisionLogSettings, log_settings: EventLogSettings) -> None:
     """Runs the sink until SIGTERM or SIGINT; exits non-zero if its loop failed."""
     logs.configure(DecisionLogApp.name, settings.log_level, settings.log_json)
-    telemetry.configure(DecisionLogApp.name, settings.tracing, settings.trace_sample_ratio)
+    telemetry.configure(trace_plan(DecisionLogApp.name, settings))
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port, addr=settings.host)
     status = asyncio.run(_run(settings, DecisionLogApp(settings, log_settings)))

@@ -89,6 +89,8 @@ OUTCOME_SCHEMA = pa.schema(
         pa.field("reported_at", TIMESTAMP),
         pa.field("received_at", TIMESTAMP),
         pa.field("log_position", pa.string()),
+        # Added after layout 1's first parts: readers get null for parts written before it.
+        pa.field("reported_by", pa.string()),
     ],
     metadata={"fraudmesh.table": "outcomes", "fraudmesh.layout": "1"},
 )

@@ -228,6 +228,7 @@ class Batch:
         c["reported_at"].append(reported_us)
         c["received_at"].append(received_us)
         c["log_position"].append(position)
+        c["reported_by"].append(o.reported_by or None)
         return AddResult.OUTCOME
 
     def take(self, key: BufferKey) -> None:

@@ -123,8 +123,21 @@ REQUEST_FEATURES: tuple[str, ...] = (
     "amount_to_card_mean_7d",
     "geo_mismatch",
     "amount_to_card_mean_30d",
+    "amount_to_card_mean_1d",
+    "card_mean_7d_to_30d",
+    "card_max_7d_to_mean_30d",
+    "amount_zscore_30d",
+    *(
+        f"{entity}_fraud_count_{window}"
+        for entity in ("terminal", "merchant")
+        for window in RISK_WINDOWS
+    ),
 )
-"""Features derived at request time from the transaction and the store features."""
+"""Features derived at request time from the transaction and the store features: the
+card's spending pattern (this amount against the card's last day, its recent weeks against
+its month, a run of unusually large payments) and the known frauds of the terminal and the
+merchant (rate × labelled transactions: a count says "a skimmer was seen here" where a rate
+over three payments says little)."""
 
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
@@ -187,16 +200,69 @@ def model_vector(
         append(amount / mean_30d)
     else:
         append(defaults["amount_to_card_mean_30d"])
+
+    _append_spending(vector, store, amount, defaults)
+    _append_fraud_counts(vector, store, defaults)
     return vector
+
+
+def _append_spending(
+    vector: list[float], store: Mapping[str, float | None], amount: float,
+    defaults: Mapping[str, float],
+) -> None:  # fmt: skip
+    """``model_vector``'s card spending-pattern features, appended in order."""
+    get = store.get
+    append = vector.append
+    # The card's mean over its last day with this payment in it: a card without a stored
+    # day (new, or missing) has this payment alone, a ratio of 1.
+    sum_24h = get("card_amount_sum_24h")
+    count_24h = get("card_txn_count_24h")
+    day_sum = amount + (0.0 if sum_24h is None or sum_24h != sum_24h else sum_24h)
+    day_count = 1.0 + (0.0 if count_24h is None or count_24h != count_24h else count_24h)
+    mean_1d = day_sum / day_count
+    append(amount / mean_1d if mean_1d > 0.0 else defaults["amount_to_card_mean_1d"])
+
+    mean_7d = get("card_amount_mean_7d")
+    mean_30d = get("card_amount_mean_30d")
+    # ``mean_30d > 0.0`` is False for NaN; a NaN numerator gives NaN, then the default.
+    if mean_30d is not None and mean_30d > 0.0 and mean_7d is not None and mean_7d == mean_7d:
+        append(mean_7d / mean_30d)
+    else:
+        append(defaults["card_mean_7d_to_30d"])
+    max_7d = get("card_amount_max_7d")
+    if mean_30d is not None and mean_30d > 0.0 and max_7d is not None and max_7d == max_7d:
+        append(max_7d / mean_30d)
+    else:
+        append(defaults["card_max_7d_to_mean_30d"])
+    std_30d = get("card_amount_std_30d")
+    if mean_30d is not None and mean_30d == mean_30d and std_30d is not None and std_30d > 0.0:
+        append((amount - mean_30d) / std_30d)
+    else:
+        append(defaults["amount_zscore_30d"])
+
+
+def _append_fraud_counts(
+    vector: list[float], store: Mapping[str, float | None], defaults: Mapping[str, float]
+) -> None:
+    """``model_vector``'s known fraud counts of the terminal and the merchant, in order."""
+    for entity in ("terminal", "merchant"):
+        for window in RISK_WINDOWS:
+            rate = store.get(f"{entity}_fraud_rate_{window}")
+            known = store.get(f"{entity}_labelled_txn_count_{window}")
+            if rate is None or known is None or rate != rate or known != known:
+                vector.append(defaults[f"{entity}_fraud_count_{window}"])
+            else:
+                vector.append(rate * known)
 
 
 _STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
 _AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
 
 
-def missing_features(store: Mapping[str, float | None]) -> list[int]:
+def missing_features(store: Mapping[str, float | None], amount: float) -> list[int]:
     """Positions in ``MODEL_FEATURES`` of the values ``model_vector`` takes from the defaults
-    for this store read: where ``model_frame`` (without defaults) holds NaN."""
+    for this store read and a payment of ``amount`` (EUR): where ``model_frame`` (without
+    defaults) holds NaN."""
     get = store.get
     missing = []
     for i, name in _STORE_POSITIONS:
@@ -215,7 +281,37 @@ def missing_features(store: Mapping[str, float | None]) -> list[int]:
     mean_30d = get("card_amount_mean_30d")
     if not (mean_30d is not None and mean_30d > 0.0):
         missing.append(_AT["amount_to_card_mean_30d"])
+    missing += _missing_spending(store, amount)
+    for entity in ("terminal", "merchant"):
+        for window in RISK_WINDOWS:
+            rate = get(f"{entity}_fraud_rate_{window}")
+            known = get(f"{entity}_labelled_txn_count_{window}")
+            if rate is None or known is None or rate != rate or known != known:
+                missing.append(_AT[f"{entity}_fraud_count_{window}"])
     return sorted(missing)
+
+
+def _missing_spending(store: Mapping[str, float | None], amount: float) -> list[int]:
+    """``missing_features`` of the card spending-pattern features (``_append_spending``)."""
+    get = store.get
+    missing = []
+    sum_24h, count_24h = get("card_amount_sum_24h"), get("card_txn_count_24h")
+    day_sum = amount + (0.0 if sum_24h is None or sum_24h != sum_24h else sum_24h)
+    day_count = 1.0 + (0.0 if count_24h is None or count_24h != count_24h else count_24h)
+    if not day_sum / day_count > 0.0:
+        missing.append(_AT["amount_to_card_mean_1d"])
+    mean_7d, mean_30d = get("card_amount_mean_7d"), get("card_amount_mean_30d")
+    max_7d, std_30d = get("card_amount_max_7d"), get("card_amount_std_30d")
+    usable_30d = mean_30d is not None and mean_30d > 0.0
+    if not (usable_30d and mean_7d is not None and mean_7d == mean_7d):
+        missing.append(_AT["card_mean_7d_to_30d"])
+    if not (usable_30d and max_7d is not None and max_7d == max_7d):
+        missing.append(_AT["card_max_7d_to_mean_30d"])
+    if not (
+        mean_30d is not None and mean_30d == mean_30d and std_30d is not None and std_30d > 0.0
+    ):
+        missing.append(_AT["amount_zscore_30d"])
+    return missing
 
 
 FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "card_not_present")
@@ -249,6 +345,20 @@ def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -
     with np.errstate(invalid="ignore", divide="ignore"):
         out["amount_to_card_mean_7d"] = np.where(mean_7d > 0.0, amount / mean_7d, np.nan)
         out["amount_to_card_mean_30d"] = np.where(mean_30d > 0.0, amount / mean_30d, np.nan)
+    sum_24h, count_24h = store("card_amount_sum_24h"), store("card_txn_count_24h")
+    mean_1d = (amount + np.nan_to_num(sum_24h, nan=0.0)) / (1.0 + np.nan_to_num(count_24h, nan=0.0))
+    max_7d, std_30d = store("card_amount_max_7d"), store("card_amount_std_30d")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["amount_to_card_mean_1d"] = np.where(mean_1d > 0.0, amount / mean_1d, np.nan)
+        # NaN in an input gives NaN, a missing value, as in model_vector.
+        out["card_mean_7d_to_30d"] = np.where(mean_30d > 0.0, mean_7d / mean_30d, np.nan)
+        out["card_max_7d_to_mean_30d"] = np.where(mean_30d > 0.0, max_7d / mean_30d, np.nan)
+        out["amount_zscore_30d"] = np.where(std_30d > 0.0, (amount - mean_30d) / std_30d, np.nan)
+    for entity in ("terminal", "merchant"):
+        for window in RISK_WINDOWS:
+            out[f"{entity}_fraud_count_{window}"] = store(f"{entity}_fraud_rate_{window}") * store(
+                f"{entity}_labelled_txn_count_{window}"
+            )
     home, country = store("card_home_country"), store("merchant_country")
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)

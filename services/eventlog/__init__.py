@@ -6,13 +6,17 @@ a durable local file log (the embedded default), Redis Streams, and Kafka.
 - ``open_producer(settings)`` → ``Producer``: ``append(envelope)`` costs a serialization and a
   queue append on the caller's thread and never blocks; a sender thread batches the I/O,
   spills to local disk while the backend is down or slow, and ``close`` loses nothing.
+- ``open_producer(settings, journal="write")`` → ``JournalProducer``: ``append`` writes the
+  event to a local journal file before it returns (``journal.py``), so a crash of the caller
+  loses nothing it appended; adopted journals are delivered exactly once (file, Redis).
 - ``open_consumer(settings, group)`` → ``Consumer``: ``poll`` batches, apply them, ``commit``;
   at-least-once, resuming from the group's last commit after a crash.
 
 No transport (gRPC) code here; the gateway, the feature updater and the decision sink use it.
 """
 
-from services.eventlog.backends import open_consumer, open_producer, open_writer
+from services.eventlog.backends import AnyProducer, open_consumer, open_producer, open_writer
+from services.eventlog.journal import JournalProducer
 from services.eventlog.metrics import EventLogMetrics
 from services.eventlog.producer import Producer, ProducerClosedError, ProducerStats
 from services.eventlog.records import (
@@ -28,6 +32,7 @@ from services.eventlog.records import (
 from services.eventlog.settings import EventLogSettings
 
 __all__ = [
+    "AnyProducer",
     "BackendUnavailable",
     "Consumer",
     "CorruptLogError",
@@ -35,6 +40,7 @@ __all__ = [
     "EventLogMetrics",
     "EventLogSettings",
     "GroupBusyError",
+    "JournalProducer",
     "KeyValue",
     "LogWriter",
     "Producer",

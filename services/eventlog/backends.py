@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from services.eventlog.journal import JournalProducer
 from services.eventlog.metrics import EventLogMetrics
 from services.eventlog.producer import Producer
 from services.eventlog.records import Consumer, LogWriter
 from services.eventlog.settings import EventLogSettings
+
+AnyProducer = Producer | JournalProducer
+"""Either kind of producer: both append, flush, close and report the same stats."""
 
 
 def open_writer(settings: EventLogSettings) -> LogWriter:
@@ -23,10 +29,18 @@ def open_writer(settings: EventLogSettings) -> LogWriter:
     return KafkaWriter(settings)
 
 
-def open_producer(settings: EventLogSettings, metrics: EventLogMetrics | None = None) -> Producer:
+def open_producer(
+    settings: EventLogSettings,
+    metrics: EventLogMetrics | None = None,
+    journal: Literal["off", "write", "fsync"] = "off",
+) -> AnyProducer:
     """A producer on the configured backend. It connects lazily: a backend that is down at
-    start only means the first events are spilled."""
-    return Producer(settings, lambda: open_writer(settings), metrics)
+    start only means the first events wait (spilled, or in the journal). ``journal`` other
+    than ``off`` gives a ``JournalProducer`` (each event on local disk when ``append``
+    returns; ``fsync``: once ``durable`` returns), else a memory-buffered ``Producer``."""
+    if journal == "off":
+        return Producer(settings, lambda: open_writer(settings), metrics)
+    return JournalProducer(settings, lambda: open_writer(settings), metrics, sync=journal)
 
 
 def open_consumer(

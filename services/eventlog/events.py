@@ -6,6 +6,8 @@ import hashlib
 import os
 from collections.abc import Iterable
 
+from google.protobuf.message import DecodeError
+
 from fraud.v1 import events_pb2
 
 
@@ -36,3 +38,18 @@ def decode(value: bytes) -> events_pb2.EventEnvelope:
     envelope = events_pb2.EventEnvelope()
     envelope.ParseFromString(value)
     return envelope
+
+
+def event_id_of(value: bytes) -> str:
+    """The event id in a serialized envelope ('' when it carries none or does not parse)."""
+    envelope = events_pb2.EventEnvelope()
+    try:
+        envelope.ParseFromString(value)
+    except DecodeError:
+        return ""
+    kind = envelope.WhichOneof("event")
+    if kind == "decision":
+        return envelope.decision.event_id
+    if kind == "outcome":
+        return envelope.outcome.event_id
+    return ""

@@ -228,6 +228,7 @@ class FileLogWriter:
         self._unsynced = False
         self.recovered_bytes = 0
         """Bytes of torn or corrupt tail cut off when this writer opened the log."""
+        self._position = 0
         with self._log.locked(self._head_fd):
             self._recover()
 
@@ -247,6 +248,7 @@ class FileLogWriter:
             self._log.write_head(self._head_fd, 0, 0)
             if self._settings.file_fsync != "never":
                 _fsync_dir(self._log.path)
+            self._position = 0
             return
         base = bases[-1]
         self._open_segment(base)
@@ -264,6 +266,7 @@ class FileLogWriter:
             if self._settings.file_fsync != "never":
                 os.fsync(self._seg_fd)
         self._log.write_head(self._head_fd, base, end)
+        self._position = base + end
 
     def write(self, batch: Sequence[KeyValue]) -> None:
         """Appends the batch under the writers' lock; acknowledged when this returns."""
@@ -305,6 +308,19 @@ class FileLogWriter:
             raise
         self._maybe_fsync()
         self._log.write_head(self._head_fd, base, end + len(data))
+        self._position = base + end + len(data)
+
+    def position(self) -> str:
+        """The global offset just past this writer's last batch (at open: the log's end):
+        whatever it writes next lies beyond it."""
+        return str(self._position)
+
+    def values_since(self, position: str) -> Iterator[bytes]:
+        """The values of every acknowledged record from global offset ``position`` on."""
+        try:
+            yield from read_values(self._settings, int(position or 0))
+        except OSError as exc:
+            raise BackendUnavailable(f"file log read failed: {exc}") from exc
 
     def _maybe_fsync(self) -> None:
         policy = self._settings.file_fsync
@@ -342,6 +358,53 @@ class FileLogWriter:
         if self._head_fd >= 0:
             os.close(self._head_fd)
             self._head_fd = -1
+
+
+def read_values(settings: EventLogSettings, since: int) -> Iterator[bytes]:
+    """The values of every acknowledged record at or after global offset ``since`` (from the
+    oldest segment on when retention deleted that far), oldest first."""
+    log_ = FileLog(settings)
+    head_fd = log_.open_head()
+    try:
+        head = log_.read_head(head_fd)
+    finally:
+        os.close(head_fd)
+    if head is None:
+        return
+    head_base, head_end = head
+    for base in list_segments(log_.path):
+        if base > head_base:
+            break
+        try:
+            fd = os.open(log_.segment_path(base), os.O_RDONLY)
+        except FileNotFoundError:  # deleted by retention meanwhile
+            continue
+        try:
+            limit = head_end if base == head_base else os.fstat(fd).st_size
+            if base + limit <= since:
+                continue
+            yield from _segment_values(fd, max(0, since - base), limit)
+        finally:
+            os.close(fd)
+
+
+def _segment_values(fd: int, pos: int, limit: int) -> Iterator[bytes]:
+    """Values of the frames of one segment between ``pos`` and ``limit``."""
+    while pos < limit:
+        chunk = os.pread(fd, min(_CHUNK, limit - pos), pos)
+        frames, stop = framing.decode(chunk)
+        if not frames:
+            header = os.pread(fd, framing.HEADER.size, pos)
+            if len(header) < framing.HEADER.size:
+                return
+            body_len, _ = framing.HEADER.unpack(header)
+            whole = os.pread(fd, min(framing.HEADER.size + body_len, limit - pos), pos)
+            frames, stop = framing.decode(whole, max_records=1)
+            if not frames:
+                return
+        for _, _, value in frames:
+            yield value
+        pos += stop
 
 
 class FileLogConsumer:

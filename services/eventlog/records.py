@@ -3,10 +3,10 @@ contracts, and the errors."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol, Self, runtime_checkable
 
 from fraud.v1 import events_pb2
 
@@ -71,6 +71,22 @@ class LogWriter(Protocol):
 
     def close(self) -> None:
         """Releases connections and files (syncing first)."""
+        ...
+
+
+@runtime_checkable
+class PositionedWriter(Protocol):
+    """A writer that can say where in the log its next records will go and read the log
+    back from there: what a journal needs to deliver a batch whose fate it does not know
+    (the writer died or timed out meanwhile) exactly once. The file log and Redis have it."""
+
+    def position(self) -> str:
+        """A position in the log at or before every record this writer writes from now on."""
+        ...
+
+    def values_since(self, position: str) -> Iterator[bytes]:
+        """The value of every record stored after ``position`` (one ``position`` returned),
+        oldest first; raises ``BackendUnavailable`` when the backend cannot be read."""
         ...
 
 

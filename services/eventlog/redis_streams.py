@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -32,6 +32,7 @@ KEY_FIELD = b"k"
 VALUE_FIELD = b"v"
 _MAX_BLOCK_S = 5.0
 _CLAIM_INTERVAL_S = 5.0
+_RANGE_COUNT = 1000
 
 
 def _parse_id(entry_id: bytes | str) -> tuple[int, int]:
@@ -116,6 +117,7 @@ class RedisStreamWriter:
         self._client = _client(settings, settings.send_timeout_s)
         self._conn: Any = None
         self._ready = False
+        self._last_id: str | None = None
 
     def write(self, batch: Sequence[KeyValue]) -> None:
         """XADDs the batch in order; raises ``BackendUnavailable`` if Redis does not answer,
@@ -140,10 +142,12 @@ class RedisStreamWriter:
             error: redis.ResponseError | None = None
             for i in range(len(batch)):
                 try:
-                    conn.read_response()
+                    entry_id = conn.read_response()
                 except redis.ResponseError as exc:  # e.g. OOM: the other replies still come
                     refused.append(i)
                     error = exc
+                else:
+                    self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         except (redis.RedisError, OSError) as exc:
             # After a restart without persistence the stream and its groups are gone.
             self._ready = False
@@ -151,6 +155,35 @@ class RedisStreamWriter:
             raise BackendUnavailable(f"redis: {exc}") from exc
         if refused:
             raise BackendUnavailable(f"redis: {error}", failed=refused)
+
+    def position(self) -> str:
+        """The id of this writer's last entry (before its first: the stream's last id, or
+        0-0): entries it adds next get larger ids."""
+        if self._last_id is None:
+            try:
+                info = self._client.xinfo_stream(self._settings.topic)
+                last = info.get("last-generated-id", b"0-0")
+            except redis.ResponseError:  # no stream yet
+                last = b"0-0"
+            except (redis.RedisError, OSError) as exc:
+                raise BackendUnavailable(f"redis: {exc}") from exc
+            self._last_id = last.decode() if isinstance(last, bytes) else str(last)
+        return self._last_id
+
+    def values_since(self, position: str) -> Iterator[bytes]:
+        """The values of the entries after id ``position``, oldest first."""
+        stream, start = self._settings.topic, f"({position or '0-0'}"
+        while True:
+            try:
+                entries = self._client.xrange(stream, min=start, max="+", count=_RANGE_COUNT)
+            except (redis.RedisError, OSError) as exc:
+                raise BackendUnavailable(f"redis: {exc}") from exc
+            for _, fields in entries:
+                yield fields.get(VALUE_FIELD, b"")
+            if len(entries) < _RANGE_COUNT:
+                return
+            last = entries[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -159,6 +159,12 @@ class EventLogSettings(BaseSettings):
         "spill file for the next producer.",
     )
 
+    journal_dir: Path | None = Field(
+        None,
+        description="Folder of the journals (write-ahead files of producers that make each "
+        "event durable before answering); default <var_dir>/eventlog-journal.",
+    )
+
     @property
     def file_path(self) -> Path:
         """Folder of this topic's file log."""
@@ -168,3 +174,8 @@ class EventLogSettings(BaseSettings):
     def spill_path(self) -> Path:
         """Folder of this topic's spill files."""
         return (self.spill_dir or self.var_dir / "eventlog-spill") / self.topic
+
+    @property
+    def journal_path(self) -> Path:
+        """Folder of this topic's journals."""
+        return (self.journal_dir or self.var_dir / "eventlog-journal") / self.topic

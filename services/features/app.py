@@ -33,7 +33,9 @@ class FeaturesApp:
             max_workers=settings.read_threads, thread_name_prefix="feast-read"
         )
         self.servicer = FeatureServicer(
-            featurespec.STORE_FEATURES, self.executor if settings.read_in_thread else None
+            featurespec.STORE_FEATURES,
+            self.executor if settings.read_in_thread else None,
+            observe=settings.observe_rpcs,
         )
         self.reader: OnlineFeatureReader | None = None
 

@@ -13,6 +13,7 @@ from google.rpc import code_pb2
 
 from fraud.v1 import features_pb2 as pb
 from fraud.v1 import features_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.decoding import compile_checks
 from services.common.errors import (
     DeadlineExceeded,
@@ -20,9 +21,11 @@ from services.common.errors import (
     InvalidArgument,
     Unavailable,
 )
+from services.common.rpc_observer import observe_message
 from services.common.streaming import answer_concurrently
 from services.domain.featurespec import FeatureRead
 from services.domain.validation import check_id
+from services.features.metrics import FeatureMetrics, feature_metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +40,26 @@ _CHECK_STREAMED = compile_checks(pb.StreamFeaturesRequest.DESCRIPTOR)  # type: i
 run here on each streamed request so that a failing one is answered on the stream."""
 
 
+_STREAM_METHOD = "/fraud.v1.FeatureService/StreamFeatures"
+
+
 class FeatureServicer(pb_grpc.FeatureServiceServicer):
     """Reads one card's, merchant's and terminal's features; unknown entities come back MISSING."""
 
-    def __init__(self, names: Sequence[str], executor: ThreadPoolExecutor | None) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        executor: ThreadPoolExecutor | None,
+        metrics: FeatureMetrics | None = None,
+        observe: bool = True,
+    ) -> None:
         self._names = tuple(names)
         self._executor = executor
         self.read: Reader | None = None
         self.read_many: ManyReader | None = None
+        self.metrics = metrics or feature_metrics()
+        self._observe = observe
+        self._observe_message = observe_message(_STREAM_METHOD)
 
     async def GetFeatures(
         self, request: pb.GetFeaturesRequest, context: grpc.aio.ServicerContext
@@ -67,7 +82,7 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
                 request.terminal_id,
             )
         response = pb.GetFeaturesResponse()
-        self._fill(response, rows)
+        self._fill(response, rows, as_of)
         return response
 
     async def StreamFeatures(
@@ -83,7 +98,10 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         executor = self._executor
         if executor is None:
             async for request in request_iterator:
-                yield self._stream_reply(request, time.monotonic())
+                arrived = time.monotonic()
+                reply = self._stream_reply(request, arrived)
+                self._answered(reply, arrived)
+                yield reply
             return
         loop = asyncio.get_running_loop()
 
@@ -92,10 +110,27 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         ) -> pb.StreamFeaturesResponse:
             return await loop.run_in_executor(executor, self._stream_reply, request, arrived)
 
-        async for reply in answer_concurrently(request_iterator, answer):
+        async for reply in answer_concurrently(request_iterator, answer, self._answered):
             yield reply
 
+    def _answered(self, reply: pb.StreamFeaturesResponse, arrived: float) -> None:
+        """Observes one streamed request's latency, with its reply's status."""
+        if self._observe:
+            self._observe_message(time.monotonic() - arrived, reply.error_code)
+
     def _stream_reply(
+        self, request: pb.StreamFeaturesRequest, arrived: float
+    ) -> pb.StreamFeaturesResponse:
+        """The reply to one streamed request, and a span for each traced lookup's caller."""
+        reply = self._reply(request, arrived)
+        if request.traceparents and telemetry.enabled():
+            for parent in request.traceparents:
+                telemetry.record_stream_server_span(
+                    _STREAM_METHOD, parent, arrived, reply.error_code
+                )
+        return reply
+
+    def _reply(
         self, request: pb.StreamFeaturesRequest, arrived: float
     ) -> pb.StreamFeaturesResponse:
         """The reply to one streamed request: every lookup's features, or why it failed."""
@@ -124,8 +159,8 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
                 batches = read_many(lookups)
             else:
                 batches = [read(*lookup) for lookup in lookups]
-            for rows in batches:
-                self._fill(reply.results.add(), rows)
+            for rows, (_, _, as_of, _) in zip(batches, lookups, strict=True):
+                self._fill(reply.results.add(), rows, as_of)
         except FraudmeshError as error:
             del reply.results[:]
             reply.error_code = getattr(code_pb2, error.code)
@@ -148,15 +183,27 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
             raise Unavailable("feature store is still connecting")
         return read
 
-    def _fill(self, response: pb.GetFeaturesResponse, rows: Sequence[FeatureRead]) -> None:
+    def _fill(
+        self, response: pb.GetFeaturesResponse, rows: Sequence[FeatureRead], as_of: float
+    ) -> None:
+        """Fills one lookup's answer and observes the age of the oldest row it used."""
         add = response.features.add
+        oldest: float | None = None
         for name, (value, status, event_s) in zip(self._names, rows, strict=True):
             feature = add(name=name, value=value if value is not None else 0.0, status=status)
             if event_s is not None:
+                if oldest is None or event_s < oldest:
+                    oldest = event_s
                 # Set in place: no Timestamp built and copied per feature.
                 stamp = feature.event_timestamp
                 nanos = round(event_s * 1e9)
                 stamp.seconds, stamp.nanos = divmod(nanos, 1_000_000_000)
+        if not self._observe:
+            return
+        if oldest is None:
+            self.metrics.empty.inc()
+        else:
+            self.metrics.row_age.observe(max(as_of - oldest, 0.0))
 
 
 def _as_of(request: pb.GetFeaturesRequest) -> float:

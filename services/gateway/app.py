@@ -20,7 +20,6 @@ import grpc
 
 from fraud.v1 import outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from services.common import telemetry
 from services.common.channels import insecure_channel
 from services.common.errors import FailedPrecondition
 from services.domain import featurespec
@@ -32,7 +31,6 @@ from services.gateway.budget import Budget
 from services.gateway.dependencies import (
     GrpcFeatureClient,
     GrpcModelProvider,
-    SampledFeatureClient,
 )
 from services.gateway.events import EventEmitter
 from services.gateway.metrics import GatewayMetrics
@@ -68,7 +66,11 @@ class GatewayApp:
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         # The producer connects lazily: a log backend that is down only means spilling.
-        producer = open_producer(events) if events is not None and settings.emit_events else None
+        producer = (
+            open_producer(events, journal=settings.journal)
+            if events is not None and settings.emit_events
+            else None
+        )
         self.emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, self.metrics)
         self.pipeline: Pipeline | None = None
         """The scoring pipeline, once ``start`` has built and warmed it."""
@@ -196,12 +198,11 @@ class GatewayApp:
     async def _streams(
         self, features_channel: grpc.aio.Channel, scorer_channel: grpc.aio.Channel
     ) -> tuple[FeatureClient, ModelProvider]:
-        """Clients over persistent streams; with tracing on, traced requests go unary on the
-        traced channels instead."""
+        """Clients over persistent streams; a traced request's context travels inside its
+        stream message (``streams.StreamPool.request``), so its trace spans the services."""
         s = self.settings
-        # Streams get channels of their own, without per-call tracing: the traced channels
-        # serve the requests being traced, one call each, so their traces stay whole across
-        # the services (``dependencies.Sampled*``).
+        # Streams get channels of their own, without per-call tracing: a stream carries
+        # many requests, of many traces.
         features_streams = insecure_channel(s.features_target, traced=False)
         scorer_streams = insecure_channel(s.scorer_target, traced=False)
         self.channels += [features_streams, scorer_streams]
@@ -210,16 +211,8 @@ class GatewayApp:
         )
         self._pools = [features_pool, scorer_pool]
         await self._wait_open(self._pools)
-        streamed = StreamFeatureClient(features_pool)
-        features: FeatureClient = streamed
-        if telemetry.enabled():
-            features = SampledFeatureClient(streamed, GrpcFeatureClient(features_channel))
-        provider = GrpcModelProvider(
-            scorer_channel,
-            s.model_load_timeout_s,
-            stream=scorer_pool,
-            traced_unary=telemetry.enabled(),
-        )
+        features = StreamFeatureClient(features_pool)
+        provider = GrpcModelProvider(scorer_channel, s.model_load_timeout_s, stream=scorer_pool)
         return features, provider
 
     async def _in_process(self) -> tuple[FeatureClient, ModelProvider]:

@@ -11,11 +11,9 @@ import grpc
 from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
-from services.common import telemetry
 from services.gateway.ports import DependencyError, status_reason
 from services.gateway.streams import (
     ModelRow,
-    StreamFeatureClient,
     StreamModelClient,
     StreamPool,
     feature_values,
@@ -94,17 +92,15 @@ class GrpcModelProvider:
         channel: grpc.aio.Channel,
         load_timeout_s: float,
         stream: StreamPool[ModelRow, float] | None = None,
-        traced_unary: bool = False,
     ) -> None:
         self._channel = channel
         self._stub = v2_grpc.GRPCInferenceServiceStub(channel)
         self._load_timeout_s = load_timeout_s
         self._stream = stream
-        self._traced_unary = traced_unary
 
     async def prepare(
         self, metadata: ModelMetadata, load: bool = True
-    ) -> GrpcModelClient | StreamModelClient | SampledModelClient:
+    ) -> GrpcModelClient | StreamModelClient:
         """A client for ``metadata``'s version; with ``load``, once the scorer has it
         loaded and warmed (it also loads it by itself from the lifecycle file)."""
         if load:
@@ -116,46 +112,6 @@ class GrpcModelProvider:
                 raise DependencyError(
                     "scorer", _reason(error), f"loading v{metadata.version}: {error.details()}"
                 ) from error
-        unary = GrpcModelClient(self._channel, metadata)
         if self._stream is None:
-            return unary
-        streamed = StreamModelClient(self._stream, metadata)
-        return SampledModelClient(streamed, unary) if self._traced_unary else streamed
-
-
-class SampledFeatureClient:
-    """With tracing on: a traced request's feature call goes unary on the traced channel, so
-    its trace spans the feature service; every other one goes over the streams."""
-
-    def __init__(self, stream: StreamFeatureClient, traced: GrpcFeatureClient) -> None:
-        self._stream = stream
-        self._traced = traced
-
-    async def get(
-        self,
-        card_id: str,
-        merchant_id: str,
-        as_of_s: float,
-        timeout_s: float,
-        terminal_id: str = "",
-    ) -> Mapping[str, float | None]:
-        """Store features by name; None for missing or stale ones."""
-        client = self._traced if telemetry.sampled() else self._stream
-        return await client.get(card_id, merchant_id, as_of_s, timeout_s, terminal_id)
-
-
-class SampledModelClient:
-    """``SampledFeatureClient``'s rule for one model version's calls."""
-
-    def __init__(self, stream: StreamModelClient, traced: GrpcModelClient) -> None:
-        self._stream = stream
-        self._traced = traced
-
-    async def score(self, vector: list[float], timeout_s: float) -> float:
-        """Fraud probability of one row."""
-        client = self._traced if telemetry.sampled() else self._stream
-        return await client.score(vector, timeout_s)
-
-    async def score_batch(self, vectors: list[list[float]], timeout_s: float) -> list[float]:
-        """Fraud probabilities of several rows."""
-        return await self._stream.score_batch(vectors, timeout_s)
+            return GrpcModelClient(self._channel, metadata)
+        return StreamModelClient(self._stream, metadata)

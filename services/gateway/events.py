@@ -1,11 +1,19 @@
 """The gateway's events: one DecisionEvent per answered Score, one OutcomeEvent per report.
 
-A decision event is built and appended after the answer has gone out: the servicer
-registers ``EventEmitter.decision`` with ``context.add_done_callback``, which grpc runs
-once the call's final batch (response and status) has completed, so the answer never waits
-on it (``loadtest/emit_bench.py`` measures the alternatives; docs/liveloop.md quotes it).
-Appending costs a serialization and a deque append; the event log producer's sender
-thread does the I/O. Emitting never raises into grpc: a failure is counted and logged.
+With the journal (``FRAUD_GATEWAY_JOURNAL=write``, the default, or ``fsync``) a decision
+event is written to the gateway's journal on local disk before the answer is sent
+(``EventEmitter.before_answer``): a crash of the gateway after it answered cannot lose the
+decision (docs/reliability.md). A decision whose shadow score is still being computed is
+written as pending, and its final form, with the shadow score, follows once the shadow has
+scored (``Journaled.complete``); the journal delivers the final form in its place.
+
+Without it (``off``) the event is built and appended after the answer has gone out: the
+servicer registers ``EventEmitter.decision`` with ``context.add_done_callback``, which grpc
+runs once the call's final batch (response and status) has completed, so the answer never
+waits on it (``loadtest/emit_bench.py`` measures the alternatives; docs/liveloop.md quotes
+it); a kill of the gateway loses what is still in memory. Appending costs a serialization
+and a deque append (or a journal write); the producer's sender thread does the I/O.
+Emitting never raises into grpc: a failure is counted and logged.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from typing import Any
 
 from fraud.v1 import events_pb2, outcomes_pb2
 from fraud.v1 import scoring_pb2 as pb
+from services.common.errors import Unavailable
 from services.domain import featurespec
-from services.eventlog import Producer
+from services.domain.money import amount_eur
+from services.eventlog import AnyProducer, JournalProducer
 from services.eventlog.events import feature_schema_id, new_event_id
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import ScoreResult
@@ -93,7 +103,8 @@ def decision_event(
     event.card_not_present = card_not_present
     event.features.extend(result.features)
     if result.store is not None and result.features:
-        event.missing_features.extend(featurespec.missing_features(result.store))
+        amount = amount_eur(request.amount_minor, request.currency)
+        event.missing_features.extend(featurespec.missing_features(result.store, amount))
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source
@@ -108,6 +119,48 @@ def decision_event(
     return envelope
 
 
+class Journaled:
+    """A decision event in the journal: how to wait for its fsync, and how to give its
+    final form once the shadow has scored."""
+
+    def __init__(
+        self,
+        producer: JournalProducer,
+        envelope: events_pb2.EventEnvelope,
+        result: ScoreResult,
+        token: int,
+        written: int,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._producer = producer
+        self._envelope = envelope
+        self._result = result
+        self._token = token
+        self._written = written
+        self._metrics = metrics
+
+    @property
+    def needs_sync(self) -> bool:
+        """True when the answer should wait for the journal's fsync."""
+        return self._producer.sync_mode == "fsync"
+
+    async def durable(self, timeout_s: float) -> bool:
+        """Waits until the event is synced to disk; False when ``timeout_s`` passed first."""
+        return await self._producer.durable(self._written, max(timeout_s, 0.0))
+
+    def complete(self, _context: object = None) -> None:
+        """Gives the event its shadow slot once the shadow has scored (or given up); never
+        raises. The trailing argument takes what a done callback passes."""
+        if not self._token:
+            return
+        try:
+            _model_slot(self._envelope.decision, self._result)
+            self._producer.complete(self._token, self._envelope)
+        except Exception:
+            self._metrics.emit_errors.labels("decision").inc()
+            log.exception("final decision event not written")
+
+
 def outcome_event(report: OutcomeReport, received_at_s: float) -> events_pb2.EventEnvelope:
     """The envelope of one accepted outcome report."""
     envelope = events_pb2.EventEnvelope()
@@ -116,6 +169,7 @@ def outcome_event(report: OutcomeReport, received_at_s: float) -> events_pb2.Eve
     event.transaction_id = report.transaction_id
     event.outcome = _VERDICT_NUMBER[report.verdict]  # type: ignore[assignment]
     event.source = _REPORTER_NUMBER[report.reporter]  # type: ignore[assignment]
+    event.reported_by = report.reported_by
     set_time(event.reported_at, report.reported_at_s)
     set_time(event.received_at, received_at_s)
     return envelope
@@ -126,7 +180,7 @@ class EventEmitter:
 
     def __init__(
         self,
-        producer: Producer | None,
+        producer: AnyProducer | None,
         feature_order: Sequence[str],
         metrics: GatewayMetrics,
     ) -> None:
@@ -150,6 +204,42 @@ class EventEmitter:
     def enabled(self) -> bool:
         """True when events go to a log."""
         return self.producer is not None
+
+    @property
+    def journaled(self) -> bool:
+        """True when decisions are written to the journal before the answer."""
+        return isinstance(self.producer, JournalProducer)
+
+    def before_answer(
+        self,
+        request: pb.ScoreRequest,
+        card_not_present: bool,
+        result: ScoreResult,
+        response: pb.ScoreResponse,
+        decided_at_s: float,
+    ) -> Journaled | None:
+        """Writes the decision event to the journal (pending when a shadow score is still to
+        come); None when there is no journal or the write failed (counted and logged)."""
+        producer = self.producer
+        if not isinstance(producer, JournalProducer):
+            return None
+        try:
+            schema, names = self._schema_of(result.feature_order)
+            envelope = decision_event(
+                request, card_not_present, result, response, decided_at_s, schema, names
+            )
+            if result.shadow is not None:
+                token, written = producer.append_pending(envelope)
+            else:
+                token, written = 0, producer.append(envelope)
+        except Exception:
+            self._metrics.emit_errors.labels("decision").inc()
+            log.exception("decision event not emitted", extra={"tx": response.transaction_id})
+            return None
+        if written < 0:
+            self._metrics.emit_errors.labels("decision").inc()
+            return None
+        return Journaled(producer, envelope, result, token, written, self._metrics)
 
     def decision(
         self,
@@ -183,10 +273,14 @@ class EventEmitter:
         envelope = outcome_event(report, received_at_s)
         if self.producer is not None:
             try:
-                self.producer.append(envelope)
+                written = self.producer.append(envelope)
             except Exception:
                 self._metrics.emit_errors.labels("outcome").inc()
                 raise
+            if isinstance(written, int) and written < 0:
+                # The journal's disk did not take it: the reporter must send it again.
+                self._metrics.emit_errors.labels("outcome").inc()
+                raise Unavailable("the outcome could not be recorded; retry")
         return envelope.outcome.event_id, received_at_s
 
     async def delivered(self, timeout_s: float) -> bool:

@@ -26,6 +26,7 @@ class GatewayMetrics:
         self.shed = catalogue.SHED.create(registry)
         self.outcomes = catalogue.OUTCOMES.create(registry)
         self.emit_errors = catalogue.EVENT_EMIT_ERRORS.create(registry)
+        self.journal_sync_late = catalogue.JOURNAL_SYNC_LATE.create(registry)
         self.in_flight = catalogue.IN_FLIGHT.create(registry)
 
         self.model_answers = catalogue.MODEL_ANSWERS.create(registry)

@@ -7,17 +7,19 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from fraud.v1 import outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
-from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, set_time
+from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, Journaled, set_time
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.pipeline import Decision, Pipeline, ScoredBy, Source
+from services.gateway.pipeline import Decision, Pipeline, ScoredBy, ScoreResult, Source
 from services.gateway.validate import Limits, validate, validate_outcome
 
 _DECISION = {
@@ -36,6 +38,24 @@ _SOURCE = {
     Source.PARTIAL: pb.FEATURE_SOURCE_PARTIAL,
     Source.DEFAULT: pb.FEATURE_SOURCE_DEFAULT,
 }
+
+
+def _span_attributes(result: ScoreResult, budget: Budget, elapsed_s: float) -> dict[str, Any]:
+    """The project's attributes of a traced Score: how it was answered, and the budget's
+    slices in milliseconds."""
+    policy = budget.policy
+    return {
+        "fraudmesh.decision": result.decision.value,
+        "fraudmesh.scored_by": result.scored_by.value,
+        "fraudmesh.feature_source": result.feature_source.value,
+        "fraudmesh.model_version": result.model_version,
+        "fraudmesh.score": result.score,
+        "fraudmesh.budget.total_ms": budget.total_s * 1000,
+        "fraudmesh.budget.features_cap_ms": policy.features_cap_s * 1000,
+        "fraudmesh.budget.scorer_cap_ms": policy.scorer_cap_s * 1000,
+        "fraudmesh.budget.reserve_ms": policy.reserve_s * 1000,
+        "fraudmesh.elapsed_ms": elapsed_s * 1000,
+    }
 
 
 class FraudScoringServicer(pb_grpc.FraudScoringServicer):
@@ -75,7 +95,15 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
         self._in_flight += 1
         try:
-            response, emit = await self._score(request, pipeline, budget, context)
+            response, emit, journaled = await self._score(request, pipeline, budget, context)
+            # Group commit: the answer waits for the fsync that covers its decision, but
+            # never past the budget (the event is in the page cache meanwhile).
+            if (
+                journaled is not None
+                and journaled.needs_sync
+                and not await journaled.durable(budget.remaining())
+            ):
+                self._metrics.journal_sync_late.inc()
         finally:
             self._in_flight -= 1
         if emit is not None:
@@ -89,7 +117,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         pipeline: Pipeline,
         budget: Budget,
         context: grpc.aio.ServicerContext,
-    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None]:
+    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None, Journaled | None]:
         try:
             tx = validate(
                 transaction_id=request.transaction_id,
@@ -113,7 +141,12 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         result = await pipeline.score(tx, budget)
         elapsed = budget.elapsed()
         m = self._metrics
-        m.latency.observe(elapsed)
+        trace_id = telemetry.trace_id()
+        if trace_id is None:
+            m.latency.observe(elapsed)
+        else:
+            m.latency.observe(elapsed, exemplar={"trace_id": trace_id})
+            telemetry.annotate(_span_attributes(result, budget, elapsed))
         m.decisions.labels(
             result.decision.value, result.scored_by.value, result.feature_source.value
         ).inc()
@@ -129,14 +162,22 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             elapsed_ms=elapsed * 1000.0,
         )
         emitter = self._emitter
-        emit = None
-        if emitter is not None and emitter.enabled:
+        emit: Callable[..., None] | None = None
+        journaled: Journaled | None = None
+        decided_at = time.time()
+        if emitter is not None and emitter.journaled:
+            journaled = emitter.before_answer(
+                request, tx.card_not_present, result, response, decided_at
+            )
+            if journaled is not None and result.shadow is not None:
+                emit = journaled.complete
+        elif emitter is not None and emitter.enabled:
             emit = functools.partial(
-                emitter.decision, request, tx.card_not_present, result, response, time.time()
+                emitter.decision, request, tx.card_not_present, result, response, decided_at
             )
         shadow = result.shadow
         if shadow is None:
-            return response, emit
+            return response, emit, journaled
 
         def after_answer(_context: object = None) -> None:
             # Shadow scoring starts once the answer has been sent, never before; the decision
@@ -145,7 +186,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             if emit is not None:
                 shadow.when_done(emit)
 
-        return response, after_answer
+        return response, after_answer, journaled
 
 
 class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):
@@ -178,6 +219,7 @@ class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):
                 ),
                 now_s=time.time(),
                 limits=self._limits,
+                reported_by=request.reported_by,
             )
         except InvalidArgument as error:
             self._metrics.invalid.labels(error.field).inc()

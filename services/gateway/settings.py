@@ -145,6 +145,15 @@ class GatewaySettings(ModelServerSettings):
         "(FRAUD_EVENTLOG_*) after the answer, and take ReportOutcome; false turns the live "
         "loop off at the gateway (ReportOutcome then answers UNAVAILABLE).",
     )
+    journal: Literal["write", "fsync", "off"] = Field(
+        "write",
+        description="Where a decision event goes before the answer is sent. 'write': into "
+        "this gateway's journal on local disk (services/eventlog/journal.py), so a killed "
+        "gateway loses no answered decision; 'fsync': also wait (within the budget) for the "
+        "fsync that covers it, so it survives a power loss, at a group commit's latency per "
+        "Score; 'off': to memory after the answer, where a kill loses the last ~linger_ms "
+        "of decisions (docs/reliability.md).",
+    )
     outcome_delivery_timeout_s: float = Field(
         2.0,
         ge=0,

@@ -46,10 +46,11 @@ import grpc
 from fraud.v1 import features_pb2, features_pb2_grpc
 from inference import grpc_predict_v2_pb2 as v2
 from inference import grpc_predict_v2_pb2_grpc as v2_grpc
+from services.common import telemetry
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.ports import DependencyError, status_reason
 from services.models.repository import ModelMetadata
-from services.models.v2 import BadResponse, RowRequests, fraud_probabilities
+from services.models.v2 import TRACEPARENTS, BadResponse, RowRequests, fraud_probabilities
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class StreamCodec(Protocol[ItemIn, ResultOut]):
 
     dependency: str
     """The dependency's name in errors and metrics (``features``, ``scorer``)."""
+    method: str
+    """The stream's full method name (``/package.Service/Method``), for spans."""
 
     def open(self, channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
         """Opens a new stream on ``channel``."""
@@ -75,8 +78,15 @@ class StreamCodec(Protocol[ItemIn, ResultOut]):
         """Items with equal keys may share one message."""
         ...
 
-    def encode(self, request_id: int, items: Sequence[ItemIn], timeout_s: float) -> Any:
-        """The message asking for ``items``, to be answered within ``timeout_s``."""
+    def encode(
+        self,
+        request_id: int,
+        items: Sequence[ItemIn],
+        timeout_s: float,
+        traceparents: Sequence[str] = (),
+    ) -> Any:
+        """The message asking for ``items``, to be answered within ``timeout_s``; with each
+        traced item's ``traceparent`` (empty for the others) when any is traced."""
         ...
 
     def decode(self, reply: Any) -> tuple[int, Sequence[ResultOut] | DependencyError]:
@@ -108,7 +118,8 @@ class StreamSettings:
 class _Waiter:
     """One caller waiting for its result."""
 
-    __slots__ = ("deadline", "future", "lane", "queued_at", "request_id", "sent_at", "timer")
+    __slots__ = ("deadline", "future", "lane", "queued_at", "request_id", "sent_at", "timer",
+                 "traceparent")  # fmt: skip
 
     def __init__(self, future: asyncio.Future[Any], queued_at: float, deadline: float) -> None:
         self.future = future
@@ -118,6 +129,7 @@ class _Waiter:
         self.lane: _Lane[Any, Any] | None = None
         self.request_id = 0
         self.sent_at = 0.0
+        self.traceparent = ""
 
 
 class _Lane(Generic[Item, Result]):
@@ -313,7 +325,15 @@ class _Lane(Generic[Item, Result]):
             timeout_s = min(w.deadline for w in waiters) - now
             self.pending[request_id] = waiters
             batch_rows.observe(len(items))
-            await call.write(codec.encode(request_id, items, max(timeout_s, 0.0)))
+            traceparents = [w.traceparent for w in waiters]
+            await call.write(
+                codec.encode(
+                    request_id,
+                    items,
+                    max(timeout_s, 0.0),
+                    traceparents if any(traceparents) else (),
+                )
+            )
 
     def _resolve(self, reply: Any) -> None:
         pool = self.pool
@@ -440,7 +460,18 @@ class StreamPool(Generic[Item, Result]):
 
     async def request(self, item: Item, timeout_s: float) -> Result:
         """``item``'s result; DependencyError when no stream is open, the stream breaks,
-        the dependency reports an error, or ``timeout_s`` passes first."""
+        the dependency reports an error, or ``timeout_s`` passes first. A traced request
+        gets a CLIENT span, whose context travels in the message."""
+        if not telemetry.sampled():
+            return await self._request(item, timeout_s, "")
+        with telemetry.start_stream_client_span(self.codec.method) as span:
+            try:
+                return await self._request(item, timeout_s, telemetry.traceparent())
+            except DependencyError as error:
+                telemetry.mark_error(span, error.reason)
+                raise
+
+    async def _request(self, item: Item, timeout_s: float, traceparent: str) -> Result:
         ready = self._ready
         if not ready:
             raise DependencyError(self.name, "unavailable", "no open stream")
@@ -455,6 +486,7 @@ class StreamPool(Generic[Item, Result]):
         now = time.monotonic()
         waiter = _Waiter(future, now, now + timeout_s)
         waiter.lane = lane
+        waiter.traceparent = traceparent
         if self._gathering:
             if self._last_arrival:
                 # A pause counts as a second at most, so traffic that resumes soon shows.
@@ -507,6 +539,7 @@ class FeatureCodec:
     """``fraud.v1.FeatureService/StreamFeatures``: lookups in, feature values out."""
 
     dependency = "features"
+    method = "/fraud.v1.FeatureService/StreamFeatures"
 
     def open(self, channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
         return features_pb2_grpc.FeatureServiceStub(channel).StreamFeatures()
@@ -515,10 +548,14 @@ class FeatureCodec:
         return None  # any lookups may share a message
 
     def encode(
-        self, request_id: int, items: Sequence[FeatureLookup], timeout_s: float
+        self,
+        request_id: int,
+        items: Sequence[FeatureLookup],
+        timeout_s: float,
+        traceparents: Sequence[str] = (),
     ) -> features_pb2.StreamFeaturesRequest:
         request = features_pb2.StreamFeaturesRequest(
-            id=request_id, timeout_us=max(1, round(timeout_s * 1e6))
+            id=request_id, timeout_us=max(1, round(timeout_s * 1e6)), traceparents=traceparents
         )
         add = request.lookups.add
         for card_id, merchant_id, as_of_s, terminal_id in items:
@@ -563,6 +600,7 @@ class ModelCodec:
     parameter (µs) is its deadline, as Triton defines it."""
 
     dependency = "scorer"
+    method = "/inference.GRPCInferenceService/ModelStreamInfer"
 
     def open(self, channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
         return v2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
@@ -571,7 +609,11 @@ class ModelCodec:
         return id(item[0])
 
     def encode(
-        self, request_id: int, items: Sequence[ModelRow], timeout_s: float
+        self,
+        request_id: int,
+        items: Sequence[ModelRow],
+        timeout_s: float,
+        traceparents: Sequence[str] = (),
     ) -> v2.ModelInferRequest:
         requests = items[0][0]
         if len(items) == 1:
@@ -580,6 +622,9 @@ class ModelCodec:
             request = requests.batch([vector for _, vector in items])
         request.id = str(request_id)
         request.parameters["timeout"].int64_param = max(1, round(timeout_s * 1e6))
+        if traceparents:
+            # One per row, in order (a traceparent holds no comma).
+            request.parameters[TRACEPARENTS].string_param = ",".join(traceparents)
         return request
 
     def decode(

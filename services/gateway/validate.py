@@ -113,6 +113,8 @@ class OutcomeReport:
     verdict: Verdict
     reporter: Reporter
     reported_at_s: float
+    reported_by: str = ""
+    """Who gave it within its source (an analyst's identity, a case id); empty: not given."""
 
 
 _NANOS = 1_000_000_000
@@ -126,6 +128,7 @@ def validate_outcome(
     reported_at: tuple[int, int] | None,
     now_s: float,
     limits: Limits,
+    reported_by: str = "",
 ) -> OutcomeReport:
     """Returns the report if it is plausible; raises InvalidArgument naming the field.
 
@@ -154,4 +157,5 @@ def validate_outcome(
         raise InvalidArgument(
             "reported_at", f"is older than {limits.max_outcome_age_s / 86_400:.0f} days"
         )
-    return OutcomeReport(transaction_id, verdict, reporter, reported_at_s)
+    check_id("reported_by", reported_by, required=False)
+    return OutcomeReport(transaction_id, verdict, reporter, reported_at_s, reported_by)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.edge_security import EdgeSettings
-from services.common.settings import from_mapping, to_env
+from services.common.settings import ServerSettings, from_mapping, to_env
+from services.common.telemetry import OtelEnvironment, TracePlan, plan
+from services.console.settings import ConsoleSettings
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
@@ -25,6 +28,19 @@ _GROUPS_WITHOUT_MONITOR = [
     if g != MonitorSettings.model_fields["group"].default
 ]
 """The event log's declared consumer groups of a mesh without the monitor."""
+
+
+def replicas_target(host: str, ports: Sequence[int]) -> str:
+    """The gRPC target of a service's replicas: ``host:port`` for one, else an ``ipv4:`` list
+    of every address, which the gateway's round-robin channel spreads calls over (and a
+    call finds the replicas still up when one dies)."""
+    if len(ports) == 1:
+        return f"{host}:{ports[0]}"
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(f"replicas need an IPv4 host, got {host!r}") from None
+    return "ipv4:" + ",".join(f"{host}:{port}" for port in ports)
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,15 @@ class MeshConfig:
     monitor: bool = True
     """With the live loop: the monitor judges the traffic (drift, live quality)."""
     extra_gateway_ports: tuple[int, ...] = ()
+    """Ports of further gateway replicas behind Envoy (``gateway-2``, ``gateway-3``, …)."""
+    extra_admin_ports: tuple[int, ...] = ()
+    """Admin ports of further Envoy processes (``envoy-2``, …): each shares the listening
+    port with the first through SO_REUSEPORT, so a killed one takes only its own
+    connections with it."""
+    extra_features_ports: tuple[int, ...] = ()
+    """Ports of further feature service replicas; the gateways spread calls over all."""
+    extra_scorer_ports: tuple[int, ...] = ()
+    """Ports of further scorer replicas; the gateways spread calls over all."""
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
@@ -69,10 +94,33 @@ class MeshConfig:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     edge: EdgeSettings | None = None
     """TLS, authentication and limits at Envoy; unset: plaintext, no tokens, default limits."""
+    observability: bool = False
+    """The processes that watch the mesh for people: the web console, and Prometheus and the
+    trace collector each when installed (``fraudmesh up`` turns them on unless
+    ``--no-observability``; the tests' meshes leave them off); the mesh never depends on them."""
+    console_port: int = 8090
+    """The console's HTTP port (on ``host``: loopback unless configured)."""
+    prometheus_port: int = 9090
+    otlp_port: int = 4317
+    """The trace collector's OTLP/gRPC port."""
+    collector_metrics_port: int = 8888
+    """The trace collector's own /metrics."""
+    trace_keep_percent: float = 10.0
+    """Share of ordinary traces (no error, on time, approved) the collector keeps."""
+    observability_dir: Path | None = None
+    """Configs, Prometheus's data and the kept traces; unset: <var_dir>/observability."""
 
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
-        """A config whose every port is free now (for tests and side-by-side runs)."""
+        """A config whose every port is free now (for tests and side-by-side runs).
+        ``envoy_replicas``, ``features_replicas`` and ``scorer_replicas`` (like
+        ``gateway_replicas``; default 1) give the number of processes of each part."""
+        counts = {"gateway": gateway_replicas}
+        for part in ("envoy", "features", "scorer"):
+            count = overrides.pop(f"{part}_replicas", 1)
+            if not isinstance(count, int) or count < 1:
+                raise ValueError(f"{part}_replicas must be a positive int, got {count!r}")
+            counts[part] = count
         ports: dict[str, object] = {
             name: free_port()
             for name in (
@@ -84,16 +132,47 @@ class MeshConfig:
                 "redis_port",
                 "decisionlog_port",
                 "updater_port",
+                "console_port",
+                "prometheus_port",
+                "otlp_port",
+                "collector_metrics_port",
                 "monitor_port",
             )
         }
-        ports["extra_gateway_ports"] = tuple(free_port() for _ in range(gateway_replicas - 1))
+        for name, part in (
+            ("extra_gateway_ports", "gateway"),
+            ("extra_admin_ports", "envoy"),
+            ("extra_features_ports", "features"),
+            ("extra_scorer_ports", "scorer"),
+        ):
+            ports[name] = tuple(free_port() for _ in range(counts[part] - 1))
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    def replica_ports(self, part: str) -> dict[str, int]:
+        """Process name → port of every replica of ``part`` (gateway, features or scorer;
+        envoy: its admin ports), the first under the part's own name."""
+        first, extra = {
+            "gateway": (self.gateway_port, self.extra_gateway_ports),
+            "features": (self.features_port, self.extra_features_ports),
+            "scorer": (self.scorer_port, self.extra_scorer_ports),
+            "envoy": (self.admin_port, self.extra_admin_ports),
+        }[part]
+        return {part: first} | {f"{part}-{i}": port for i, port in enumerate(extra, 2)}
 
     @property
     def logs_path(self) -> Path:
         """Folder of the processes' logs."""
         return self.log_dir or self.var_dir / "logs"
+
+    @property
+    def observability_path(self) -> Path:
+        """Folder of the observability processes' configs and data."""
+        return self.observability_dir or self.var_dir / "observability"
+
+    @property
+    def traces_path(self) -> Path:
+        """The file the mesh's collector appends kept traces to (OTLP JSON lines)."""
+        return self.observability_path / "traces" / "traces.jsonl"
 
     @property
     def envoy_target(self) -> str:
@@ -123,8 +202,10 @@ class MeshConfig:
                 GatewaySettings,
                 port=self.gateway_port,
                 var_dir=var,
-                features_target=f"{host}:{self.features_port}",
-                scorer_target=f"{host}:{self.scorer_port}",
+                features_target=replicas_target(
+                    host, (self.features_port, *self.extra_features_ports)
+                ),
+                scorer_target=replicas_target(host, (self.scorer_port, *self.extra_scorer_ports)),
                 in_process=True if self.gateway_in_process else None,
                 emit_events=None if self.live_loop else False,
             ),
@@ -149,6 +230,65 @@ class MeshConfig:
             **to_env(ScorerSettings, port=self.scorer_port, var_dir=var),
         }
         return {**env, **self.extra_env}
+
+    @property
+    def console_url(self) -> str:
+        """Where a browser opens the console."""
+        scheme = "https" if self.edge_settings().tls else "http"
+        return f"{scheme}://{self.host}:{self.console_port}"
+
+    def console_env(self) -> dict[str, str]:
+        """Environment of the console: this mesh's decision log, models and edge (verdicts go
+        through Envoy like any client's outcome), and the edge's TLS and token settings,
+        which the console applies to itself."""
+        edge = self.edge_settings()
+        decisions = from_mapping(DecisionLogSettings, self.decisionlog_env()).root_path
+        # The Models page reads the monitor's own metrics page, where this mesh runs one.
+        monitor_metrics = (
+            self.metrics_ports.get("monitor") if self.live_loop and self.monitor else None
+        )
+        return {
+            **self.service_env(),
+            **to_env(
+                EdgeSettings,
+                var_dir=edge.var_dir,
+                tls=edge.tls,
+                mtls=edge.mtls,
+                auth=edge.auth,
+                cert_path=edge.cert_path,
+                key_path=edge.key_path,
+                jwks_path=edge.jwks_path,
+                jwt_issuer=edge.jwt_issuer,
+                jwt_audience=edge.jwt_audience,
+            ),
+            **to_env(
+                ConsoleSettings,
+                host=self.host,
+                port=self.console_port,
+                var_dir=self.var_dir,
+                decisions_root=decisions,
+                outcome_target=self.envoy_target,
+                prometheus_url=f"http://{self.host}:{self.prometheus_port}",
+                monitor_url=f"http://{self.host}:{monitor_metrics}/metrics"
+                if monitor_metrics
+                else None,
+            ),
+            **self.extra_env,
+        }
+
+    def otel_environment(self) -> OtelEnvironment:
+        """The standard OTEL_* variables the mesh's processes see (this process's environment
+        under the mesh's ``extra_env``)."""
+        given = {k.lower(): v for k, v in self.extra_env.items() if k.upper().startswith("OTEL_")}
+        return OtelEnvironment.model_validate(
+            {**OtelEnvironment().model_dump(exclude_none=True), **given}
+        )
+
+    def trace_plan(self, collector: bool) -> TracePlan:
+        """How the mesh traces: the standard variables where set; else, with the mesh's own
+        collector running, the services' default share of new traces to it; else off."""
+        ratio = ServerSettings.model_fields["trace_sample_ratio"].default
+        return plan("mesh", "otlp" if collector else "off", ratio, self.otel_environment())
 
     def monitor_env(self) -> dict[str, str]:
         """Environment of the monitor: the event log and the model repository of the

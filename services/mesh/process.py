@@ -100,6 +100,8 @@ class Process:
     """True from start() to stop(): an exit in between is a crash."""
     niceness: int = 0
     """Niceness once serving, above the parent's (0: the parent's)."""
+    optional: bool = False
+    """The mesh serves without it: a failed start or a crash loop leaves it down."""
 
     @property
     def pid(self) -> int | None:

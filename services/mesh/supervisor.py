@@ -150,6 +150,14 @@ class Supervisor:
     def _crashed(self, name: str, process: Process, child: _Child, now: float) -> None:
         delay = child.history.record(now)
         if delay is None:
+            if process.optional:
+                # Observability is never a reason to stop serving: leave it down.
+                process.expected = False
+                self._report(
+                    f"{name} crashed {child.history.recent(now)} times within "
+                    f"{self.policy.window_s:.0f} s; the mesh runs on without it"
+                )
+                return
             raise CrashLoop(process, child.history.recent(now), self.policy.window_s)
         child.restart_at = now + delay
         self._report(

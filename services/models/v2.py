@@ -15,6 +15,10 @@ from services.models.repository import ModelMetadata
 
 _PROBABILITIES = struct.Struct("<2f")
 
+TRACEPARENTS = "traceparent"
+"""The request parameter that carries each row's W3C trace context on a stream, comma-joined
+in row order (empty for untraced rows), so the scorer's spans join their callers' traces."""
+
 
 class BadResponse(ValueError):
     """A ModelInfer response without the expected FP32 [1, 2] probability output."""

@@ -1,16 +1,10 @@
 """Reading the decision log: decisions joined with their latest outcome, export, tail, compaction.
 
 The sink (``services.decisionlog``) writes what the event log carried, at least once per
-event. Readers make it exact:
-
-* events are deduplicated by ``event_id`` (a redelivered event, a part left twice by an
-  interrupted compaction);
-* decisions are deduplicated by ``transaction_id``: a client that retries Score for the same
-  transaction gets a decision each time; the first (earliest ``decided_at``) is kept, since
-  that is the one the payment went ahead on, and the number of dropped retries is reported;
-* each decision gets its transaction's *latest* outcome (greatest ``reported_at``, then
-  ``received_at``): a dispute later settled as fraud reads as fraud. An outcome may arrive
-  before its decision; the join does not care about order.
+event; ``services.decisionlog.reader`` reads it exactly once per event, keeps one decision per
+transaction (its first: the number of dropped retries is reported) and gives each its
+transaction's latest outcome. An outcome may arrive before its decision; the join does not
+care about order.
 
 ``fraudmesh decisions export`` and ``tail`` use this module, and training reads decisions
 with their labels through ``joined``.
@@ -23,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -35,10 +29,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from services.decisionlog import layout, writer
+from services.decisionlog import layout, reader, writer
+from services.decisionlog.reader import feature_orders, latest_outcomes, read_table
 from services.decisionlog.rows import RecentIds
-from services.domain import featurespec
-from services.eventlog import events
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +49,7 @@ LEADING_COLUMNS = (
     "decided_at",
     "outcome",
     "outcome_source",
+    "outcome_reported_by",
     "outcome_reported_at",
     "outcome_received_at",
     "outcome_reports",
@@ -66,6 +60,7 @@ OUTCOME_COLUMNS = pa.schema(
     [
         pa.field("outcome", pa.string()),
         pa.field("outcome_source", pa.string()),
+        pa.field("outcome_reported_by", pa.string()),
         pa.field("outcome_reported_at", layout.TIMESTAMP),
         pa.field("outcome_received_at", layout.TIMESTAMP),
         pa.field("outcome_reports", pa.int32()),
@@ -97,34 +92,6 @@ class ExportSummary:
     """The file written."""
 
 
-def _files(root: Path, kind: layout.Kind, first: date | None, last: date | None) -> list[Path]:
-    files: list[Path] = []
-    for day, day_dir in layout.day_dirs(root, kind):
-        if (first is not None and day < first) or (last is not None and day > last):
-            continue
-        files += layout.parts(day_dir)
-    return files
-
-
-def read_table(
-    root: Path,
-    kind: layout.Kind,
-    first_day: date | None = None,
-    last_day: date | None = None,
-    columns: Sequence[str] | None = None,
-) -> pa.Table:
-    """Every row of one table in the day partitions ``first_day``..``last_day`` (inclusive),
-    in the table's schema, in flush order; duplicates included."""
-    schema = layout.SCHEMAS[kind]
-    files = _files(root, kind, first_day, last_day)
-    if not files:
-        table = schema.empty_table()
-    else:
-        dataset = pads.dataset([str(f) for f in files], schema=schema, format="parquet")
-        table = dataset.to_table()
-    return table.select(list(columns)) if columns is not None else table
-
-
 def _window(table: pa.Table, since: datetime | None, until: datetime | None) -> pa.Table:
     if since is None and until is None:
         return table
@@ -148,58 +115,12 @@ def read_decisions(
     decision order; with the numbers of duplicate events and retried transactions dropped."""
     first = since.date() if since is not None else None
     last = until.date() if until is not None else None
-    table = _window(read_table(root, "decisions", first, last), since, until)
-    keys = pd.DataFrame(
-        {
-            "event_id": table.column("event_id").to_numpy(zero_copy_only=False),
-            "transaction_id": table.column("transaction_id").to_numpy(zero_copy_only=False),
-            "at": pc.coalesce(table.column("decided_at"), table.column("transaction_at"))
-            .cast(pa.int64())
-            .to_numpy(zero_copy_only=False),
-        }
-    )
-    keys["row"] = np.arange(len(keys))
-    unique = keys.drop_duplicates("event_id")
-    duplicate_events = len(keys) - len(unique)
-    ordered = unique.sort_values(["at", "row"], kind="stable", na_position="last")
-    first_each = ordered.drop_duplicates("transaction_id")
-    retried = len(ordered) - len(first_each)
-    return table.take(pa.array(first_each["row"].to_numpy())), duplicate_events, retried
+    return reader.first_decisions(_window(read_table(root, "decisions", first, last), since, until))
 
 
 def read_outcomes(root: Path) -> pa.Table:
     """Every outcome event once (by event_id), in arrival order."""
-    table = read_table(root, "outcomes")
-    ids = table.column("event_id").to_numpy(zero_copy_only=False)
-    _, first = np.unique(ids, return_index=True)
-    return table.take(pa.array(np.sort(first)))
-
-
-def latest_outcomes(outcomes: pa.Table) -> pd.DataFrame:
-    """One row per transaction: its latest outcome (by reported_at, then received_at, then
-    arrival), its source and times, and how many outcome reports it had."""
-    frame = pd.DataFrame(
-        {
-            "transaction_id": outcomes.column("transaction_id").to_numpy(zero_copy_only=False),
-            "outcome": outcomes.column("outcome").to_numpy(zero_copy_only=False),
-            "outcome_source": outcomes.column("outcome_source").to_numpy(zero_copy_only=False),
-            "outcome_reported_at": outcomes.column("reported_at")
-            .cast(pa.int64())
-            .to_numpy(zero_copy_only=False),
-            "outcome_received_at": outcomes.column("received_at")
-            .cast(pa.int64())
-            .to_numpy(zero_copy_only=False),
-        }
-    )
-    frame["arrival"] = np.arange(len(frame))
-    frame = frame.sort_values(
-        ["outcome_reported_at", "outcome_received_at", "arrival"],
-        kind="stable",
-        na_position="first",
-    )
-    counts = frame.groupby("transaction_id", sort=False).size().rename("outcome_reports")
-    latest = frame.drop_duplicates("transaction_id", keep="last").set_index("transaction_id")
-    return latest.drop(columns="arrival").join(counts)
+    return reader.unique_events(read_table(root, "outcomes"))
 
 
 def _outcome_arrays(transaction_ids: pa.ChunkedArray, latest: pd.DataFrame) -> list[pa.Array]:
@@ -241,18 +162,6 @@ def joined(
         orphan_outcomes=sum(1 for t in latest.index if t not in decided),
     )
     return table, summary
-
-
-def feature_orders(table: pa.Table) -> dict[str, tuple[str, ...]]:
-    """Feature orders by schema fingerprint: the model's own, plus any events carried."""
-    orders = {events.feature_schema_id(featurespec.MODEL_FEATURES): featurespec.MODEL_FEATURES}
-    if "feature_names" in table.column_names:
-        names = table.column("feature_names")
-        schemas = table.column("feature_schema")
-        for i in pc.indices_nonzero(pc.is_valid(names)).to_pylist():
-            found = tuple(names[i].as_py())
-            orders.setdefault(schemas[i].as_py() or events.feature_schema_id(found), found)
-    return orders
 
 
 def widen(table: pa.Table) -> pa.Table:

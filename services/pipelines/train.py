@@ -1,10 +1,11 @@
 """Training: Feast point-in-time features → LightGBM → test-period evaluation → ONNX → publish.
 
 ``train`` runs the steps in order: the training frame (``training.frame``), the periods
-(``training.periods``), model selection on the validation period (``training.selection``),
-thresholds and the test-period evaluation, the small model for the gateway's cascade and
-fallback (``training.small``), ONNX export and parity (``training.export``), the promotion
-gates, publishing. How periods, selection and thresholds are chosen is in
+(``training.periods``), model selection on the validation period and the refit on the whole
+training window (``training.selection``), thresholds and the test-period evaluation, the small
+model for the gateway's cascade and fallback (``training.small``), ONNX export and parity
+(``training.export``), the promotion gates, publishing. How periods, selection and thresholds
+are chosen is in
 ``docs/training.md``.
 """
 
@@ -47,7 +48,7 @@ from services.pipelines.training.periods import Periods, describe, period_string
 from services.pipelines.training.periods import period_notes as _notes
 from services.pipelines.training.periods import training_window as _window
 from services.pipelines.training.reference import version_reference
-from services.pipelines.training.selection import Rows, predict, sample_genuine, select
+from services.pipelines.training.selection import Rows, predict, refit, sample_genuine, select
 
 __all__ = [
     "INPUT_NAME",
@@ -153,7 +154,7 @@ def train(
         with steps.step("reference"):
             test = (data.y[data.test], judged.scores, data.tested["card_id"].to_numpy())
             version_reference(
-                model.booster, data.x[data.valid], data.raw_valid, data.window,
+                model.selected, data.x[data.valid], data.raw_valid, data.window,
                 judged.thresholds, test, params.seed,
             ).write(work)  # fmt: skip
         with steps.step("gates"):
@@ -281,28 +282,48 @@ def _split(
 
 @dataclass(frozen=True)
 class _Model:
-    """The selected model and what selection saw."""
+    """The published model and what selection saw."""
 
     booster: lgb.Booster
+    """The model to publish: the selected setting refitted on the whole training window, or
+    the selected candidate itself when ``TrainParams.refit`` is off."""
     selection: list[dict[str, float]]
     """Each candidate's validation average precision and best number of trees."""
     valid_rows: np.ndarray
     """The (sampled) validation rows early stopping scored."""
+    valid_scores: np.ndarray
+    """The selected candidate's scores of ``valid_rows``: it never trained on them, so the
+    thresholds set on them hold out of sample (the refit, which did, would set them too low)."""
+    selected: lgb.Booster
+    """The selected candidate: its validation scores are the reference distribution (the
+    refit's own would be in-sample there)."""
 
 
 def _fit(data: _Dataset, params: TrainParams, report: Progress) -> _Model:
-    """Samples the genuine rows down to the caps and selects the model on validation."""
+    """Samples the genuine rows down to the caps, selects the setting on validation and
+    refits it on the whole training window."""
     x, y = data.x, data.y
     rng = np.random.default_rng(params.seed)
     fit_rows, fit_weights = sample_genuine(y, data.fit, params.max_fit_rows, rng)
     valid_rows, valid_weights = sample_genuine(y, data.valid, params.max_validation_rows, rng)
-    booster, selection = select(
+    searched = params.max_trees * len(params.candidates)
+    total = searched + (params.max_trees if params.refit else 0)
+    chosen = select(
         Rows(x[fit_rows], y[fit_rows], fit_weights),
         Rows(x[valid_rows], y[valid_rows], valid_weights),
         params,
         report,
+        total,
     )
-    return _Model(booster, selection, valid_rows)
+    valid_scores = predict(chosen.booster, x[valid_rows])
+    booster = chosen.booster
+    if params.refit:
+        del fit_rows, fit_weights
+        whole, whole_weights = sample_genuine(y, data.fit | data.valid, params.max_fit_rows, rng)
+        booster = refit(
+            chosen, Rows(x[whole], y[whole], whole_weights), params, report, (searched, total)
+        )
+    return _Model(booster, chosen.figures, valid_rows, valid_scores, chosen.booster)
 
 
 @dataclass(frozen=True)
@@ -325,10 +346,11 @@ def _judge(
     """Thresholds from validation, then the model and the rules fallback on the test period."""
     x, y, test, tested = data.x, data.y, data.test, data.tested
     horizon = source.label_horizon if source is not None else None
-    # LightGBM scores the float32 rows the scorer will receive, widened exactly.
-    # The (sampled) validation rows: a uniform sample of genuine ones has their quantiles.
-    valid_scores = predict(model.booster, x[model.valid_rows])
-    negatives = valid_scores[y[model.valid_rows] == 0]
+    # The selected candidate's out-of-sample scores of the (sampled) validation rows: a
+    # uniform sample of genuine ones has their quantiles. The refit grows the same setting to
+    # the same number of trees on more rows, so its scores keep that scale: the test period's
+    # false-positive rate at review stays near its target (docs/training.md).
+    negatives = model.valid_scores[y[model.valid_rows] == 0]
     review = evaluate.threshold_at_fpr(negatives, params.review_fpr)
     decline = max(review, evaluate.threshold_at_fpr(negatives, params.decline_fpr))
     thresholds = repository.Thresholds(review=review, decline=decline)

@@ -24,7 +24,10 @@ class ScorerApp:
     def __init__(self, settings: ScorerSettings) -> None:
         self.settings = settings
         self.servicer = InferenceServicer(
-            None, settings.fault_delay_ms / 1000.0, settings.fault_versions
+            None,
+            settings.fault_delay_ms / 1000.0,
+            settings.fault_versions,
+            observe=settings.observe_rpcs,
         )
         self._follower: asyncio.Task[None] | None = None
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from inference import grpc_predict_v2_pb2 as pb
 from inference import grpc_predict_v2_pb2_grpc as pb_grpc
+from services.common import telemetry
 from services.common.errors import (
     DeadlineExceeded,
     FraudmeshError,
@@ -35,10 +36,12 @@ from services.common.errors import (
     NotFound,
     Unavailable,
 )
+from services.common.rpc_observer import observe_message
 from services.common.streaming import answer_concurrently
 from services.domain.validation import shown
 from services.models import repository
 from services.models.onnx import OnnxModel
+from services.models.v2 import TRACEPARENTS
 from services.scorer.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,17 @@ _CONTENTS_FIELD = {
 }
 
 
+_STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _reply_code(reply: pb.ModelStreamInferResponse) -> int:
+    """The status code number of a stream reply ("STATUS_NAME: message" on errors)."""
+    if not reply.error_message:
+        return 0
+    name = reply.error_message.partition(":")[0]
+    return grpc.StatusCode[name].value[0] if name in grpc.StatusCode.__members__ else 2
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Serves the versions loaded in the registry; other names or versions are NOT_FOUND."""
 
@@ -71,10 +85,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         registry: ModelRegistry | None = None,
         fault_delay_s: float = 0.0,
         fault_versions: frozenset[str] = frozenset(),
+        observe: bool = True,
     ) -> None:
         self.registry = registry
         self._fault_delay_s = fault_delay_s
         self._fault_versions = fault_versions
+        self._observe = observe
+        self._observe_message = observe_message(_STREAM_METHOD)
 
     def _registry(self) -> ModelRegistry:
         registry = self.registry
@@ -156,7 +173,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.send_initial_metadata(())
         if not self._fault_delay_s:
             async for request in request_iterator:
-                yield self._stream_reply(request, time.monotonic())
+                arrived = time.monotonic()
+                reply = self._stream_reply(request, arrived)
+                self._answered(reply, arrived)
+                yield reply
             return
 
         async def answer(
@@ -166,8 +186,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await asyncio.sleep(self._fault_delay_s)
             return self._stream_reply(request, arrived)
 
-        async for reply in answer_concurrently(request_iterator, answer):
+        async for reply in answer_concurrently(request_iterator, answer, self._answered):
             yield reply
+
+    def _answered(self, reply: pb.ModelStreamInferResponse, arrived: float) -> None:
+        """Observes one streamed request's latency, with its reply's status."""
+        if self._observe:
+            self._observe_message(time.monotonic() - arrived, _reply_code(reply))
 
     def _delayed(self, request: pb.ModelInferRequest) -> bool:
         return not self._fault_versions or request.model_version in self._fault_versions
@@ -175,6 +200,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _stream_reply(
         self, request: pb.ModelInferRequest, arrived: float
     ) -> pb.ModelStreamInferResponse:
+        """The reply to one streamed request, and a span for each traced row's caller."""
+        reply = self._reply(request, arrived)
+        if TRACEPARENTS in request.parameters and telemetry.enabled():
+            code = _reply_code(reply)
+            for parent in request.parameters[TRACEPARENTS].string_param.split(","):
+                telemetry.record_stream_server_span(_STREAM_METHOD, parent, arrived, code)
+        return reply
+
+    def _reply(self, request: pb.ModelInferRequest, arrived: float) -> pb.ModelStreamInferResponse:
         """The reply to one streamed request: its response, or why it failed."""
         try:
             timeout_us = _timeout_us(request)

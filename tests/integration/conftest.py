@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
-from services.mesh import Mesh, MeshConfig
+from services.mesh import Mesh, MeshConfig, free_port
 from tests.timeouts import register_logs
 
 T = TypeVar("T")
@@ -228,6 +229,29 @@ def edge(mesh: Mesh) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
         grpc.channel_ready_future(channel).result(timeout=10)
         yield channel
+
+
+def up_ports(
+    names: tuple[str, ...], replicated: tuple[str, ...], step: int = 100
+) -> dict[str, int]:
+    """Free ports for ``fraudmesh up``'s ``--<name>-port`` options; for a part in
+    ``replicated`` one whose replicas' ports (``--replica-port-step`` apart) are free too."""
+    ports: dict[str, int] = {}
+    for name in names:
+        port = free_port()
+        while name in replicated and not _free(port + step):
+            port = free_port()
+        ports[name] = port
+    return ports
+
+
+def _free(port: int) -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def go_tool(name: str) -> str:

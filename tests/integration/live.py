@@ -42,13 +42,20 @@ def copy_state(source: Path, target: Path) -> Path:
     return target
 
 
-def start_live_mesh(var_dir: Path, log_dir: Path, store: str = "sqlite", **config: Any) -> Mesh:
-    """A mesh with the live loop on free ports; with Redis, materialized at start."""
+def start_live_mesh(
+    var_dir: Path,
+    log_dir: Path,
+    store: str = "sqlite",
+    metrics: tuple[str, ...] = ("updater", "gateway"),
+    **config: Any,
+) -> Mesh:
+    """A mesh with the live loop on free ports, ``metrics`` serving /metrics; with Redis,
+    materialized at start."""
     cfg = MeshConfig.on_free_ports(
         var_dir=var_dir,
         store=store,
         log_dir=log_dir,
-        metrics_ports={"updater": free_port(), "gateway": free_port()},
+        metrics_ports={name: free_port() for name in metrics},
         **config,
     )
     mesh = Mesh(cfg)

@@ -34,7 +34,7 @@ from services import client
 from services.domain import metrics
 from services.mesh import free_port, grpc_serving
 
-from .conftest import Known, first_full_quality, register_logs
+from .conftest import Known, first_full_quality, register_logs, up_ports
 
 pytestmark = pytest.mark.integration
 
@@ -81,13 +81,17 @@ def up(
     tmp = register_logs(request, tmp_path_factory.mktemp("up"))
     # Every port free: another mesh on the machine must not make a child fail to bind.
     names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
-    ports = {name: free_port() for name in names}
+    ports = up_ports(names, replicated=("admin", "gateway"))
     argv = [
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
         "--metrics-port", str(free_port()),
         "--max-restarts", str(MAX_RESTARTS), "--restart-window", "600",
+        "--no-observability",
+        # One feature service and one scorer: what is under test is the fallback while the
+        # only one is down and the supervisor brings it back (replicas: test_crash.py).
+        "--features-replicas", "1", "--scorer-replicas", "1",
     ]  # fmt: skip
     log_path = tmp / "up.log"
     with log_path.open("wb") as log:

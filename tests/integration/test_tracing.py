@@ -55,7 +55,7 @@ def test_one_trace_covers_all_three_services(
     finally:
         mesh.stop()  # ordered shutdown flushes the spans
     gateway = _spans((logs / "gateway.log").read_text())
-    score = [s for s in gateway if s["name"] == "/fraud.v1.FraudScoring/Score"]
+    score = [s for s in gateway if s["name"] == "fraud.v1.FraudScoring/Score"]
     assert score, "no span for the Score call"
     trace_id = score[-1]["context"]["trace_id"]
     features = _spans((logs / "features.log").read_text())
@@ -105,4 +105,4 @@ def test_untraced_requests_travel_the_streams_of_traced_services(
     finally:
         mesh.stop()
     gateway = _spans((logs / "gateway.log").read_text())
-    assert not [s for s in gateway if s["name"] == "/fraud.v1.FraudScoring/Score"]
+    assert not [s for s in gateway if s["name"] == "fraud.v1.FraudScoring/Score"]

@@ -57,9 +57,11 @@ def outcome(
     kind: int = outcomes_pb2.OUTCOME_FRAUD,
     reported: datetime = DAY0,
     received: datetime | None = None,
+    reported_by: str = "",
 ) -> events_pb2.EventEnvelope:
     envelope = events_pb2.EventEnvelope()
     o = envelope.outcome
+    o.reported_by = reported_by
     o.event_id = event_id
     o.transaction_id = tx
     o.outcome = kind  # type: ignore[assignment]
@@ -194,6 +196,31 @@ def test_export_keeps_the_first_decision_of_a_transaction_and_its_latest_outcome
     assert summary.retried_transactions == 1
     assert summary.with_outcome == 2
     assert summary.orphan_outcomes == 1
+
+
+def test_the_export_names_who_gave_the_latest_outcome(tmp_path: Path) -> None:
+    write_flush(
+        tmp_path,
+        1,
+        [
+            decision("e1", "tx-1"),
+            outcome("o1", "tx-1", outcomes_pb2.OUTCOME_DISPUTED),
+            outcome(
+                "o2", "tx-1", reported=DAY0 + timedelta(hours=1), reported_by="alice@example.org"
+            ),
+        ],
+    )
+    (row,) = reader.joined(tmp_path)[0].to_pylist()
+    assert row["outcome"] == "fraud" and row["outcome_reported_by"] == "alice@example.org"
+
+
+def test_parts_written_before_reported_by_existed_read_it_as_null(tmp_path: Path) -> None:
+    write_flush(tmp_path, 1, [decision("e1", "tx-1"), outcome("o1", "tx-1")])
+    (part,) = (tmp_path / "outcomes").rglob("part-*.parquet")
+    old = pq.read_table(part).drop_columns(["reported_by"])
+    pq.write_table(old, part)
+    (row,) = reader.joined(tmp_path)[0].to_pylist()
+    assert row["outcome"] == "fraud" and row["outcome_reported_by"] is None
 
 
 def test_a_decision_without_outcome_has_nulls(tmp_path: Path) -> None:

@@ -44,9 +44,16 @@ def test_missing_store_features_take_defaults() -> None:
         "amount_to_card_mean_7d",
         "geo_mismatch",
         "amount_to_card_mean_30d",
+        "card_mean_7d_to_30d",
+        "card_max_7d_to_mean_30d",
+        "amount_zscore_30d",
+        "terminal_fraud_count_1d",
+        "merchant_fraud_count_28d",
     ):
         assert named[name] == d[name]
-    # Derived from the transaction alone: always computed.
+    # Derived from the transaction alone: always computed. A card without a stored day has
+    # this payment alone in it.
+    assert named["amount_to_card_mean_1d"] == 1.0
     assert named["amount_eur"] == 50.0
     assert named["hour_of_day"] == 22.0  # 2023-11-14 22:13:20 UTC
     assert named["is_card_not_present"] == 1.0
@@ -79,6 +86,38 @@ def test_present_store_features_and_derived_values() -> None:
     assert named["amount_to_card_mean_30d"] == 2.0
     assert named["geo_mismatch"] == 1.0
     assert named["is_card_not_present"] == 0.0
+
+
+def test_spending_pattern_and_known_fraud_counts() -> None:
+    store: dict[str, float | None] = {
+        "card_amount_sum_24h": 60.0,
+        "card_txn_count_24h": 2.0,
+        "card_amount_mean_7d": 30.0,
+        "card_amount_max_7d": 90.0,
+        "card_amount_mean_30d": 20.0,
+        "card_amount_std_30d": 16.0,
+        "terminal_fraud_rate_7d": 0.25,
+        "terminal_labelled_txn_count_7d": 12.0,
+        "merchant_fraud_rate_1d": 0.0,
+        "merchant_labelled_txn_count_1d": 0.0,
+    }
+    vector = fs.model_vector(
+        store,
+        amount_minor=10_000,
+        currency="EUR",
+        timestamp_s=1_700_000_000.0,
+        card_not_present=False,
+        defaults=defaults(),
+    )
+    named = dict(zip(fs.MODEL_FEATURES, vector, strict=True))
+    # 100 against the day's (60 + 100) / 3.
+    assert named["amount_to_card_mean_1d"] == 100.0 / (160.0 / 3.0)
+    assert named["card_mean_7d_to_30d"] == 1.5
+    assert named["card_max_7d_to_mean_30d"] == 4.5
+    assert named["amount_zscore_30d"] == 5.0
+    assert named["terminal_fraud_count_7d"] == 3.0
+    # No labelled payment yet: no known fraud, not a missing value.
+    assert named["merchant_fraud_count_1d"] == 0.0
 
 
 def test_nan_counts_as_missing_and_clock_skew_as_zero() -> None:
@@ -117,7 +156,9 @@ def _sample(n: int, seed: int) -> pd.DataFrame:
     countries = np.array([276.0, 250.0, 840.0, 392.0])
     for name in ("card_home_country", "merchant_country"):
         frame[name] = np.where(rng.random(n) < 0.2, np.nan, rng.choice(countries, n))
-    for name in ("card_amount_mean_7d", "card_amount_mean_30d"):
+    for name in ("card_amount_mean_7d", "card_amount_mean_30d", "card_amount_std_30d"):
+        frame[name] = np.where(rng.random(n) < 0.05, 0.0, frame[name])
+    for name in ("card_amount_sum_24h", "card_txn_count_24h"):
         frame[name] = np.where(rng.random(n) < 0.05, 0.0, frame[name])
     timestamp_s = 1_790_000_000.0 + rng.integers(0, 90 * 86_400, n)
     frame["timestamp_s"] = timestamp_s
@@ -158,18 +199,27 @@ def test_vectorized_frame_equals_model_vector_row_by_row() -> None:
 
 def test_missing_features_are_where_the_frame_holds_nan() -> None:
     sample = _sample(2000, seed=4)
-    raw = fs.model_frame(sample).to_numpy()
+    frame = fs.model_frame(sample)
+    raw, amounts = frame.to_numpy(), frame["amount_eur"].to_numpy()
     store_columns = sample[list(fs.STORE_FEATURES)]
     for i, row in enumerate(store_columns.itertuples(index=False)):
         store = {
             name: None if math.isnan(value) else value
             for name, value in zip(fs.STORE_FEATURES, row, strict=True)
         }
-        assert fs.missing_features(store) == np.flatnonzero(np.isnan(raw[i])).tolist(), i
-    assert fs.missing_features({}) == [
+        assert (
+            fs.missing_features(store, float(amounts[i]))
+            == np.flatnonzero(np.isnan(raw[i])).tolist()
+        ), i
+    # A payment of a card with no stored day is that day's mean: only a zero amount has none.
+    computed = ("amount_eur", "hour_of_day", "is_card_not_present")
+    assert fs.missing_features({}, 10.0) == [
         i for i, name in enumerate(fs.MODEL_FEATURES)
-        if name not in ("amount_eur", "hour_of_day", "is_card_not_present")
+        if name not in (*computed, "amount_to_card_mean_1d")
     ]  # fmt: skip
+    assert fs.missing_features({}, 0.0) == [
+        i for i, name in enumerate(fs.MODEL_FEATURES) if name not in computed
+    ]
 
 
 def test_model_matrix_fills_as_model_frame_does() -> None:

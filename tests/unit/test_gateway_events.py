@@ -167,6 +167,13 @@ def test_an_outcome_event_carries_the_report() -> None:
     assert event.source == outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK
     assert event.reported_at.ToSeconds() == NOW - 60
     assert event.received_at.ToSeconds() == NOW
+    assert event.reported_by == ""
+
+
+def test_an_analyst_outcome_names_who_gave_it() -> None:
+    report = validate_outcome(**_report(reported_by="alice@example.org"))
+    assert report.reported_by == "alice@example.org"
+    assert outcome_event(report, NOW).outcome.reported_by == "alice@example.org"
 
 
 def test_every_proto_outcome_and_source_is_mapped() -> None:
@@ -221,9 +228,103 @@ def test_a_valid_outcome_passes() -> None:
         ({"reported_at": (int(NOW) + 3600, 0)}, "reported_at"),
         ({"reported_at": (int(NOW) - 600 * 86_400, 0)}, "reported_at"),
         ({"reported_at": (253_402_300_800 * 10, 0)}, "reported_at"),
+        ({"reported_by": "a" * 129}, "reported_by"),
+        ({"reported_by": "ana\u0000lyst"}, "reported_by"),
+        ({"reported_by": "ana\nlyst"}, "reported_by"),
     ],
 )
 def test_an_invalid_outcome_names_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         validate_outcome(**_report(**overrides))
     assert caught.value.field == field
+
+
+class _Log:
+    """An event log in memory that can be read back (as the file log can)."""
+
+    def __init__(self) -> None:
+        self.stored: list[tuple[bytes, bytes]] = []
+
+    def write(self, batch: Any) -> None:
+        self.stored.extend(batch)
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def position(self) -> str:
+        return str(len(self.stored))
+
+    def values_since(self, position: str) -> Any:
+        return iter([v for _, v in self.stored[int(position or 0) :]])
+
+
+def _journal(tmp_path: Any, log: _Log) -> Any:
+    from services.eventlog import EventLogMetrics, EventLogSettings, JournalProducer
+
+    settings = EventLogSettings(var_dir=tmp_path, linger_ms=1)
+    return JournalProducer(settings, lambda: log, EventLogMetrics(CollectorRegistry()))
+
+
+def test_a_journaled_decision_is_on_disk_before_the_answer(tmp_path: Any) -> None:
+    log = _Log()
+    producer = _journal(tmp_path, log)
+    emitter = EventEmitter(
+        producer, featurespec.MODEL_FEATURES, GatewayMetrics(CollectorRegistry())
+    )
+    assert emitter.journaled
+    journaled = emitter.before_answer(_request(), True, _outcome(), _response(), NOW)
+    assert journaled is not None and not journaled.needs_sync
+    assert producer.stats.appended == 1  # written by the time the answer would be sent
+    assert producer.flush(10)
+    producer.close()
+    event = events_pb2.EventEnvelope.FromString(log.stored[0][1]).decision
+    assert event.transaction_id == "t-1" and event.score == pytest.approx(0.42)
+
+
+def test_a_journaled_decision_gets_its_shadow_score_when_the_shadow_ends(tmp_path: Any) -> None:
+    async def scenario() -> events_pb2.DecisionEvent:
+        log = _Log()
+        producer = _journal(tmp_path, log)
+        emitter = EventEmitter(
+            producer, featurespec.MODEL_FEATURES, GatewayMetrics(CollectorRegistry())
+        )
+        outcome = _outcome()
+        job = ShadowJob(SimpleNamespace(version="9"), SimpleNamespace(), {}, 0.42, Decision.REVIEW)  # type: ignore[arg-type]
+        outcome.shadow = job
+        journaled = emitter.before_answer(_request(), True, outcome, _response(), NOW)
+        assert journaled is not None
+        job.when_done(journaled.complete)
+        job.resolve(ShadowResult("9", 0.875, Decision.DECLINE, 0.002))
+        await asyncio.sleep(0)
+        assert await producer.aflush(10)
+        await producer.aclose()
+        assert len(log.stored) == 1
+        return events_pb2.EventEnvelope.FromString(log.stored[0][1]).decision
+
+    event = asyncio.run(scenario())
+    assert event.shadow_score == pytest.approx(0.875) and event.shadow_model_version == "9"
+
+
+def test_an_outcome_the_journal_cannot_take_is_refused(tmp_path: Any) -> None:
+    from services.common.errors import Unavailable
+
+    producer = _journal(tmp_path, _Log())
+    metrics = GatewayMetrics(CollectorRegistry())
+    emitter = EventEmitter(producer, featurespec.MODEL_FEATURES, metrics)
+
+    def full(_data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    producer._own.append = full
+    errors = metrics.emit_errors.labels("decision")
+    before = errors._value.get()
+    with pytest.raises(Unavailable):
+        emitter.outcome(OutcomeReport("t-1", Verdict.FRAUD, Reporter.CHARGEBACK, NOW - 60))
+    # A decision is still answered: counted, never raised.
+    assert emitter.before_answer(_request(), True, _outcome(), _response(), NOW) is None
+    assert errors._value.get() - before == 1
+    assert producer.stats.dropped == 2
+    producer.close()

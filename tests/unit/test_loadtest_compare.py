@@ -153,6 +153,16 @@ def test_variant_syntax() -> None:
             compare.Variant.parse(bad)
 
 
+def test_a_variant_may_shape_the_mesh() -> None:
+    v = compare.Variant.parse("two:gateway_replicas=2,scorer_replicas=2,FRAUD_GATEWAY_JOURNAL=off")
+    assert v.replicas == {"gateway_replicas": 2, "scorer_replicas": 2}
+    assert v.env == {"FRAUD_GATEWAY_JOURNAL": "off"}
+    assert "`gateway_replicas=2`" in v.describe()
+    for bad in ("n:envoy_replicas=0", "n:envoy_replicas=x", "n:scorer_replicas=10"):
+        with pytest.raises(ValueError):
+            compare.Variant.parse(bad)
+
+
 def test_env_checks_name_product_settings_and_values() -> None:
     compare.check_env({"FRAUD_GATEWAY_MAX_IN_FLIGHT": "16", "PYTHONMALLOC": "malloc"})
     compare.check_env({"FRAUD_FEATURES_STORE": "redis", "FRAUD_FEATURES_PORT": "1"})
@@ -258,8 +268,10 @@ def test_report_files_hold_the_tables_the_plot_and_every_run(tmp_path: Path) -> 
         "## Highest rate at full quality",
         "## Every run",
         "## CPU ms per Score by process (medians)",
+        "## Peak RSS MB by process (medians)",
     ):
         assert heading in text
+    assert "| 200 | old | 100 | 100 |" in text  # the gateway's peak RSS, and the total
     assert "| p99 vs old | CPU vs old | serving vs old |" in text
     assert "| 200 | new | 2/2 | " in text and "| 0.50× | 0.62× | 0.62× |" in text
     assert "| 200 | old | 2/2 | " in text and "| base | base | base |" in text

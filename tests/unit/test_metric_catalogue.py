@@ -13,8 +13,10 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from services.common import metric_catalogue as catalogue
+from services.common.rpc_observer import ServerMetrics
 from services.decisionlog.metrics import SinkMetrics
 from services.eventlog.metrics import EventLogMetrics
+from services.features.metrics import FeatureMetrics
 from services.gateway.metrics import GatewayMetrics
 from services.monitor.metrics import MonitorMetrics
 from services.updater.metrics import UpdaterMetrics
@@ -25,6 +27,8 @@ EXPORTERS = {
     "eventlog": EventLogMetrics,
     "decisionlog": SinkMetrics,
     "updater": UpdaterMetrics,
+    "features": FeatureMetrics,
+    "server": ServerMetrics,
     "monitor": MonitorMetrics,
 }
 

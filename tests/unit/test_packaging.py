@@ -87,7 +87,21 @@ def test_the_product_wheel_holds_no_load_test_suite(source: Path, tmp_path: Path
     )
     assert COMMANDS_GROUP not in entry_points
     # What only the suite or the tests need is not the product's to install.
-    assert {"hypothesis", "psutil"}.isdisjoint(_runtime_requirements(wheel))
+    assert {"hypothesis", "psutil", "playwright"}.isdisjoint(_runtime_requirements(wheel))
+
+
+def test_the_product_wheel_holds_the_consoles_pages_and_assets(
+    source: Path, tmp_path: Path
+) -> None:
+    names = set(_wheel(source, tmp_path).namelist())
+    console = REPO / "services" / "console"
+    shipped = [
+        f"services/console/{p.relative_to(console)}"
+        for pattern in ("templates/*.html", "static/*.css", "static/vendor/*.js")
+        for p in console.glob(pattern)
+    ]
+    assert "services/console/static/vendor/htmx.min.js" in shipped, "run `make install`"
+    assert set(shipped) <= names, sorted(set(shipped) - names)
 
 
 def test_the_suite_wheel_holds_the_suite_and_its_commands(source: Path, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def families() -> Families:
     decisions.labels("approve", "rules", "default").inc(3)
     made.shed.create(registry)
     latency = made.latency.create(registry)
-    for seconds in (0.0005, 0.004, 0.004, 0.012, 0.3):
+    for seconds in (0.0005, 0.004, 0.004, 0.012, 1.5):
         latency.observe(seconds)
     diff = made.diff.create(registry)
     for value in (-0.6, 0.0, 0.0, 0.05):
@@ -98,10 +98,10 @@ def test_histogram_buckets_and_quantiles(families: Families) -> None:
     assert (buckets[0.001], buckets[0.005], buckets[0.015], buckets[0.25], buckets[math.inf]) == (
         1, 3, 4, 4, 5,
     )  # fmt: skip
-    # The median's rank 2.5 lies in (0.003, 0.005], which holds 2 of the 5.
-    assert scrape.histogram_quantile(0.5, buckets) == pytest.approx(0.003 + 0.002 * 0.75)
+    # The median's rank 2.5 lies in (0.0035, 0.004], which holds 2 of the 5 (ranks 2 and 3).
+    assert scrape.histogram_quantile(0.5, buckets) == pytest.approx(0.0035 + 0.0005 * 0.75)
     # The top fifth lies in +Inf: the highest finite bound answers.
-    assert scrape.histogram_quantile(0.99, buckets) == 0.25
+    assert scrape.histogram_quantile(0.99, buckets) == catalogue.SCORE_LATENCY.buckets[-1]
     diffs = page.buckets(families.diff, model_version="2")
     assert scrape.histogram_quantile(0.1, diffs) == -0.5  # the first bucket, not above 0
     assert scrape.histogram_quantile(0.5, diffs) == pytest.approx(-0.001 + 0.002 * 0.5)

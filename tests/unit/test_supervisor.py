@@ -108,3 +108,31 @@ def test_a_child_never_ready_after_restart_is_killed_and_counted(mesh: Mesh) -> 
     hung.signal(9)
     with pytest.raises(CrashLoop):
         _until(lambda: False, supervisor)
+
+
+def test_an_optional_child_that_keeps_crashing_is_left_down_and_the_mesh_serves_on(
+    tmp_path: Path,
+) -> None:
+    # Prometheus or the trace collector crashing (a port taken, a bad disk) never stops the
+    # mesh: after its crash loop it is left down, the other children untouched.
+    m = Mesh(MeshConfig(var_dir=tmp_path, log_dir=tmp_path / "logs"))
+    m.processes = {
+        "serving": Process("serving", ["sleep", "600"], ready=lambda: True),
+        "prometheus": Process(
+            "prometheus", ["sh", "-c", "exit 3"], ready=lambda: False, optional=True
+        ),
+    }
+    reports: list[str] = []
+    try:
+        for process in m.processes.values():
+            process.start()
+        supervisor = Supervisor(m, FAST, report=reports.append)
+        _until(lambda: any("runs on without it" in line for line in reports), supervisor)
+        for _ in range(20):
+            supervisor.tick()  # no CrashLoop, no more restarts
+            time.sleep(0.01)
+        assert supervisor.restarts["prometheus"] == FAST.max_crashes - 1
+        assert not m.processes["prometheus"].alive()
+        assert m.processes["serving"].alive()
+    finally:
+        m.stop()

@@ -49,6 +49,27 @@ const (
 	// tokenEnv names the environment variable read for the bearer token when -token-file
 	// is not given: a token on the command line would be visible to every user of the host.
 	tokenEnv = "FRAUDMESH_TOKEN"
+
+	// serviceConfig is the retry policy every client of the edge should use
+	// (docs/reliability.md): a call that fails with UNAVAILABLE (the Envoy holding the
+	// connection died, or no gateway could take it) is sent again, at most twice more,
+	// within the call's own deadline; never DEADLINE_EXCEEDED (late) or RESOURCE_EXHAUSTED
+	// (shed: back off). waitForReady lets a call made while the connection is re-established
+	// wait for it instead of failing at once. Retries stop while most recent calls fail.
+	serviceConfig = `{
+  "methodConfig": [{
+    "name": [{"service": "fraud.v1.FraudScoring"}, {"service": "fraud.v1.OutcomeService"}],
+    "waitForReady": true,
+    "retryPolicy": {
+      "maxAttempts": 3,
+      "initialBackoff": "0.002s",
+      "maxBackoff": "0.010s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }],
+  "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+}`
 )
 
 // channels maps the -channel flag values to the proto enum.
@@ -271,7 +292,7 @@ func (o options) token(getenv func(string) string) (string, error) {
 // connect dials addr and waits until the connection is ready, so that connection set-up
 // does not count against the call's deadline (a payment system keeps its channels warm).
 func connect(ctx context.Context, addr string, timeout time.Duration, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(serviceConfig))
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "cannot use address %q: %v", addr, err)
 	}

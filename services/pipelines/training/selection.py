@@ -1,5 +1,6 @@
 """Model selection: candidates grown with early stopping on the validation period, the best one
-kept with thresholds the scorer's float32 inputs cannot flip."""
+refitted on the whole training window, with split thresholds the scorer's float32 inputs cannot
+flip."""
 
 from __future__ import annotations
 
@@ -41,40 +42,66 @@ def sample_genuine(
     return index, weights
 
 
-def select(
-    fit: Rows, valid: Rows, params: TrainParams, report: Progress
-) -> tuple[lgb.Booster, list[dict[str, float]]]:
-    """Grows each candidate with early stopping on the validation period; the best one, cut
-    to its best number of trees, and every candidate's figures."""
+@dataclass(frozen=True)
+class Selection:
+    """What selection chose and saw."""
+
+    booster: lgb.Booster
+    """The best candidate, grown on the fit rows and cut to its best number of trees."""
+    lgb_params: dict[str, float | int | str | bool]
+    """The best candidate's LightGBM parameters (a refit reuses them)."""
+    trees: int
+    """Its best number of trees."""
+    figures: list[dict[str, float]]
+    """Each candidate's validation average precision, best number of trees and row counts."""
+
+
+def lgb_params(
+    params: TrainParams, leaves: int, min_child: int, rows: Rows
+) -> dict[str, float | int | str | bool]:
+    """LightGBM's parameters for one candidate setting grown on ``rows``."""
     # The class balance of the population the (weighted) rows stand for.
-    positives = max(float(fit.weight[fit.y == 1].sum()), 1.0)
-    negatives = float(fit.weight[fit.y == 0].sum())
-    total = params.max_trees * len(params.candidates)
+    positives = max(float(rows.weight[rows.y == 1].sum()), 1.0)
+    negatives = float(rows.weight[rows.y == 0].sum())
+    return {
+        "objective": "binary",
+        "metric": "average_precision",
+        "learning_rate": params.learning_rate,
+        "num_leaves": leaves,
+        "min_child_samples": min_child,
+        "feature_fraction": 0.9,
+        "bagging_fraction": 0.8,
+        "bagging_freq": 1,
+        "lambda_l2": 1.0,
+        # Each row counts once unless asked: up-weighting the ~1% fraud class by the square
+        # root of the imbalance cost average precision on every dataset measured, and the
+        # thresholds are set on the scores' own ranking anyway.
+        "scale_pos_weight": (
+            math.sqrt(negatives / positives) if params.fraud_weight == "sqrt" else 1.0
+        ),
+        "seed": params.seed,
+        "deterministic": True,
+        "force_col_wise": True,
+        "num_threads": params.threads,
+        "verbose": -1,
+    }
+
+
+def select(
+    fit: Rows, valid: Rows, params: TrainParams, report: Progress, total: int | None = None
+) -> Selection:
+    """Grows each candidate with early stopping on the validation period; the best one, cut
+    to its best number of trees, and every candidate's figures. ``total`` is the progress
+    total when more work follows (a refit)."""
+    total = total or params.max_trees * len(params.candidates)
     done = 0
     report("train", 0, total)
-    best: tuple[float, lgb.Booster] | None = None
-    selection: list[dict[str, float]] = []
+    best: Selection | None = None
+    best_score = -1.0
+    figures: list[dict[str, float]] = []
     names = list(featurespec.MODEL_FEATURES)
     for leaves, min_child in params.candidates:
-        lgb_params = {
-            "objective": "binary",
-            "metric": "average_precision",
-            "learning_rate": params.learning_rate,
-            "num_leaves": leaves,
-            "min_child_samples": min_child,
-            "feature_fraction": 0.9,
-            "bagging_fraction": 0.8,
-            "bagging_freq": 1,
-            "lambda_l2": 1.0,
-            # Up-weight the ~1% fraud class, by the square root of the imbalance: enough to
-            # learn its patterns, not so much that every odd genuine payment looks like fraud.
-            "scale_pos_weight": math.sqrt(negatives / positives),
-            "seed": params.seed,
-            "deterministic": True,
-            "force_col_wise": True,
-            "num_threads": params.threads,
-            "verbose": -1,
-        }
+        chosen = lgb_params(params, leaves, min_child, fit)
         fit_set = lgb.Dataset(fit.x, label=fit.y, weight=fit.weight, feature_name=names)
         valid_set = lgb.Dataset(
             valid.x, label=valid.y, weight=valid.weight, feature_name=names, reference=fit_set
@@ -85,7 +112,7 @@ def select(
             report("train", offset + env.iteration + 1, total)
 
         booster = lgb.train(
-            lgb_params,
+            chosen,
             fit_set,
             num_boost_round=params.max_trees,
             valid_sets=[valid_set],
@@ -99,7 +126,7 @@ def select(
         report("train", done, total)
         score = float(booster.best_score["validation"]["average_precision"])
         trees = int(booster.best_iteration) or booster.current_iteration()
-        selection.append(
+        figures.append(
             {
                 "num_leaves": leaves,
                 "min_child_samples": min_child,
@@ -109,11 +136,38 @@ def select(
                 "validation_rows": len(valid.y),
             }
         )
-        if best is None or score > best[0]:
+        if best is None or score > best_score:
             cut = booster.model_to_string(num_iteration=trees)
-            best = (score, lgb.Booster(model_str=cut))
+            best_score = score
+            best = Selection(float32_thresholds(lgb.Booster(model_str=cut)), chosen, trees, [])
     assert best is not None
-    return float32_thresholds(best[1]), selection
+    return Selection(best.booster, best.lgb_params, best.trees, figures)
+
+
+def refit(
+    selection: Selection,
+    rows: Rows,
+    params: TrainParams,
+    report: Progress,
+    progress: tuple[int, int],
+) -> lgb.Booster:
+    """The selected setting grown again on ``rows`` (the whole training window) with the
+    selected number of trees. ``progress`` is (trees done before, total) for the report."""
+    chosen = lgb_params(
+        params, int(selection.lgb_params["num_leaves"]),
+        int(selection.lgb_params["min_child_samples"]), rows,
+    )  # fmt: skip
+    offset, total = progress
+
+    def on_iteration(env: lgb.callback.CallbackEnv) -> None:
+        report("train", offset + env.iteration + 1, total)
+
+    data = lgb.Dataset(
+        rows.x, label=rows.y, weight=rows.weight, feature_name=list(featurespec.MODEL_FEATURES)
+    )
+    booster = lgb.train(chosen, data, num_boost_round=selection.trees, callbacks=[on_iteration])
+    report("train", total, total)
+    return float32_thresholds(booster)
 
 
 def predict(booster: lgb.Booster, x: np.ndarray) -> np.ndarray:

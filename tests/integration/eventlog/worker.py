@@ -4,6 +4,10 @@
 printing ``{"acked": n}`` after each flush; then prints ``{"done": n}`` and waits for a
 signal. SIGTERM closes the producer (which delivers what is left) and exits.
 
+With ``--journal write``, the producer is a journal: each append is on disk when it returns,
+and the worker prints ``{"appended": n}`` every ``--report-every`` appends (paced at
+``--rate`` per second), for a test to kill it mid-delivery.
+
 ``consume``: polls and, per batch, appends the event ids to ``--out`` (the "apply") and then
 commits; once ``--stop-after`` ids are applied it polls one more batch, applies it without
 committing, prints ``{"stuck": n}`` and sleeps, waiting to be killed.
@@ -26,16 +30,29 @@ def say(**message: int) -> None:
     print(json.dumps(message), flush=True)
 
 
-def produce(settings: EventLogSettings, start: int, count: int, ack_every: int) -> None:
-    producer = open_producer(settings)
+def produce(
+    settings: EventLogSettings,
+    start: int,
+    count: int,
+    ack_every: int,
+    journal: str = "off",
+    rate: float = 0.0,
+    report_every: int = 0,
+) -> None:
+    producer = open_producer(settings, journal=journal)  # type: ignore[arg-type]
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
         producer.close()
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    began = time.monotonic()
     for i in range(start, start + count):
+        if rate > 0:
+            time.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))
         producer.append(decision(i))
+        if report_every and (i - start + 1) % report_every == 0:
+            say(appended=i - start + 1)
         if ack_every and (i - start + 1) % ack_every == 0:
             producer.flush()
             say(acked=i - start + 1)
@@ -70,6 +87,9 @@ def main() -> None:
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--ack-every", type=int, default=0)
+    p.add_argument("--journal", choices=("off", "write", "fsync"), default="off")
+    p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--report-every", type=int, default=0)
     c = sub.add_parser("consume")
     c.add_argument("--group", required=True)
     c.add_argument("--out", required=True)
@@ -77,7 +97,15 @@ def main() -> None:
     args = parser.parse_args()
     settings = EventLogSettings.model_validate_json(args.settings)
     if args.mode == "produce":
-        produce(settings, args.start, args.count, args.ack_every)
+        produce(
+            settings,
+            args.start,
+            args.count,
+            args.ack_every,
+            args.journal,
+            args.rate,
+            args.report_every,
+        )
     else:
         consume(settings, args.group, args.out, args.stop_after)
 

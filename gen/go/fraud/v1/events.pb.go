@@ -369,7 +369,10 @@ type OutcomeEvent struct {
 	// Who reported it.
 	Source OutcomeSource `protobuf:"varint,5,opt,name=source,proto3,enum=fraud.v1.OutcomeSource" json:"source,omitempty"`
 	// When the mesh received the report.
-	ReceivedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=received_at,json=receivedAt,proto3" json:"received_at,omitempty"`
+	ReceivedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=received_at,json=receivedAt,proto3" json:"received_at,omitempty"`
+	// The report's reported_by: who gave the outcome within its source; empty when
+	// not given.
+	ReportedBy    string `protobuf:"bytes,7,opt,name=reported_by,json=reportedBy,proto3" json:"reported_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +447,13 @@ func (x *OutcomeEvent) GetReceivedAt() *timestamppb.Timestamp {
 		return x.ReceivedAt
 	}
 	return nil
+}
+
+func (x *OutcomeEvent) GetReportedBy() string {
+	if x != nil {
+		return x.ReportedBy
+	}
+	return ""
 }
 
 // EventEnvelope is one record on the event log: exactly one event.
@@ -570,7 +580,7 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"\x10missing_features\x18\x18 \x03(\rR\x0fmissingFeatures\x122\n" +
 	"\x15canary_failed_version\x18\x19 \x01(\tR\x13canaryFailedVersion\x12(\n" +
 	"\x10canary_timed_out\x18\x1a \x01(\bR\x0ecanaryTimedOutB\x0f\n" +
-	"\r_shadow_score\"\xa8\x02\n" +
+	"\r_shadow_score\"\xc9\x02\n" +
 	"\fOutcomeEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12%\n" +
 	"\x0etransaction_id\x18\x02 \x01(\tR\rtransactionId\x12+\n" +
@@ -579,7 +589,9 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"reportedAt\x12/\n" +
 	"\x06source\x18\x05 \x01(\x0e2\x17.fraud.v1.OutcomeSourceR\x06source\x12;\n" +
 	"\vreceived_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"receivedAt\"\x83\x01\n" +
+	"receivedAt\x12\x1f\n" +
+	"\vreported_by\x18\a \x01(\tR\n" +
+	"reportedBy\"\x83\x01\n" +
 	"\rEventEnvelope\x125\n" +
 	"\bdecision\x18\x01 \x01(\v2\x17.fraud.v1.DecisionEventH\x00R\bdecision\x122\n" +
 	"\aoutcome\x18\x02 \x01(\v2\x16.fraud.v1.OutcomeEventH\x00R\aoutcomeB\a\n" +

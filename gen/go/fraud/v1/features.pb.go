@@ -279,7 +279,11 @@ type StreamFeaturesRequest struct {
 	// request's arrival; 0 means no deadline. Work past it is skipped.
 	TimeoutUs uint64 `protobuf:"varint,2,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
 	// The lookups, each as for GetFeatures.
-	Lookups       []*GetFeaturesRequest `protobuf:"bytes,3,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	Lookups []*GetFeaturesRequest `protobuf:"bytes,3,rep,name=lookups,proto3" json:"lookups,omitempty"`
+	// The W3C trace context (traceparent) of each lookup's caller, in the lookups'
+	// order, where it is traced; empty (or absent) for the others. The service
+	// records a span per traced lookup, a child of this context.
+	Traceparents  []string `protobuf:"bytes,4,rep,name=traceparents,proto3" json:"traceparents,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -331,6 +335,13 @@ func (x *StreamFeaturesRequest) GetTimeoutUs() uint64 {
 func (x *StreamFeaturesRequest) GetLookups() []*GetFeaturesRequest {
 	if x != nil {
 		return x.Lookups
+	}
+	return nil
+}
+
+func (x *StreamFeaturesRequest) GetTraceparents() []string {
+	if x != nil {
+		return x.Traceparents
 	}
 	return nil
 }
@@ -426,12 +437,13 @@ const file_fraud_v1_features_proto_rawDesc = "" +
 	"\x06status\x18\x03 \x01(\x0e2\x17.fraud.v1.FeatureStatusR\x06status\x12C\n" +
 	"\x0fevent_timestamp\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0eeventTimestamp\"D\n" +
 	"\x13GetFeaturesResponse\x12-\n" +
-	"\bfeatures\x18\x01 \x03(\v2\x11.fraud.v1.FeatureR\bfeatures\"~\n" +
+	"\bfeatures\x18\x01 \x03(\v2\x11.fraud.v1.FeatureR\bfeatures\"\xa2\x01\n" +
 	"\x15StreamFeaturesRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
 	"\n" +
 	"timeout_us\x18\x02 \x01(\x04R\ttimeoutUs\x126\n" +
-	"\alookups\x18\x03 \x03(\v2\x1c.fraud.v1.GetFeaturesRequestR\alookups\"\xa5\x01\n" +
+	"\alookups\x18\x03 \x03(\v2\x1c.fraud.v1.GetFeaturesRequestR\alookups\x12\"\n" +
+	"\ftraceparents\x18\x04 \x03(\tR\ftraceparents\"\xa5\x01\n" +
 	"\x16StreamFeaturesResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x127\n" +
 	"\aresults\x18\x02 \x03(\v2\x1d.fraud.v1.GetFeaturesResponseR\aresults\x12\x1d\n" +

@@ -149,7 +149,12 @@ type ReportOutcomeRequest struct {
 	// When the outcome became known at its source; not in the future.
 	ReportedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
 	// Who reported the outcome; must be specified.
-	Source        OutcomeSource `protobuf:"varint,4,opt,name=source,proto3,enum=fraud.v1.OutcomeSource" json:"source,omitempty"`
+	Source OutcomeSource `protobuf:"varint,4,opt,name=source,proto3,enum=fraud.v1.OutcomeSource" json:"source,omitempty"`
+	// Who gave the outcome within its source, when known: the analyst who judged
+	// it (the console sends the verified identity of the person signed in), a case
+	// or dispute reference. Optional; at most 128 printable characters. Recorded
+	// with the outcome in the decision log.
+	ReportedBy    string `protobuf:"bytes,5,opt,name=reported_by,json=reportedBy,proto3" json:"reported_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +215,13 @@ func (x *ReportOutcomeRequest) GetSource() OutcomeSource {
 		return x.Source
 	}
 	return OutcomeSource_OUTCOME_SOURCE_UNSPECIFIED
+}
+
+func (x *ReportOutcomeRequest) GetReportedBy() string {
+	if x != nil {
+		return x.ReportedBy
+	}
+	return ""
 }
 
 // ReportOutcomeResponse acknowledges that the outcome was accepted for the log.
@@ -280,13 +292,15 @@ var File_fraud_v1_outcomes_proto protoreflect.FileDescriptor
 
 const file_fraud_v1_outcomes_proto_rawDesc = "" +
 	"\n" +
-	"\x17fraud/v1/outcomes.proto\x12\bfraud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x01\n" +
+	"\x17fraud/v1/outcomes.proto\x12\bfraud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x01\n" +
 	"\x14ReportOutcomeRequest\x12%\n" +
 	"\x0etransaction_id\x18\x01 \x01(\tR\rtransactionId\x12+\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x11.fraud.v1.OutcomeR\aoutcome\x12;\n" +
 	"\vreported_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12/\n" +
-	"\x06source\x18\x04 \x01(\x0e2\x17.fraud.v1.OutcomeSourceR\x06source\"\x96\x01\n" +
+	"\x06source\x18\x04 \x01(\x0e2\x17.fraud.v1.OutcomeSourceR\x06source\x12\x1f\n" +
+	"\vreported_by\x18\x05 \x01(\tR\n" +
+	"reportedBy\"\x96\x01\n" +
 	"\x15ReportOutcomeResponse\x12%\n" +
 	"\x0etransaction_id\x18\x01 \x01(\tR\rtransactionId\x12\x19\n" +
 	"\bevent_id\x18\x02 \x01(\tR\aeventId\x12;\n" +

@@ -78,20 +78,22 @@ class DecisionEvent(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., card_id: _Optional[str] = ..., merchant_id: _Optional[str] = ..., amount_minor: _Optional[int] = ..., currency: _Optional[str] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., terminal_id: _Optional[str] = ..., card_not_present: _Optional[bool] = ..., features: _Optional[_Iterable[float]] = ..., feature_names: _Optional[_Iterable[str]] = ..., feature_schema: _Optional[str] = ..., feature_source: _Optional[_Union[_scoring_pb2.FeatureSource, str]] = ..., score: _Optional[float] = ..., decision: _Optional[_Union[_scoring_pb2.Decision, str]] = ..., scored_by: _Optional[_Union[_scoring_pb2.ScoredBy, str]] = ..., model_version: _Optional[str] = ..., route: _Optional[_Union[Route, str]] = ..., shadow_score: _Optional[float] = ..., shadow_model_version: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., elapsed_ms: _Optional[float] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missing_features: _Optional[_Iterable[int]] = ..., canary_failed_version: _Optional[str] = ..., canary_timed_out: _Optional[bool] = ...) -> None: ...
 
 class OutcomeEvent(_message.Message):
-    __slots__ = ("event_id", "transaction_id", "outcome", "reported_at", "source", "received_at")
+    __slots__ = ("event_id", "transaction_id", "outcome", "reported_at", "source", "received_at", "reported_by")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_BY_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     transaction_id: str
     outcome: _outcomes_pb2.Outcome
     reported_at: _timestamp_pb2.Timestamp
     source: _outcomes_pb2.OutcomeSource
     received_at: _timestamp_pb2.Timestamp
-    def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., outcome: _Optional[_Union[_outcomes_pb2.Outcome, str]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[_Union[_outcomes_pb2.OutcomeSource, str]] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    reported_by: str
+    def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., outcome: _Optional[_Union[_outcomes_pb2.Outcome, str]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[_Union[_outcomes_pb2.OutcomeSource, str]] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reported_by: _Optional[str] = ...) -> None: ...
 
 class EventEnvelope(_message.Message):
     __slots__ = ("decision", "outcome")

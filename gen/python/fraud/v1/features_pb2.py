@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66raud/v1/features.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n\x12GetFeaturesRequest\x12\x0f\n\x07\x63\x61rd_id\x18\x01 \x01(\t\x12\x13\n\x0bmerchant_id\x18\x02 \x01(\t\x12)\n\x05\x61s_of\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bterminal_id\x18\x04 \x01(\t\"\x84\x01\n\x07\x46\x65\x61ture\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.fraud.v1.FeatureStatus\x12\x33\n\x0f\x65vent_timestamp\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x13GetFeaturesResponse\x12#\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x11.fraud.v1.Feature\"f\n\x15StreamFeaturesRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_us\x18\x02 \x01(\x04\x12-\n\x07lookups\x18\x03 \x03(\x0b\x32\x1c.fraud.v1.GetFeaturesRequest\"\x7f\n\x16StreamFeaturesResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12.\n\x07results\x18\x02 \x03(\x0b\x32\x1d.fraud.v1.GetFeaturesResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t*\x81\x01\n\rFeatureStatus\x12\x1e\n\x1a\x46\x45\x41TURE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46\x45\x41TURE_STATUS_PRESENT\x10\x01\x12\x1a\n\x16\x46\x45\x41TURE_STATUS_MISSING\x10\x02\x12\x18\n\x14\x46\x45\x41TURE_STATUS_STALE\x10\x03\x32\xb5\x01\n\x0e\x46\x65\x61tureService\x12J\n\x0bGetFeatures\x12\x1c.fraud.v1.GetFeaturesRequest\x1a\x1d.fraud.v1.GetFeaturesResponse\x12W\n\x0eStreamFeatures\x12\x1f.fraud.v1.StreamFeaturesRequest\x1a .fraud.v1.StreamFeaturesResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66raud/v1/features.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"z\n\x12GetFeaturesRequest\x12\x0f\n\x07\x63\x61rd_id\x18\x01 \x01(\t\x12\x13\n\x0bmerchant_id\x18\x02 \x01(\t\x12)\n\x05\x61s_of\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bterminal_id\x18\x04 \x01(\t\"\x84\x01\n\x07\x46\x65\x61ture\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.fraud.v1.FeatureStatus\x12\x33\n\x0f\x65vent_timestamp\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x13GetFeaturesResponse\x12#\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x11.fraud.v1.Feature\"|\n\x15StreamFeaturesRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_us\x18\x02 \x01(\x04\x12-\n\x07lookups\x18\x03 \x03(\x0b\x32\x1c.fraud.v1.GetFeaturesRequest\x12\x14\n\x0ctraceparents\x18\x04 \x03(\t\"\x7f\n\x16StreamFeaturesResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12.\n\x07results\x18\x02 \x03(\x0b\x32\x1d.fraud.v1.GetFeaturesResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t*\x81\x01\n\rFeatureStatus\x12\x1e\n\x1a\x46\x45\x41TURE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46\x45\x41TURE_STATUS_PRESENT\x10\x01\x12\x1a\n\x16\x46\x45\x41TURE_STATUS_MISSING\x10\x02\x12\x18\n\x14\x46\x45\x41TURE_STATUS_STALE\x10\x03\x32\xb5\x01\n\x0e\x46\x65\x61tureService\x12J\n\x0bGetFeatures\x12\x1c.fraud.v1.GetFeaturesRequest\x1a\x1d.fraud.v1.GetFeaturesResponse\x12W\n\x0eStreamFeatures\x12\x1f.fraud.v1.StreamFeaturesRequest\x1a .fraud.v1.StreamFeaturesResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fraud.v1.features_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FEATURESTATUS']._serialized_start=623
-  _globals['_FEATURESTATUS']._serialized_end=752
+  _globals['_FEATURESTATUS']._serialized_start=645
+  _globals['_FEATURESTATUS']._serialized_end=774
   _globals['_GETFEATURESREQUEST']._serialized_start=70
   _globals['_GETFEATURESREQUEST']._serialized_end=192
   _globals['_FEATURE']._serialized_start=195
@@ -41,9 +41,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETFEATURESRESPONSE']._serialized_start=329
   _globals['_GETFEATURESRESPONSE']._serialized_end=387
   _globals['_STREAMFEATURESREQUEST']._serialized_start=389
-  _globals['_STREAMFEATURESREQUEST']._serialized_end=491
-  _globals['_STREAMFEATURESRESPONSE']._serialized_start=493
-  _globals['_STREAMFEATURESRESPONSE']._serialized_end=620
-  _globals['_FEATURESERVICE']._serialized_start=755
-  _globals['_FEATURESERVICE']._serialized_end=936
+  _globals['_STREAMFEATURESREQUEST']._serialized_end=513
+  _globals['_STREAMFEATURESRESPONSE']._serialized_start=515
+  _globals['_STREAMFEATURESRESPONSE']._serialized_end=642
+  _globals['_FEATURESERVICE']._serialized_start=777
+  _globals['_FEATURESERVICE']._serialized_end=958
 # @@protoc_insertion_point(module_scope)

@@ -52,14 +52,16 @@ class GetFeaturesResponse(_message.Message):
     def __init__(self, features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ...) -> None: ...
 
 class StreamFeaturesRequest(_message.Message):
-    __slots__ = ("id", "timeout_us", "lookups")
+    __slots__ = ("id", "timeout_us", "lookups", "traceparents")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_US_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     timeout_us: int
     lookups: _containers.RepeatedCompositeFieldContainer[GetFeaturesRequest]
-    def __init__(self, id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., lookups: _Optional[_Iterable[_Union[GetFeaturesRequest, _Mapping]]] = ...) -> None: ...
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., timeout_us: _Optional[int] = ..., lookups: _Optional[_Iterable[_Union[GetFeaturesRequest, _Mapping]]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamFeaturesResponse(_message.Message):
     __slots__ = ("id", "results", "error_code", "error_message")

@@ -25,21 +25,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66raud/v1/outcomes.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n\x14ReportOutcomeRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\"\n\x07outcome\x18\x02 \x01(\x0e\x32\x11.fraud.v1.Outcome\x12/\n\x0breported_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06source\x18\x04 \x01(\x0e\x32\x17.fraud.v1.OutcomeSource\"r\n\x15ReportOutcomeResponse\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12/\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*c\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_FRAUD\x10\x01\x12\x16\n\x12OUTCOME_LEGITIMATE\x10\x02\x12\x14\n\x10OUTCOME_DISPUTED\x10\x03*\xa2\x01\n\rOutcomeSource\x12\x1e\n\x1aOUTCOME_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_SOURCE_CHARGEBACK\x10\x01\x12\x1a\n\x16OUTCOME_SOURCE_ANALYST\x10\x02\x12\x1b\n\x17OUTCOME_SOURCE_CUSTOMER\x10\x03\x12\x19\n\x15OUTCOME_SOURCE_ISSUER\x10\x04\x32\x62\n\x0eOutcomeService\x12P\n\rReportOutcome\x12\x1e.fraud.v1.ReportOutcomeRequest\x1a\x1f.fraud.v1.ReportOutcomeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66raud/v1/outcomes.proto\x12\x08\x66raud.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\x01\n\x14ReportOutcomeRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\"\n\x07outcome\x18\x02 \x01(\x0e\x32\x11.fraud.v1.Outcome\x12/\n\x0breported_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06source\x18\x04 \x01(\x0e\x32\x17.fraud.v1.OutcomeSource\x12\x13\n\x0breported_by\x18\x05 \x01(\t\"r\n\x15ReportOutcomeResponse\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12/\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*c\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_FRAUD\x10\x01\x12\x16\n\x12OUTCOME_LEGITIMATE\x10\x02\x12\x14\n\x10OUTCOME_DISPUTED\x10\x03*\xa2\x01\n\rOutcomeSource\x12\x1e\n\x1aOUTCOME_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19OUTCOME_SOURCE_CHARGEBACK\x10\x01\x12\x1a\n\x16OUTCOME_SOURCE_ANALYST\x10\x02\x12\x1b\n\x17OUTCOME_SOURCE_CUSTOMER\x10\x03\x12\x19\n\x15OUTCOME_SOURCE_ISSUER\x10\x04\x32\x62\n\x0eOutcomeService\x12P\n\rReportOutcome\x12\x1e.fraud.v1.ReportOutcomeRequest\x1a\x1f.fraud.v1.ReportOutcomeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fraud.v1.outcomes_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=361
-  _globals['_OUTCOME']._serialized_end=460
-  _globals['_OUTCOMESOURCE']._serialized_start=463
-  _globals['_OUTCOMESOURCE']._serialized_end=625
+  _globals['_OUTCOME']._serialized_start=382
+  _globals['_OUTCOME']._serialized_end=481
+  _globals['_OUTCOMESOURCE']._serialized_start=484
+  _globals['_OUTCOMESOURCE']._serialized_end=646
   _globals['_REPORTOUTCOMEREQUEST']._serialized_start=71
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=243
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=245
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=359
-  _globals['_OUTCOMESERVICE']._serialized_start=627
-  _globals['_OUTCOMESERVICE']._serialized_end=725
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=264
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=266
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=380
+  _globals['_OUTCOMESERVICE']._serialized_start=648
+  _globals['_OUTCOMESERVICE']._serialized_end=746
 # @@protoc_insertion_point(module_scope)

@@ -34,16 +34,18 @@ OUTCOME_SOURCE_CUSTOMER: OutcomeSource
 OUTCOME_SOURCE_ISSUER: OutcomeSource
 
 class ReportOutcomeRequest(_message.Message):
-    __slots__ = ("transaction_id", "outcome", "reported_at", "source")
+    __slots__ = ("transaction_id", "outcome", "reported_at", "source", "reported_by")
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_BY_FIELD_NUMBER: _ClassVar[int]
     transaction_id: str
     outcome: Outcome
     reported_at: _timestamp_pb2.Timestamp
     source: OutcomeSource
-    def __init__(self, transaction_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[_Union[OutcomeSource, str]] = ...) -> None: ...
+    reported_by: str
+    def __init__(self, transaction_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[_Union[OutcomeSource, str]] = ..., reported_by: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
     __slots__ = ("transaction_id", "event_id", "received_at")

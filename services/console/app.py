@@ -1,0 +1,212 @@
+"""The console's lifecycle: build the domain objects and sources from the settings, wrap the
+routes in the security layers, serve HTTP (HTTPS with the edge's certificate) until SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.responses import PlainTextResponse
+
+from services.common import logs
+from services.common.edge_security import DEV_FILES, EdgeSettings
+from services.console import csrf, identity, outcomes, pages
+from services.console.reviews import DecisionLogView
+from services.console.settings import ConsoleSettings, is_loopback
+from services.console.sources import (
+    HttpPrometheus,
+    MetricsPageMonitor,
+    MonitorSource,
+    NoMonitor,
+    NoPrometheus,
+    PrometheusMonitor,
+)
+from services.console.verdicts import OutcomeReporter, RecentVerdicts
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "object-src 'none'"
+)
+"""Everything from the console's own origin, nothing inline, never framed: the browser
+fetches nothing elsewhere, and an injected script or a framing page gets nowhere."""
+SECURITY_HEADERS = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    # same-origin, not no-referrer: under no-referrer a browser sends "Origin: null" with
+    # its own form posts, which the CSRF check must refuse as it would a sandboxed frame.
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+]
+PUBLIC_PATHS = ("/healthz", "/static/")
+"""Served without a token: the probe, and the stylesheet and script (nothing personal)."""
+
+
+class SecurityHeaders:
+    """Adds the security headers to every response; pages with decisions are not cached."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = str(scope.get("path", "")).startswith("/static/")
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += SECURITY_HEADERS
+                if not static:
+                    headers.append((b"cache-control", b"no-store"))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class RequireToken:
+    """With ``FRAUD_EDGE_AUTH=jwt``: every request but the public paths needs a token the edge
+    would accept; its subject is the request's principal."""
+
+    def __init__(self, app: ASGIApp, verifier: identity.TokenVerifier) -> None:
+        self.app = app
+        self.verifier = verifier
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or path.startswith(PUBLIC_PATHS):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            principal = self.verifier.principal(headers.get("authorization"))
+        except identity.Unauthenticated as error:
+            response = PlainTextResponse(
+                f"401: {error}\n", status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+def _reporter(settings: ConsoleSettings, edge: EdgeSettings) -> OutcomeReporter:
+    """The channel verdicts take: to the edge, over TLS (with the client certificate for
+    mutual TLS) when the edge requires it."""
+    credentials = None
+    if edge.tls:
+        tls = settings.var_dir / "tls"
+        credentials = outcomes.channel_credentials(
+            settings.edge_ca_path or tls / DEV_FILES["ca"],
+            (settings.edge_client_cert_path or tls / DEV_FILES["client_cert"])
+            if edge.mtls
+            else None,
+            (settings.edge_client_key_path or tls / DEV_FILES["client_key"]) if edge.mtls else None,
+        )
+    return outcomes.GrpcOutcomeReporter(
+        settings.outcome_target, settings.outcome_timeout_s, credentials
+    )
+
+
+def check_exposure(settings: ConsoleSettings, edge: EdgeSettings) -> None:
+    """Refuses to serve decisions unauthenticated beyond loopback unless told to."""
+    if is_loopback(settings.host) or edge.auth == "jwt" or settings.allow_unauthenticated_remote:
+        return
+    raise SystemExit(
+        f"console: refusing to serve {settings.host} without authentication; set "
+        "FRAUD_EDGE_AUTH=jwt (tokens as at the edge), keep FRAUD_CONSOLE_HOST on loopback, "
+        "or set FRAUD_CONSOLE_ALLOW_UNAUTHENTICATED_REMOTE=true"
+    )
+
+
+def create(
+    settings: ConsoleSettings,
+    edge: EdgeSettings,
+    reporter: OutcomeReporter | None = None,
+) -> Starlette:
+    """The console application on these settings (``reporter``: another outcome channel)."""
+    verifier = (
+        identity.TokenVerifier(edge.jwks_file, edge.jwt_issuer, edge.jwt_audience)
+        if edge.auth == "jwt"
+        else None
+    )
+    prometheus = (
+        HttpPrometheus(settings.prometheus_url, settings.source_timeout_s)
+        if settings.prometheus_url
+        else NoPrometheus()
+    )
+    monitor: MonitorSource = NoMonitor()
+    if settings.monitor_url:
+        monitor = MetricsPageMonitor(settings.monitor_url, settings.source_timeout_s)
+    elif settings.prometheus_url:
+        monitor = PrometheusMonitor(prometheus)
+    reporter = reporter or _reporter(settings, edge)
+    console = pages.Console(
+        view=DecisionLogView(
+            settings.decisions_path,
+            queue_days=settings.queue_days,
+            max_rows=settings.queue_max_rows,
+            lookup_days=settings.lookup_days,
+        ),
+        reporter=reporter,
+        prometheus=prometheus,
+        monitor=monitor,
+        csrf=csrf.Csrf.with_key(
+            settings.csrf_secret.get_secret_value() if settings.csrf_secret else None
+        ),
+        verifier=verifier,
+        model_root=settings.models_path,
+        model_name=settings.model_name,
+        page_size=settings.page_size,
+        secure_cookies=edge.tls,
+        recent=RecentVerdicts(),
+    )
+    missing = [f for f in pages.VENDOR_FILES if not (pages.STATIC / f).is_file()]
+    if missing:
+        log.warning("assets missing (run `make install`): %s; pages work without them", missing)
+    console.templates.env.globals["htmx"] = not missing
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await reporter.close()
+
+    middleware = [Middleware(SecurityHeaders)]
+    if verifier is not None:
+        middleware.append(Middleware(RequireToken, verifier=verifier))
+    return Starlette(routes=pages.routes(console), middleware=middleware, lifespan=lifespan)
+
+
+def serve(settings: ConsoleSettings, edge: EdgeSettings) -> None:
+    """Serves the console until SIGTERM or Ctrl-C (uvicorn finishes requests in flight)."""
+    logs.configure("console", settings.log_level)
+    check_exposure(settings, edge)
+    app = create(settings, edge)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=str(edge.cert_file) if edge.tls else None,
+        ssl_keyfile=str(edge.key_file) if edge.tls else None,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+    log.info("console on %s://%s:%d", "https" if edge.tls else "http", settings.host, settings.port)
+    uvicorn.Server(config).run()

@@ -1,0 +1,83 @@
+"""Who is using the console: the subject of a verified token, or, without authentication, the
+name an analyst types in.
+
+With ``FRAUD_EDGE_AUTH=jwt`` the console accepts exactly the tokens the edge accepts: signed by
+a key of the edge's JSON Web Key Set, with its issuer and audience, unexpired. The token comes
+in the ``Authorization: Bearer`` header (set by the organisation's sign-in proxy in front of the
+console, or by any client). Its ``sub`` is the identity a verdict records, and the token itself
+goes with the verdict to the edge, which checks it again and limits calls per subject.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+
+from services.domain.validation import id_problem
+
+ANALYST_COOKIE = "console-analyst"
+"""Remembers the name typed in, without authentication (a convenience, not an identity)."""
+ALGORITHMS = ("ES256", "RS256")
+"""Signature algorithms accepted (those the edge's identity providers use)."""
+
+
+class Unauthenticated(Exception):
+    """No valid token: the message says what was wrong, never the token."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The person behind a request."""
+
+    name: str
+    """Recorded as ``reported_by`` with a verdict."""
+    token: str | None = None
+    """The bearer token that proved it (None without authentication)."""
+    verified: bool = False
+    """True when ``name`` comes from a verified token, not from what was typed in."""
+
+
+def analyst_name_problem(name: str) -> str | None:
+    """What is wrong with a typed-in analyst name (the outcome API's ``reported_by`` rule)."""
+    return id_problem(name.strip(), required=True)
+
+
+class TokenVerifier:
+    """Verifies bearer tokens against a JSON Web Key Set file, an issuer and an audience."""
+
+    def __init__(self, jwks_path: Path, issuer: str, audience: str) -> None:
+        self._keys = jwt.PyJWKSet.from_dict(json.loads(jwks_path.read_text()))
+        self._issuer = issuer
+        self._audience = audience
+
+    def principal(self, authorization: str | None) -> Principal:
+        """The verified subject of an ``Authorization`` header; raises Unauthenticated."""
+        if not authorization:
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer …)")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("the Authorization header is not a bearer token")
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+            key = next((k for k in self._keys.keys if k.key_id == kid), None)
+            if key is None:
+                raise Unauthenticated("the token is signed by an unknown key")
+            claims = jwt.decode(
+                token,
+                key=key.key,
+                algorithms=list(ALGORITHMS),
+                audience=self._audience,
+                issuer=self._issuer,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError as error:
+            raise Unauthenticated(f"the token is not valid: {error}") from None
+        subject = str(claims["sub"])
+        problem = id_problem(subject)
+        if problem is not None:
+            raise Unauthenticated(f"the token's subject {problem}")
+        return Principal(subject, token=token, verified=True)
