@@ -38,6 +38,12 @@ class MonitorSettings(ModelServerSettings):
     state_dir: Path | None = Field(
         None, description="Folder of the state file and the advice file; default <var_dir>/monitor."
     )
+    advice_dir: Path | None = Field(
+        None,
+        description="Folder of the advice file, which `fraudmesh autopilot` reads; default the "
+        "state folder. In a cluster, a folder on the shared state volume that the autopilot's "
+        "Job mounts (the state folder is on the monitor's own volume).",
+    )
     poll_max_records: int = Field(1000, ge=1, description="Most records taken per poll.")
     poll_timeout_s: float = Field(0.5, gt=0, description="Longest a poll waits for a record.")
     checkpoint_interval_s: float = Field(
@@ -106,7 +112,7 @@ class MonitorSettings(ModelServerSettings):
     @property
     def advice_file(self) -> Path:
         """The retraining advice (JSON lines)."""
-        return self.state_path / ADVICE_FILE
+        return (self.advice_dir or self.state_path) / ADVICE_FILE
 
     def policy(self) -> MonitorPolicy:
         """The windows and horizons these settings say."""

@@ -190,6 +190,7 @@ READS: dict[str, tuple[type[BaseSettings], ...]] = {
     "services.monitor": (MonitorSettings, EventLogSettings),
     "fraudmesh features": (FeatureStoreSettings, SimulatorSettings),
     "fraudmesh train": (FeatureStoreSettings,),
+    "fraudmesh autopilot": (FeatureStoreSettings,),
     "fraudmesh decisions": (DecisionLogSettings,),
     "python -c": (FeatureStoreSettings,),
     OPERATOR_SHELL: (FeatureStoreSettings, DecisionLogSettings),
@@ -539,8 +540,12 @@ def test_the_model_lifecycle_works_on_one_folder(built: Built) -> None:
     s = scorer.settings(ScorerSettings)
     assert s.model_version is None and s.model_name == g.model_name
     assert scorer.mount_of(s.models_path).place == models.place
-    # `fraudmesh train` and `fraudmesh model …` use <FRAUD_FEATURES_VAR_DIR>/models.
-    writers = [*built.processes("fraudmesh train"), *built.processes(OPERATOR_SHELL)]
+    # `fraudmesh train|autopilot` and `fraudmesh model …` use <FRAUD_FEATURES_VAR_DIR>/models.
+    writers = [
+        *built.processes("fraudmesh train"),
+        *built.processes("fraudmesh autopilot"),
+        *built.processes(OPERATOR_SHELL),
+    ]
     assert {c.workload["metadata"]["name"] for c in writers} == {"train", "retrain", "admin"}
     for writer in writers:
         found = writer.mount_of(writer.settings(FeatureStoreSettings).var_dir / "models")
@@ -562,6 +567,43 @@ def test_the_decision_log_has_one_folder_on_the_sinks_volume(built: Built) -> No
         (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
         assert _selects(term["labelSelector"]["matchLabels"], _pod_labels(sink.workload))
         assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def _option(container: Container, name: str) -> str | None:
+    argv = [*container.spec.get("command", []), *container.spec.get("args", [])]
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_the_autopilot_runs_on_a_schedule_on_the_monitors_advice(built: Built) -> None:
+    """The retrain CronJob runs `fraudmesh autopilot` on the log the sink writes, the advice
+    the monitor writes and the models the gateways serve, one run at a time."""
+    (pilot,) = built.processes("fraudmesh autopilot")
+    cron = pilot.workload
+    assert cron["kind"] == "CronJob" and not cron["spec"].get("suspend", False)
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = cron["spec"]["jobTemplate"]["spec"]
+    assert job["activeDeadlineSeconds"] > 0 and job["backoffLimit"] <= 2
+    var_dir = pilot.settings(FeatureStoreSettings).var_dir
+    # The decision log: the sink's folder, read on the sink's node.
+    (sink,) = built.processes("services.decisionlog")
+    log = sink.mount_of(sink.settings(DecisionLogSettings).root_path)
+    decisions = Path(_option(pilot, "--decisions-root") or var_dir / "decisions")
+    assert pilot.mount_of(decisions).place == log.place
+    (term,) = pilot.pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert _selects(term["labelSelector"]["matchLabels"], _pod_labels(sink.workload))
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    # The advice: the file the monitor appends to, on a volume both pods mount.
+    (monitor,) = built.processes("services.monitor")
+    written = monitor.mount_of(monitor.settings(MonitorSettings).advice_file)
+    assert written.writable and written.claim == "fraudmesh-state"
+    advice = Path(_option(pilot, "--advice-file") or var_dir / "monitor" / "advice.jsonl")
+    assert pilot.mount_of(advice).place == written.place
+    # The candidate and the rollout plan: beside the models the monitor's controller moves.
+    models = pilot.mount_of(var_dir / "models")
+    assert models.writable
+    assert models.place == monitor.mount_of(monitor.settings(MonitorSettings).models_path).place
+    # Its work folder is on the state volume too (a run takes minutes and many files).
+    assert pilot.mount_of(var_dir / "training").writable
 
 
 def test_shutdown_fits_in_the_grace_period(built: Built) -> None:

@@ -369,3 +369,22 @@ def test_cards_a_canary_failed_count_against_it_across_a_checkpoint(tmp_path: Pa
     engine.store.close()
     again = _engine(tmp_path / "state.db", ref).window("8", ("canary",))
     assert (again.failed, again.timed_out) == (4, 3)
+
+
+def test_the_advice_file_is_in_the_state_folder_unless_given_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In a cluster the advice goes onto the shared state volume, where the autopilot's Job
+    reads it; the rest of the monitor's state stays on its own volume."""
+    from services.monitor.settings import MonitorSettings
+
+    for name in ("FRAUD_MONITOR_VAR_DIR", "FRAUD_MONITOR_STATE_DIR", "FRAUD_MONITOR_ADVICE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FRAUD_MONITOR_VAR_DIR", str(tmp_path / "var"))
+    assert MonitorSettings().advice_file == tmp_path / "var" / "monitor" / "advice.jsonl"
+    monkeypatch.setenv("FRAUD_MONITOR_STATE_DIR", str(tmp_path / "own"))
+    assert MonitorSettings().advice_file == tmp_path / "own" / "advice.jsonl"
+    monkeypatch.setenv("FRAUD_MONITOR_ADVICE_DIR", str(tmp_path / "shared" / "monitor"))
+    settings = MonitorSettings()
+    assert settings.advice_file == tmp_path / "shared" / "monitor" / "advice.jsonl"
+    assert settings.state_file == tmp_path / "own" / "state.db"
