@@ -32,6 +32,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, faultwindow, ghz
+from loadtest.drive import VERSION_ANSWERS
 from services.common import metric_catalogue as catalogue
 from services.common import scrape
 from services.featurestore import admin as store_admin
@@ -224,7 +225,7 @@ class Chaos:
             answer = _score_once(mesh.config.envoy_target, self.probe_card, self.probe_merchant)
             full = (
                 answer is not None
-                and answer.scored_by == pb.SCORED_BY_MODEL
+                and answer.scored_by in VERSION_ANSWERS
                 and answer.feature_source == pb.FEATURE_SOURCE_ONLINE
             )
             states = [
@@ -252,13 +253,15 @@ class Chaos:
         fault: Callable[[], object] | None = None,
         recover: Callable[[], object] | None = None,
         rps: int | None = None,
-        recovered: Callable[[pb.ScoreResponse], bool] | None = None,
+        recovered: Callable[[pb.ScoreResponse, Callable[[str], float]], bool] | None = None,
         split: bool = False,
         settle: bool = True,
     ) -> Row:
         """Drives load for the plan's duration, faulting and recovering on schedule. With
         ``split`` and no fault, the fault's moment is marked all the same. With ``settle``,
-        the load starts once the mesh is back at full quality."""
+        the load starts once the mesh is back at full quality. ``recovered`` judges a probe's
+        answer, given the count of the gateway's answers since the restart whose labels hold a
+        fragment (``scored_by=model``)."""
         plan = self.plan
         if settle:
             self._settle(mesh)
@@ -294,11 +297,22 @@ class Chaos:
             recover()
             if recovered is not None:
                 back = time.monotonic()
+                since = gateway_counters(metrics_url)
+
+                def answers_since(fragment: str) -> float:
+                    now = gateway_counters(metrics_url)
+                    prefix = f"{catalogue.DECISIONS.name}{{"
+                    return sum(
+                        value - since.get(key, 0.0)
+                        for key, value in now.items()
+                        if key.startswith(prefix) and fragment in key
+                    )
+
                 while time.monotonic() - back < 10:
                     response = _score_once(
                         mesh.config.envoy_target, self.probe_card, self.probe_merchant
                     )
-                    if response is not None and recovered(response):
+                    if response is not None and recovered(response, answers_since):
                         row.notes.append(
                             f"recovered {time.monotonic() - back:.1f} s after the restart, "
                             f"which took {back - began:.1f} s"
@@ -338,7 +352,12 @@ class Chaos:
                         ),
                         fault=lambda: scorer.signal(signal.SIGKILL),
                         recover=lambda: mesh.restart("scorer"),
-                        recovered=lambda r: r.scored_by == pb.SCORED_BY_MODEL,
+                        # With the cascade on, the probe may be a first-stage approval
+                        # that never reaches the scorer: the model answering the load's
+                        # other payments again is what shows the scorer back.
+                        recovered=lambda r, since: (
+                            r.scored_by in VERSION_ANSWERS and since("scored_by=model") > 0
+                        ),
                     )
                 )
             if "scorer-slow" in wanted:
@@ -371,7 +390,7 @@ class Chaos:
                         ),
                         fault=lambda: features.signal(signal.SIGKILL),
                         recover=lambda: mesh.restart("features"),
-                        recovered=lambda r: r.feature_source == pb.FEATURE_SOURCE_ONLINE,
+                        recovered=lambda r, _: r.feature_source == pb.FEATURE_SOURCE_ONLINE,
                     )
                 )
         if "redis-stopped" in wanted:
@@ -391,7 +410,7 @@ class Chaos:
                         ),
                         fault=lambda: mesh.processes["redis"].stop(),
                         recover=redis_back,
-                        recovered=lambda r: r.feature_source == pb.FEATURE_SOURCE_ONLINE,
+                        recovered=lambda r, _: r.feature_source == pb.FEATURE_SOURCE_ONLINE,
                     )
                 )
         if "overload" in wanted:

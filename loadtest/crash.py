@@ -43,7 +43,7 @@ import grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, faultwindow
-from loadtest.drive import score_request
+from loadtest.drive import VERSION_ANSWERS, score_request
 from loadtest.runner import copy_state
 from services import client
 from services.common.settings import from_mapping, to_env
@@ -496,7 +496,7 @@ class Crash:
                         score_request(txn, f"settle-{uuid.uuid4().hex}"), timeout=1.0
                     )
                     if (
-                        answer.scored_by != pb.SCORED_BY_MODEL
+                        answer.scored_by not in VERSION_ANSWERS
                         or answer.feature_source == pb.FEATURE_SOURCE_DEFAULT
                     ):
                         return False

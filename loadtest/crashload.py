@@ -26,6 +26,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from loadtest.drive import VERSION_ANSWERS
 from services import client
 
 Request = tuple[str, str, int, str, bool]
@@ -149,8 +150,9 @@ async def _call(
         say("call", sent, latency, error.code().name, request.transaction_id, 0)
         return
     latency = time.monotonic() - sent
+    # The cascade's first-stage approvals are full-quality answers of the version.
     degraded = (
-        response.scored_by != pb.SCORED_BY_MODEL
+        response.scored_by not in VERSION_ANSWERS
         or response.feature_source == pb.FEATURE_SOURCE_DEFAULT
     )
     say("call", sent, latency, "OK", request.transaction_id, int(degraded))

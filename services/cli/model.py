@@ -410,7 +410,11 @@ def approve(
 @app.command("import")
 def import_command(
     folder: Annotated[
-        Path, typer.Argument(help="Folder with model.onnx and metadata.json.", show_default=False)
+        Path,
+        typer.Argument(
+            help="Folder with model.onnx and metadata.json (and optionally small.onnx).",
+            show_default=False,
+        ),
     ],
     var_dir: VarDirOption = None,
     model_root: ModelRootOption = None,
@@ -441,6 +445,16 @@ def import_command(
             f"  test period: average precision {q.average_precision.estimate:.4f}, recall at "
             f"review {q.recall['review'].estimate:.1%}, at decline {q.recall['decline'].estimate:.1%}"
             f" ({q.frauds} frauds in {q.rows} payments)",
+            highlight=False,
+        )
+    small = m.small_model
+    if small is not None:
+        console.print(
+            f"  small model ({small.kind}): clear-approve below {small.clear_approve:.4g} "
+            f"(first stage {m.metrics['cascade_first_stage_share']:.1%} of the test period, "
+            f"{m.metrics['cascade_review_frauds_lost']:.0f} of "
+            f"{m.metrics['cascade_review_frauds']:.0f} review frauds lost); alone it reviews at "
+            f"{small.thresholds.review:.4g} and declines at {small.thresholds.decline:.4g}",
             highlight=False,
         )
     against = f"v{done.gates.against}" if done.gates.against else "no live version"

@@ -1,6 +1,8 @@
 """The Models page's facts that exist today: every published version of the model with its
-state, traffic share, holdout metrics, thresholds, promotion gates, and the lifecycle's recent
-changes, read from ``routing.json`` and each version's metadata (``services.models``)."""
+state, traffic share, holdout metrics, thresholds, promotion gates, the staged rollout in
+progress (or the last one) with every step's figures and verdict, and the lifecycle's recent
+changes, read from ``routing.json``, ``rollout.json`` and each version's metadata
+(``services.models``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from services.models.lifecycle import (
     ModelLifecycle,
     Transition,
 )
+from services.models.rollout import RolloutFile, RolloutPlan
 
 METRICS = (
     ("pr_auc", "PR-AUC"),
@@ -58,6 +61,8 @@ class ModelsView:
     previous: str | None = None
     generation: int = 0
     history: list[Transition] = field(default_factory=list)
+    rollout: RolloutPlan | None = None
+    """The staged rollout in progress, or the last one (it stays until the next)."""
     problem: str | None = None
 
 
@@ -98,6 +103,11 @@ def read_models(model_root: Path, name: str, history: int = 10) -> ModelsView:
             )
         )
     routing = state.routing
+    problem = None if versions else f"no version of {name!r} is published in {model_root}"
+    try:
+        rollout = RolloutFile(model_root, name).read()
+    except CorruptLifecycleFile as error:
+        rollout, problem = None, error.message
     return ModelsView(
         name=name,
         model_root=model_root,
@@ -109,5 +119,6 @@ def read_models(model_root: Path, name: str, history: int = 10) -> ModelsView:
         previous=routing.previous,
         generation=state.generation,
         history=list(reversed(state.history[-history:])) if history else [],
-        problem=None if versions else f"no version of {name!r} is published in {model_root}",
+        rollout=rollout,
+        problem=problem,
     )

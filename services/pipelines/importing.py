@@ -3,11 +3,18 @@ reference and gates on the store's latest periods, and publish it as a candidate
 
 The folder holds ``model.onnx`` and ``metadata.json`` (``ImportSpec``): the feature order (the
 feature spec's, in its order), the ONNX input and output names, the decision thresholds and
-the default value of each feature. Everything is checked before anything is published: the
-files exist, the features are the spec's, the thresholds lie in (0, 1) with review at or
-below decline, the model loads, takes float32 [batch, features] and gives [batch, 2]
-probabilities, and answers a warm-up row of the defaults with probabilities in [0, 1]. A
-problem raises ``ImportProblem`` naming the file and the field; nothing is written then.
+the default value of each feature; optionally a small model, ``small.onnx`` on the same
+inputs and outputs, described by the spec's ``small_model``. Everything is checked before
+anything is published: the files exist, the features are the spec's, the thresholds lie in
+(0, 1) with review at or below decline, each model loads, takes float32 [batch, features] and
+gives [batch, 2] probabilities, and answers a warm-up row of the defaults with probabilities
+in [0, 1]. A problem raises ``ImportProblem`` naming the file and the field; nothing is
+written then.
+
+A small model's clear-approve threshold is always chosen on the store's validation period by
+the rule training uses (``small.clear_approve_threshold``), against the imported model's own
+scores: the cascade's loss bound holds for the pair as served. Its own review and decline
+thresholds are taken from the spec, or chosen on validation as training chooses them.
 
 The version's reference is fitted on the validation period the store's data gives by the
 training defaults (the same periods ``fraudmesh train`` would use), its quality measured on
@@ -25,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -39,6 +47,11 @@ from services.models.onnx import OnnxModel, TensorSpec
 from services.pipelines.training.frame import training_frame
 from services.pipelines.training.params import TrainParams
 from services.pipelines.training.periods import Periods
+from services.pipelines.training.small import (
+    SmallModelParams,
+    clear_approve_threshold,
+    own_thresholds,
+)
 
 SPEC_FILE = "metadata.json"
 """The metadata file of a folder to import."""
@@ -56,6 +69,24 @@ class ImportThresholds(BaseModel):
 
     review: float
     decline: float
+
+
+class ImportSmallModel(BaseModel):
+    """``small_model`` in ``metadata.json``: how the folder's ``small.onnx`` was made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["distilled", "labels"] = Field(
+        description="distilled: trained on the full model's scores; labels: on the labels."
+    )
+    trees: int = Field(ge=1, description="Trees it holds.")
+    num_leaves: int = Field(ge=2, description="Most leaves per tree.")
+    max_depth: int = Field(ge=1, description="Deepest a tree may grow.")
+    thresholds: ImportThresholds | None = Field(
+        None,
+        description="Its own review and decline thresholds, for when it answers alone; "
+        "default: chosen on the validation period as training chooses them.",
+    )
 
 
 class ImportSpec(BaseModel):
@@ -78,15 +109,20 @@ class ImportSpec(BaseModel):
     params: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="How it was made (kept as given)."
     )
+    small_model: ImportSmallModel | None = Field(
+        None, description="The folder's small model (small.onnx); None: no cascade."
+    )
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A folder that passed validation: its spec and the loaded model."""
+    """A folder that passed validation: its spec and the loaded model (and small model)."""
 
     spec: ImportSpec
     onnx_path: Path
     model: OnnxModel
+    small_path: Path | None = None
+    small: OnnxModel | None = None
 
 
 def _problem(error: ValidationError) -> str:
@@ -114,19 +150,42 @@ def validate(folder: Path) -> Checked:
         raise ImportProblem(f"{SPEC_FILE} {_problem(error)}") from error
     _check_features(spec)
     _check_thresholds(spec.thresholds)
+    small_path = folder / repository.SMALL_MODEL_FILE
+    if spec.small_model is not None:
+        if not small_path.is_file():
+            raise ImportProblem(
+                f"{repository.SMALL_MODEL_FILE} is missing in {folder} "
+                f"({SPEC_FILE} names a small_model)"
+            )
+        if spec.small_model.thresholds is not None:
+            _check_thresholds(spec.small_model.thresholds, "small_model.thresholds")
+    elif small_path.exists():
+        raise ImportProblem(
+            f"{repository.SMALL_MODEL_FILE} is in {folder} but {SPEC_FILE} has no small_model "
+            "(its kind, trees, num_leaves and max_depth)"
+        )
     metadata = _metadata(spec, datetime.now(UTC), None)
+    model = _load(onnx_path, metadata, spec)
+    if spec.small_model is None:
+        return Checked(spec, onnx_path, model)
+    return Checked(spec, onnx_path, model, small_path, _load(small_path, metadata, spec))
+
+
+def _load(path: Path, metadata: repository.ModelMetadata, spec: ImportSpec) -> OnnxModel:
+    """The ONNX file at ``path``, checked for loading, shapes and a warm-up row."""
     try:
-        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own classes for a file it cannot load
-        raise ImportProblem(f"{repository.MODEL_FILE} does not load: {error}") from error
+        raise ImportProblem(f"{path.name} does not load: {error}") from error
     _check_shapes(
         [TensorSpec.of(a) for a in session.get_inputs()],
         [TensorSpec.of(a) for a in session.get_outputs()],
         spec,
+        path.name,
     )
-    model = OnnxModel(metadata, folder, threads=1, model_file=onnx_path)
-    _check_warm_up(model)
-    return Checked(spec, onnx_path, model)
+    model = OnnxModel(metadata, path.parent, threads=1, model_file=path)
+    _check_warm_up(model, path.name)
+    return model
 
 
 def _check_features(spec: ImportSpec) -> None:
@@ -152,47 +211,49 @@ def _check_features(spec: ImportSpec) -> None:
         raise ImportProblem(f"{SPEC_FILE} default_features.{bad[0]} is not a finite number")
 
 
-def _check_thresholds(t: ImportThresholds) -> None:
+def _check_thresholds(t: ImportThresholds, field: str = "thresholds") -> None:
     for name, value in (("review", t.review), ("decline", t.decline)):
         if not 0.0 < value < 1.0:  # False for NaN too
-            raise ImportProblem(f"{SPEC_FILE} thresholds.{name} is {value:g}, not inside (0, 1)")
+            raise ImportProblem(f"{SPEC_FILE} {field}.{name} is {value:g}, not inside (0, 1)")
     if t.decline < t.review:
         raise ImportProblem(
-            f"{SPEC_FILE} thresholds: decline {t.decline:g} is below review {t.review:g}"
+            f"{SPEC_FILE} {field}: decline {t.decline:g} is below review {t.review:g}"
         )
 
 
 def _check_shapes(
-    input_specs: list[TensorSpec], output_specs: list[TensorSpec], spec: ImportSpec
+    input_specs: list[TensorSpec],
+    output_specs: list[TensorSpec],
+    spec: ImportSpec,
+    file: str = repository.MODEL_FILE,
 ) -> None:
     inputs = {i.name: i for i in input_specs}
     outputs = {o.name: o for o in output_specs}
     n = len(spec.feature_order)
     if spec.input_name not in inputs or len(inputs) != 1:
         raise ImportProblem(
-            f"{SPEC_FILE} input_name {spec.input_name!r}: the model's inputs are "
+            f"{SPEC_FILE} input_name {spec.input_name!r}: {file}'s inputs are "
             f"{sorted(inputs)} (one input is served)"
         )
     given = inputs[spec.input_name]
     if given.datatype != "FP32" or len(given.shape) != 2 or given.shape[1] not in (n, -1):
         raise ImportProblem(
-            f"{repository.MODEL_FILE} input {spec.input_name!r} is {given.datatype} "
+            f"{file} input {spec.input_name!r} is {given.datatype} "
             f"{list(given.shape)}, not FP32 [batch, {n}]"
         )
     if spec.output_name not in outputs:
         raise ImportProblem(
-            f"{SPEC_FILE} output_name {spec.output_name!r}: the model's outputs are "
-            f"{sorted(outputs)}"
+            f"{SPEC_FILE} output_name {spec.output_name!r}: {file}'s outputs are {sorted(outputs)}"
         )
     out = outputs[spec.output_name]
     if out.datatype != "FP32" or len(out.shape) != 2 or out.shape[1] not in (2, -1):
         raise ImportProblem(
-            f"{repository.MODEL_FILE} output {spec.output_name!r} is {out.datatype} "
+            f"{file} output {spec.output_name!r} is {out.datatype} "
             f"{list(out.shape)}, not FP32 [batch, 2]"
         )
 
 
-def _check_warm_up(model: OnnxModel) -> None:
+def _check_warm_up(model: OnnxModel, file: str = repository.MODEL_FILE) -> None:
     row = np.array(
         [[model.metadata.default_features[f] for f in model.metadata.feature_order]] * 2,
         dtype=np.float32,
@@ -200,15 +261,14 @@ def _check_warm_up(model: OnnxModel) -> None:
     try:
         answer = model.run(row, [model.metadata.output_name])[0]
     except Exception as error:  # the runtime's own error classes
-        raise ImportProblem(f"{repository.MODEL_FILE} fails on a warm-up row: {error}") from error
+        raise ImportProblem(f"{file} fails on a warm-up row: {error}") from error
     answer = np.asarray(answer)
     if answer.shape != (2, 2):
         raise ImportProblem(
-            f"{repository.MODEL_FILE} answers a 2-row batch with shape {list(answer.shape)}, "
-            "not [2, 2]"
+            f"{file} answers a 2-row batch with shape {list(answer.shape)}, not [2, 2]"
         )
     if not (np.isfinite(answer).all() and (answer >= 0).all() and (answer <= 1).all()):
-        raise ImportProblem(f"{repository.MODEL_FILE} answers probabilities outside [0, 1]")
+        raise ImportProblem(f"{file} answers probabilities outside [0, 1]")
 
 
 def _metadata(
@@ -269,13 +329,19 @@ def import_model(
     quality = reference.tested_quality(
         test_y, test_scores, thresholds, data.tested["card_id"].to_numpy(), params.seed
     )
+    valid_x, valid_y = data.x[data.valid], data.y[data.valid]
+    valid_scores = model.predict(valid_x).astype(np.float64)
+    cascade = _cascade(
+        checked, valid_x, valid_y, valid_scores, (test_x, test_y, test_scores), params
+    )
     fitted = reference.fit(
-        model.predict(data.x[data.valid]).astype(np.float64),
+        valid_scores,
         data.raw_valid,
         featurespec.MODEL_FEATURES,
         thresholds,
         (window.validation_start.isoformat(), window.train_end.isoformat()),
         quality,
+        answered=cascade.answered if cascade else None,
     )
     fitted.notes.append(f"imported by {IMPORTED_BY}; scored by its own ONNX file")
     metadata = _metadata(checked.spec, datetime.now(UTC), window)
@@ -284,10 +350,12 @@ def import_model(
         update={
             "metrics": {
                 **metadata.metrics,
+                **(cascade.metrics if cascade else {}),
                 "pr_auc": ap,
                 "holdout_rows": float(len(test_y)),
                 "holdout_frauds": float(test_y.sum()),
-            }
+            },
+            "small_model": cascade.small_model if cascade else None,
         }
     )
     lifecycle = ModelLifecycle(model_root, name)
@@ -309,8 +377,71 @@ def import_model(
             "metrics.json": work / "metrics.json",
             "imported-metadata.json": folder / SPEC_FILE,
         }
+        if checked.small_path is not None:
+            files[repository.SMALL_MODEL_FILE] = checked.small_path
         published, target, _ = lifecycle.publish_candidate(metadata, files, report, IMPORTED_BY)
     return Imported(published, target, report, fitted)
+
+
+@dataclass(frozen=True)
+class _Cascade:
+    """An imported small model's metadata entry, the scores the cascade answers validation
+    rows with (for the reference) and its figures for the version's metrics."""
+
+    small_model: repository.SmallModel
+    answered: np.ndarray
+    metrics: dict[str, float]
+
+
+def _cascade(
+    checked: Checked,
+    valid_x: np.ndarray,
+    valid_y: np.ndarray,
+    valid_scores: np.ndarray,
+    test: tuple[np.ndarray, np.ndarray, np.ndarray],
+    params: TrainParams,
+) -> _Cascade | None:
+    """The imported small model's thresholds, chosen on validation as training chooses them
+    (the clear-approve threshold always, its own thresholds unless the spec gives them), and
+    the cascade's first-stage share and lost review frauds on the test period (``test``: its
+    inputs, labels and the imported model's scores)."""
+    given = checked.spec.small_model
+    if checked.small is None or given is None:
+        return None
+    rule = SmallModelParams()
+    review = checked.spec.thresholds.review
+    small_valid = checked.small.predict(valid_x).astype(np.float64)
+    clear = clear_approve_threshold(
+        small_valid, valid_scores, valid_y, review, rule.max_fraud_loss, rule.loss_confidence
+    )
+    own = (
+        repository.Thresholds(review=given.thresholds.review, decline=given.thresholds.decline)
+        if given.thresholds is not None
+        else own_thresholds(small_valid[valid_y == 0], params)
+    )
+    test_x, test_y, test_scores = test
+    small_test = checked.small.predict(test_x).astype(np.float64)
+    flagged = (test_y == 1) & (test_scores >= review)
+    entry = repository.SmallModel(
+        kind=given.kind,
+        trees=given.trees,
+        num_leaves=given.num_leaves,
+        max_depth=given.max_depth,
+        clear_approve=clear,
+        max_fraud_loss=rule.max_fraud_loss,
+        loss_confidence=rule.loss_confidence,
+        thresholds=own,
+        parity_max_abs_diff=0.0,
+    )
+    answered = np.where(small_valid < clear, small_valid, valid_scores)
+    figures = {
+        "cascade_clear_approve": clear,
+        "cascade_validation_first_stage_share": float((small_valid < clear).mean()),
+        "cascade_first_stage_share": float((small_test < clear).mean()),
+        "cascade_review_frauds_lost": float(((small_test < clear) & flagged).sum()),
+        "cascade_review_frauds": float(flagged.sum()),
+    }
+    return _Cascade(entry, answered, figures)
 
 
 def _imported_parity(report: GateReport) -> GateReport:

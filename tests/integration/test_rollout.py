@@ -177,15 +177,20 @@ def _fraudmesh(*args: str, check: bool = True) -> subprocess.CompletedProcess[st
 
 
 def _bring(
-    world: World, folder: Path, onnx_bytes: bytes | None = None, **thresholds: float
+    world: World,
+    folder: Path,
+    onnx_bytes: bytes | None = None,
+    small: bool = False,
+    **thresholds: float,
 ) -> Path:
     """A folder as a team trained elsewhere would bring it: the live model's ONNX file (or
-    ``onnx_bytes``) and metadata, with ``thresholds`` changed."""
+    ``onnx_bytes``) and metadata, with ``thresholds`` changed; with ``small``, the live
+    version's small model too."""
     metadata, live_folder = repository.load(world.var_dir / "models", version=world.live)
     folder.mkdir(parents=True)
     data = onnx_bytes or (live_folder / repository.MODEL_FILE).read_bytes()
     (folder / repository.MODEL_FILE).write_bytes(data)
-    spec = {
+    spec: dict[str, object] = {
         "feature_order": metadata.feature_order,
         "input_name": metadata.input_name,
         "output_name": metadata.output_name,
@@ -193,6 +198,13 @@ def _bring(
         "default_features": metadata.default_features,
         "params": {"team": "payments-risk"},
     }
+    if small:
+        assert metadata.small_model is not None, "the live version has no small model"
+        small_file = repository.SMALL_MODEL_FILE
+        (folder / small_file).write_bytes((live_folder / small_file).read_bytes())
+        spec["small_model"] = metadata.small_model.model_dump(
+            include={"kind", "trees", "num_leaves", "max_depth"}
+        )
     (folder / "metadata.json").write_text(json.dumps(spec))
     return folder
 
@@ -248,10 +260,19 @@ def test_import_refuses_a_bad_folder_and_publishes_nothing(world: World, tmp_pat
 
 
 def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> None:
-    version = _import(world, _bring(world, tmp_path / "good"))
+    version = _import(world, _bring(world, tmp_path / "good", small=True))
     record = world.lifecycle.read().versions[version]
     assert record.state is VersionState.CANDIDATE and record.gates is not None
     assert record.gates.passed, record.gates
+    # The small model came along; its clear-approve threshold was chosen on this store's
+    # validation period against the imported model, as training chooses it.
+    imported, _ = repository.load(world.var_dir / "models", version=version)
+    live, _ = repository.load(world.var_dir / "models", version=world.live)
+    assert imported.small_model is not None and live.small_model is not None
+    assert 0.0 <= imported.small_model.clear_approve <= imported.thresholds.review
+    assert (
+        imported.metrics["cascade_review_frauds"] >= imported.metrics["cascade_review_frauds_lost"]
+    )
     assert (
         world.var_dir / "models" / repository.DEFAULT_MODEL_NAME / version / "reference.json"
     ).is_file()

@@ -424,3 +424,56 @@ def test_the_models_page_shows_drift_and_live_quality_by_maturity(tmp_path: Path
         models=models, quality={}, quality_problem="x is down", monitor_where="m"
     )
     assert 'id="quality-absent"' in absent and "x is down" in absent
+
+
+def test_the_models_page_shows_each_rollout_step_with_its_figures(tmp_path: Path) -> None:
+    from services.models.rollout import Comparison, Phase, RolloutFile, RolloutPlan, StepResult
+
+    rollouts = RolloutFile(tmp_path, "fraud-lgbm")
+    step = StepResult(
+        step="canary 1%",
+        at=NOW,
+        passed=False,
+        decisions=812,
+        live_decisions=80_377,
+        seconds=61.0,
+        comparisons=[
+            Comparison(name="error rate", passed=True, candidate=0.0, live=0.0, detail="0 vs 0"),
+            Comparison(
+                name="approve rate",
+                passed=False,
+                candidate=0.9912,
+                live=0.9733,
+                detail="above live by more than the 99 % margin",
+            ),
+        ],
+    )
+    plan = RolloutPlan(
+        version="7",
+        steps=[1, 5, 100],
+        shadow_min_decisions=0,
+        step_min_decisions=500,
+        step_max_seconds=600,
+        require_approval=True,
+        requested_by="ops",
+        requested_at=NOW,
+        phase=Phase.CANARY,
+        step=1,
+        results=[step],
+    )
+    with rollouts.locked():
+        rollouts.write(plan)
+    models = read_models(tmp_path, "fraud-lgbm")
+    assert models.rollout == plan
+    template = pages._templates().env.get_template("models.html")
+    html = template.render(models=models, quality={}, monitor_where="the monitor")
+    assert '<section class="rollout" data-version="7" data-phase="canary">' in html
+    assert "canary step 2 of 3 at 5%" in html and "approval required" in html
+    assert '<table class="rollout-step" data-step="canary 1%" data-passed="false">' in html
+    assert "812 candidate and 80377 live decisions" in html
+    assert '<tr data-figure="approve rate"><td>approve rate</td><td class="num">0.9912</td>' in html
+    assert "above live by more than the 99 % margin" in html
+
+    rollouts.path.write_text("{not json")
+    broken = read_models(tmp_path, "fraud-lgbm")
+    assert broken.rollout is None and broken.problem and "not a rollout file" in broken.problem

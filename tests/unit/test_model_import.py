@@ -142,3 +142,36 @@ def test_the_command_prints_one_line_exits_2_and_publishes_nothing(
         app, ["model", "import", str(tmp_path / "nowhere"), "--model-root", str(root)]
     )
     assert missing.exit_code == 2 and "is not a folder" in missing.output
+
+
+def _with_small(tmp_path: Path, model_file: Path, **small: object) -> Path:
+    block = {"kind": "distilled", "trees": 20, "num_leaves": 7, "max_depth": 3} | small
+    folder = _folder(tmp_path, model_file, small_model=block)
+    (folder / repository.SMALL_MODEL_FILE).write_bytes(model_file.read_bytes())
+    return folder
+
+
+def test_a_small_model_comes_with_its_description_and_is_checked_like_the_model(
+    tmp_path: Path, model_file: Path
+) -> None:
+    checked = importing.validate(_with_small(tmp_path, model_file))
+    assert checked.small is not None and checked.small_path is not None
+    assert checked.small.predict(np.zeros((2, N_FEATURES), np.float32)).shape == (2,)
+
+    folder = _with_small(tmp_path, model_file, thresholds={"review": 0.4, "decline": 0.2})
+    assert _problem(folder) == (
+        "metadata.json small_model.thresholds: decline 0.2 is below review 0.4"
+    )
+    folder = _with_small(tmp_path, model_file)
+    (folder / repository.SMALL_MODEL_FILE).write_bytes(b"not a model")
+    assert _problem(folder).startswith("small.onnx does not load")
+    (folder / repository.SMALL_MODEL_FILE).unlink()
+    assert _problem(folder).startswith("small.onnx is missing in")
+
+    (tmp_path / "alone").mkdir()
+    alone = _folder(tmp_path / "alone", model_file)
+    (alone / repository.SMALL_MODEL_FILE).write_bytes(model_file.read_bytes())
+    assert "has no small_model" in _problem(alone)
+    (tmp_path / "kind").mkdir()
+    unknown = _with_small(tmp_path / "kind", model_file, kind="teacher")
+    assert _problem(unknown).startswith("metadata.json small_model.kind")

@@ -260,7 +260,7 @@ def build(
     clear = clear_approve_threshold(
         small_valid, full_valid, valid.y, review, small.max_fraud_loss, small.loss_confidence
     )
-    thresholds = _own_thresholds(small_valid[valid.y == 0], params)
+    thresholds = own_thresholds(small_valid[valid.y == 0], params)
 
     test_x, test_y = x[data.test], y[data.test]
     scores = predict(booster, test_x)
@@ -316,7 +316,7 @@ def _candidates(
         clear = clear_approve_threshold(
             scores, full_valid, valid.y, review, small.max_fraud_loss, small.loss_confidence
         )
-        own = _own_thresholds(scores[valid.y == 0], params)
+        own = own_thresholds(scores[valid.y == 0], params)
         candidates.append(
             {
                 "kind": name,
@@ -332,7 +332,7 @@ def _candidates(
     return candidates
 
 
-def _own_thresholds(genuine_scores: np.ndarray, params: TrainParams) -> repository.Thresholds:
+def own_thresholds(genuine_scores: np.ndarray, params: TrainParams) -> repository.Thresholds:
     """Review and decline thresholds flagging the full model's shares of genuine payments."""
     review = field_metrics.threshold_at_fpr(genuine_scores, params.review_fpr)
     decline = max(review, field_metrics.threshold_at_fpr(genuine_scores, params.decline_fpr))
