@@ -57,7 +57,9 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("services/common/errors.py", "import services.features.app", "Inside the product"),
         ("services/gateway/app.py", "import services.pipelines.simulate", "Serving code"),
         ("services/app_less.py", "import loadtest.runner", "Top level"),
-        ("services/domain/money.py", "import grpc", "never import the transport"),
+        ("services/domain/money.py", "import grpc", "Only the transport modules"),
+        ("services/monitor/engine.py", "import grpc", "Only the transport modules"),
+        ("services/gateway/settings.py", "import services.common.server", "Only the transport"),
         ("services/gateway/canary.py", "import services.gateway.routing", "No import cycles"),
     ],
 )
@@ -68,7 +70,7 @@ def test_breaking_a_rule_fails(tmp_path: Path, module: str, line: str, contract:
     path.write_text(text + f"\n{line}  # noqa: E402, F401\n")
     result = _lint(root)
     assert result.returncode != 0, result.stdout
-    broken = [line for line in result.stdout.splitlines() if line.endswith(" BROKEN")]
+    broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in b for b in broken), result.stdout
 
 
