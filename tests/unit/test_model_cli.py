@@ -264,3 +264,31 @@ def test_rollout_hands_a_plan_to_the_monitor_and_refuses_bad_input(root: Path) -
     assert code == 1 and "v2 is not waiting for approval" in out
     code, out = _run(root, "list")
     assert "rollout of v2: shadow gate (needs 1000 decisions)" in out
+
+
+def test_approve_promotes_a_rollout_waiting_for_approval(root: Path) -> None:
+    from services.models.rollout import Outcome, Phase, RolloutFile
+
+    assert _run(root, "rollout", "2", "--steps", "10,100", "--require-approval")[0] == 0
+    plans = RolloutFile(root)
+    plan = plans.read()
+    assert plan is not None
+    # Where the controller leaves a rollout whose every canary step passed.
+    ModelLifecycle(root).canary("2", 10)
+    plan.phase = Phase.APPROVAL
+    with plans.locked():
+        plans.write(plan)
+    code, out = _run(root, "list")
+    assert "waiting for `fraudmesh model approve 2`" in out
+    code, out = _run(root, "approve", "3")
+    assert code == 1 and "v3 is not waiting for approval (v2: every step passed" in out
+    code, out = _run(root, "approve", "2")
+    assert code == 0, out
+    state = ModelLifecycle(root).read()
+    assert state.routing.live == "2" and state.routing.canary is None
+    assert "approved by " in state.history[-1].reason
+    done = plans.read()
+    assert done is not None and done.phase is Phase.DONE and done.outcome is Outcome.PROMOTED
+    assert done.finished_at is not None
+    code, out = _run(root, "approve", "2")
+    assert code == 1 and "not waiting for approval" in out

@@ -24,6 +24,7 @@ from services.monitor import tally
 from services.monitor.controller import (
     RolloutController,
     RolloutPolicy,
+    compare_rate,
     judge_canary,
     judge_shadow,
 )
@@ -291,3 +292,16 @@ def test_the_shadow_gate_stops_a_shifted_candidate_naming_the_psi(
     assert plan is not None and plan.outcome is Outcome.SHADOW_FAILED
     assert "score PSI" in plan.reason
     assert lifecycle.read().versions[version].state is VersionState.RETIRED
+
+
+def test_a_step_of_1000_decisions_resolves_the_rates_the_docs_say() -> None:
+    """docs/lifecycle.md: with 1000 canary decisions against a far larger live window, a 5 %
+    review rate fails the step at 8.5 % or 2.0 %, a 95 % approve rate at 98 %."""
+    policy = RolloutPolicy()
+
+    def fails(k: int, k_live: int) -> bool:
+        return not compare_rate("r", k, 1000, k_live, 100_000, policy).passed
+
+    assert fails(85, 5000) and not fails(84, 5000)
+    assert fails(20, 5000) and not fails(21, 5000)
+    assert fails(980, 95_000) and not fails(979, 95_000)
