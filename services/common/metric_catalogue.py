@@ -33,7 +33,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.00125, 0.0015, 0.0
                    0.0025, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.006, 0.007, 0.008, 0.009,
                    0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.042, 0.05, 0.075,
                    0.1, 0.25, 0.5, 1.0)  # fmt: skip
-"""Seconds; steps of at most 25 % between 0.5 and 50 ms, so ``histogram_quantile(0.999, …)``
+"""Seconds; steps of at most 25 % between 1 and 50 ms, so ``histogram_quantile(0.999, …)``
 interpolates inside a narrow bucket wherever a hop's tail lives; 42 ms (the budget) is a
 bound, so the share of on-time answers is one bucket's count."""
 GC_PAUSE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

@@ -5,6 +5,7 @@ metric name is written anywhere else in the product."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -103,3 +104,11 @@ def test_no_metric_name_is_written_outside_the_catalogue() -> None:
             if text in declared or text.startswith("fraudmesh_")
         ]
     assert written == []
+
+
+def test_latency_buckets_step_as_the_docs_say() -> None:
+    """docs/observability.md: at most 25 % a step from 1 to 50 ms, 42 ms a bound."""
+    bounds = catalogue.LATENCY_BUCKETS
+    steps = [(a, b) for a, b in itertools.pairwise(bounds) if 0.001 <= a < 0.05]
+    assert steps and all(b / a <= 1.25 + 1e-9 for a, b in steps), steps
+    assert 0.042 in bounds and len(bounds) == 34
