@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -214,6 +215,9 @@ class Row:
     reference: faultwindow.Tally | None = None
     """The run's calls while nothing was faulted (``reference``); None: this row's own
     calls before its kill."""
+    connections_at_kill: int | None = None
+    """For an Envoy: the client connections it held when it was killed (from its admin
+    page), so a row whose Envoy held none is seen as proving nothing."""
 
     @property
     def name(self) -> str:
@@ -351,6 +355,22 @@ def reference(rows: Sequence[Row]) -> faultwindow.Tally:
     return faultwindow.Tally(calls, late)
 
 
+def _edge_connections(admin_port: int) -> int | None:
+    """Client connections an Envoy holds on its gRPC listener, from its admin page (None when
+    the page does not answer)."""
+    url = f"http://127.0.0.1:{admin_port}/stats?filter=^http%5C.grpc_edge%5C.downstream_cx_active$"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "http.grpc_edge.downstream_cx_active":
+            return int(value)
+    return None
+
+
 def processes(mesh: Mesh) -> list[str]:
     """Every process of the mesh, in the order they are killed: front to back."""
     front = [n for n in mesh.processes if n.startswith("envoy")]
@@ -455,6 +475,10 @@ class Crash:
         time.sleep(plan.before_s)
         row.kill_s = time.monotonic()
         if name is not None:
+            if row.edge:
+                row.connections_at_kill = _edge_connections(
+                    mesh.config.replica_ports("envoy")[name]
+                )
             self._ready_at.pop(name, None)
             mesh.processes[name].signal(signal.SIGKILL)
         time.sleep(plan.after_s)
@@ -536,6 +560,7 @@ def summary(rows: Sequence[Row], plan: CrashPlan) -> dict[str, object]:
                 "failed": len(row.failed()),
                 "failures_allowed": row.failures_allowed(),
                 "in_flight_at_kill": row.in_flight_at_kill(),
+                "connections_at_kill": row.connections_at_kill,
                 "late_before": before.bad,
                 "calls_before": before.calls,
                 "late_after": after.bad,
