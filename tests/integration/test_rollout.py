@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from loadtest import faultwindow
 from services.domain import featurespec
 from services.featurestore import layout
 from services.mesh import Mesh, MeshConfig
@@ -310,6 +311,19 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
         f"calls failed at the client: {failed_during} of {during_calls} during the rollout, "
         f"{failed_before} of {len(baseline) + failed_before} before it"
     )
+    # No call failed or was late because of the rollout: the calls from the rollout's start
+    # to its end are judged against the same run's calls before it (loadtest.faultwindow).
+    during = world.traffic.elapsed_ms[len(baseline) :]
+    verdict = faultwindow.judge(
+        faultwindow.Tally(
+            len(baseline) + failed_before,
+            failed_before + sum(e > faultwindow.BUDGET_MS for e in baseline),
+        ),
+        faultwindow.Tally(
+            during_calls, failed_during + sum(e > faultwindow.BUDGET_MS for e in during)
+        ),
+    )
+    assert verdict.ok, f"during the rollout: {verdict}"
     listing = _fraudmesh("model", "list", "--var-dir", str(world.var_dir)).stdout
     assert f"rollout of v{version}: promoted" in listing
     answers = np.asarray(world.traffic.elapsed_ms[len(baseline) :])
