@@ -69,6 +69,8 @@ LIMITS_S: dict[str, int] = {
     "test_data_import.py": 420,
     # A mesh with Prometheus and its collector, a second collector, traces waited for.
     "test_observability.py": 420,
+    # Two collectors and a handful of spans, waited for past the sampler's decision wait.
+    "test_tail_sampling.py": 120,
     # A mesh with the monitor, steady traffic, three model imports and three rollouts.
     "test_rollout.py": 900,
     "test_train_from_decisions.py": 420,

@@ -162,10 +162,8 @@ class Mesh:
         if collector_binary is not None:
             plan = self.trace_plan
             # The mesh's services send to this collector; where the environment names an
-            # OTLP/gRPC endpoint of its own, the collector forwards to it.
-            downstream = (
-                plan.endpoint if plan.exporter == "otlp" and plan.protocol == "grpc" else None
-            )
+            # OTLP endpoint of its own, the collector forwards to it, over its protocol.
+            downstream = plan.endpoint if plan.exporter == "otlp" else None
             given = c.otel_environment()
             if not (given.otel_exporter_otlp_endpoint or given.otel_exporter_otlp_traces_endpoint):
                 downstream = None
@@ -175,6 +173,7 @@ class Mesh:
                 traces_path=c.traces_path,
                 keep_percent=c.trace_keep_percent,
                 downstream=downstream,
+                downstream_protocol=plan.protocol,
                 host=c.host,
             )
             self._write_later[obs / "collector.yaml"] = config.render()

@@ -3,7 +3,8 @@
 The collector (``otelcol-fraudmesh``, built by ``make tools``) receives the mesh's spans over
 OTLP/gRPC, waits until each trace is complete, keeps it by the project's tail-sampling policy
 (``TAIL_POLICIES``) and appends what it keeps to a file under the state folder as OTLP JSON
-lines; with a downstream OTLP endpoint it forwards the same traces there too.
+lines; with a downstream OTLP endpoint it forwards the same traces there too, over OTLP/gRPC
+or OTLP/HTTP (``http/protobuf``) as the endpoint's protocol says.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -65,22 +66,29 @@ class CollectorConfig:
     keep_percent: float = 10.0
     """Share of ordinary traces (no error, on time, approved) kept, in percent."""
     downstream: str | None = None
-    """An OTLP/gRPC endpoint (``http://host:port``) that gets every kept trace as well."""
+    """An OTLP endpoint that gets every kept trace as well: ``http://host:port`` for gRPC, the
+    traces URL (``http://host:port/v1/traces``) for ``http/protobuf``."""
+    downstream_protocol: Literal["grpc", "http/protobuf"] = "grpc"
     host: str = "127.0.0.1"
+    http_port: int | None = None
+    """Also receive OTLP/HTTP on this port (None: OTLP/gRPC only)."""
 
     def render(self) -> str:
         """The collector's YAML configuration."""
         exporters: dict[str, Any] = {"jsonfile": {"path": str(self.traces_path)}}
-        if self.downstream:
+        if self.downstream and self.downstream_protocol == "http/protobuf":
+            exporters["otlphttp/downstream"] = {"traces_endpoint": self.downstream}
+        elif self.downstream:
             target = urlsplit(self.downstream)
             exporters["otlp/downstream"] = {
                 "endpoint": target.netloc or self.downstream,
                 "tls": {"insecure": target.scheme != "https"},
             }
+        protocols: dict[str, Any] = {"grpc": {"endpoint": f"{self.host}:{self.otlp_port}"}}
+        if self.http_port is not None:
+            protocols["http"] = {"endpoint": f"{self.host}:{self.http_port}"}
         config = {
-            "receivers": {
-                "otlp": {"protocols": {"grpc": {"endpoint": f"{self.host}:{self.otlp_port}"}}}
-            },
+            "receivers": {"otlp": {"protocols": protocols}},
             "processors": {
                 "tail_sampling": {
                     "decision_wait": f"{DECISION_WAIT_S}s",
