@@ -5,7 +5,8 @@ thawed (SIGCONT), the alert resolving.
 ``python -m loadtest.alerting --var-dir var`` (part of ``make chaos``): loopback only, a
 steady 20 Scores a second, bounded in time (a minute of warm-up, then at most three minutes
 for the alert to fire and four to resolve); exit status 1 when it does not fire or resolve
-in time. Prints how long each took.
+in time. Prints how long each took and writes it to ``loadtest/results/alerting.{md,json}``
+(``--out``).
 """
 
 from __future__ import annotations
@@ -183,14 +184,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.alerting", description=__doc__)
     parser.add_argument("--var-dir", type=Path, default=Path("var"))
     parser.add_argument("--log-dir", type=Path, help="default: <var-dir>/alerting")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).with_name("results") / "alerting",
+        help="results base path (.md and .json are written); default loadtest/results/alerting",
+    )
     options = parser.parse_args(argv)
     log_dir = options.log_dir or options.var_dir / "alerting" / time.strftime("%Y%m%d-%H%M%S")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     outcome = run(options.var_dir, log_dir)
-    print(
+    table = (
         f"| alert | fired after (limit {FIRE_LIMIT_S:.0f} s) | resolved after SIGCONT | "
         "alerts that fired | calls (failed) |\n|---|---|---|---|---|\n"
         f"| {ALERT} | {_seconds(outcome.fired_after_s)} | {_seconds(outcome.resolved_after_s)} | "
         f"{', '.join(outcome.alerts_seen) or 'none'} | {outcome.calls} ({outcome.failed_calls}) |"
+    )
+    print(table)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.with_suffix(".md").write_text(
+        f"The degraded-answers alert end to end (`python -m loadtest.alerting`), started "
+        f"{started}: the feature service frozen under 20 Scores a second.\n\n{table}\n"
+    )
+    options.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "started": started,
+                "alert": ALERT,
+                "fire_limit_s": FIRE_LIMIT_S,
+                "fired_after_s": outcome.fired_after_s,
+                "resolved_after_s": outcome.resolved_after_s,
+                "alerts_seen": list(outcome.alerts_seen),
+                "calls": outcome.calls,
+                "failed_calls": outcome.failed_calls,
+                "passed": outcome.passed,
+            },
+            indent=2,
+        )
     )
     return 0 if outcome.passed else 1
 

@@ -27,7 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.cli.up import METRICS_PROCESSES
-from services.common import envoy
+from services.common import envoy, scrape
 from services.common import metric_catalogue as catalogue
 from services.mesh import Mesh, MeshConfig, Process, free_port, http_ok
 from services.observability import collector
@@ -311,6 +311,12 @@ def test_promtool_accepts_every_real_metrics_page(observed: Mesh, known: Known) 
         with urllib.request.urlopen(url, timeout=5) as reply:
             text = reply.read()
         assert catalogue.RPC_SERVER_DURATION.name.encode() in text, name
+        samples = scrape.Samples.parse(text.decode())
+        # The loop's periodic timer has fired (every 100 ms since the server started).
+        assert samples.sum(catalogue.EVENT_LOOP_LAG.count) > 0, name
+        if name == "features":
+            # The known card's Score read stored rows, and their age was observed.
+            assert samples.sum(catalogue.FEATURE_ROW_AGE.count) > 0
         checked = subprocess.run(
             [tool, "check", "metrics"], input=text, capture_output=True, timeout=60, check=False
         )
