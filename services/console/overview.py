@@ -79,7 +79,8 @@ BREAKDOWNS: tuple[Breakdown, ...] = (
     ),
     Breakdown(
         "scored_by",
-        "answers by engine (rules answer when the model cannot)",
+        "answers by engine (model and first_stage are full answers; small_model and rules "
+        "stand in when the model cannot answer)",
         f"sum by (scored_by) (rate({catalogue.DECISIONS.name}[{WINDOW}]))",
         "scored_by",
         "per s",
