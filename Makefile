@@ -126,7 +126,7 @@ test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tes
 .PHONY: test
 test: system install tools check-gen lint k8s-check test-brokers ## Set up and run every test
 	go test ./...
-	$(VENV)/bin/pytest -ra tests
+	$(VENV)/bin/pytest -ra --durations=25 tests
 
 .PHONY: clean
 clean: ## Remove runtime state (data, Feast registry, models, logs)
