@@ -35,8 +35,8 @@ from services.models.lifecycle import (
 )
 from services.models.rollout import (
     DEFAULT_STEPS,
-    Outcome,
     Phase,
+    RolloutEnd,
     RolloutFile,
     RolloutPlan,
     check_steps,
@@ -324,7 +324,7 @@ def _wait(lifecycle: ModelLifecycle, timeout_s: float) -> None:
         mark = "passed" if result.passed else "[red]FAILED[/red]"
         console.print(f"  {result.step} {mark}: {result.summary()}", highlight=False)
     console.print(f"v{plan.version}: {plan.where()}", highlight=False)
-    if plan.outcome not in (Outcome.PROMOTED, Outcome.SHADOW_PASSED):
+    if plan.outcome not in (RolloutEnd.PROMOTED, RolloutEnd.SHADOW_PASSED):
         raise typer.Exit(REFUSED)
 
 
@@ -402,7 +402,7 @@ def approve(
             fail("approve refused", f"v{version} is not waiting for approval ({where})", REFUSED)
         reason = f"approved by {default_actor()} after {len(plan.results)} judged steps"
         _run("approve", lambda: lifecycle.promote(version, reason=reason))
-        plan.phase, plan.outcome, plan.reason = Phase.DONE, Outcome.PROMOTED, reason
+        plan.phase, plan.outcome, plan.reason = Phase.DONE, RolloutEnd.PROMOTED, reason
         plan.finished_at = datetime.now(UTC)
         plans.write(plan)
 

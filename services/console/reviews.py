@@ -82,7 +82,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Decision:
+class LoggedDecision:
     """One decision as the log holds it, with the features the model saw by name."""
 
     transaction_id: str
@@ -137,7 +137,7 @@ class QueueFilter:
 class QueuePage:
     """One page of the queue, newest decision first."""
 
-    items: list[Decision]
+    items: list[LoggedDecision]
     waiting: int
     """REVIEW decisions in the window without a verdict (before filtering)."""
     matching: int
@@ -224,7 +224,7 @@ def _outcome(latest: pd.DataFrame, transaction_id: str) -> Outcome | None:
     )
 
 
-def decisions_of(table: pa.Table, latest: pd.DataFrame | None = None) -> list[Decision]:
+def decisions_of(table: pa.Table, latest: pd.DataFrame | None = None) -> list[LoggedDecision]:
     """The rows of ``table`` (``DECISION_COLUMNS``) as decisions, with features by name and
     each transaction's outcome from ``latest`` (``reader.latest_outcomes``)."""
     orders = reader.feature_orders(table)
@@ -235,7 +235,7 @@ def decisions_of(table: pa.Table, latest: pd.DataFrame | None = None) -> list[De
         if len(names) != len(values):
             names = tuple(f"feature {i}" for i in range(len(values)))
         out.append(
-            Decision(
+            LoggedDecision(
                 transaction_id=row["transaction_id"],
                 card_id=row["card_id"] or "",
                 merchant_id=row["merchant_id"] or "",
@@ -346,7 +346,7 @@ class DecisionLogView:
             truncated=truncated,
         )
 
-    def lookup(self, transaction_id: str) -> Decision | None:
+    def lookup(self, transaction_id: str) -> LoggedDecision | None:
         """The transaction's decision (its first) with its latest outcome, or None when the
         last ``lookup_days`` days of the log do not hold it."""
         first = self._clock().date() - timedelta(days=self.lookup_days - 1)

@@ -44,7 +44,7 @@ class Phase(enum.StrEnum):
     DONE = "done"
 
 
-class Outcome(enum.StrEnum):
+class RolloutEnd(enum.StrEnum):
     """How a rollout ended."""
 
     PROMOTED = "promoted"
@@ -106,7 +106,7 @@ class RolloutPlan(BaseModel):
         description="Shadow gate: the start of its window, the first whole slice after the "
         "shadow's first score (before it, the gateways were still loading it).",
     )
-    outcome: Outcome | None = None
+    outcome: RolloutEnd | None = None
     reason: str = ""
     finished_at: datetime | None = None
     results: list[StepResult] = Field(default_factory=list)

@@ -48,8 +48,8 @@ from services.models.lifecycle import ModelLifecycle, VersionState
 from services.models.rollout import (
     CONTROLLER,
     Comparison,
-    Outcome,
     Phase,
+    RolloutEnd,
     RolloutFile,
     RolloutPlan,
     StepResult,
@@ -350,13 +350,13 @@ class RolloutController:
         state = self.lifecycle.read()
         record = state.versions.get(plan.version)
         if record is None:
-            self._finish(plan, Outcome.STOPPED, f"v{plan.version} is not published")
+            self._finish(plan, RolloutEnd.STOPPED, f"v{plan.version} is not published")
             return
         if record.state is VersionState.RETIRED:
-            self._finish(plan, Outcome.STOPPED, f"v{plan.version} was retired: {record.reason}")
+            self._finish(plan, RolloutEnd.STOPPED, f"v{plan.version} was retired: {record.reason}")
             return
         if record.state is VersionState.LIVE:
-            self._finish(plan, Outcome.PROMOTED, f"v{plan.version} is live: {record.reason}")
+            self._finish(plan, RolloutEnd.PROMOTED, f"v{plan.version} is live: {record.reason}")
             return
         if plan.phase is Phase.SHADOW:
             self._shadow(plan)
@@ -402,13 +402,13 @@ class RolloutController:
             return
         result = self._result(plan, "shadow", shadow, live, judge_shadow(shadow, live, self.policy))
         if not result.passed:
-            self._stop(plan, Outcome.SHADOW_FAILED, f"shadow gate failed: {result.summary()}")
+            self._stop(plan, RolloutEnd.SHADOW_FAILED, f"shadow gate failed: {result.summary()}")
             return
         self.lifecycle.annotate(
             plan.version, f"shadow gate passed: {result.summary()}", by=CONTROLLER
         )
         if plan.stop_after_shadow:
-            self._finish(plan, Outcome.SHADOW_PASSED, result.summary())
+            self._finish(plan, RolloutEnd.SHADOW_PASSED, result.summary())
             return
         plan.phase, plan.step, plan.step_started_at = Phase.CANARY, 0, None
         self._canary(plan, VersionState.SHADOW)
@@ -418,7 +418,7 @@ class RolloutController:
         if self._elapsed(plan) > plan.step_max_seconds:
             self._stop(
                 plan,
-                Outcome.SHADOW_FAILED,
+                RolloutEnd.SHADOW_FAILED,
                 f"shadow gate failed: {decisions} of {plan.shadow_min_decisions} decisions in "
                 f"{plan.step_max_seconds:g} s, too little traffic to judge",
             )
@@ -438,14 +438,14 @@ class RolloutController:
                     reason=f"rollout step {plan.step + 1} of {len(plan.steps)}",
                 )
             except FraudmeshError as error:
-                self._finish(plan, Outcome.STOPPED, f"{label} refused: {error.message}")
+                self._finish(plan, RolloutEnd.STOPPED, f"{label} refused: {error.message}")
                 return
             plan.step_started_at = self._clock()
             return
         if state is not VersionState.CANARY:
             # The gateways' own safety net rolled it back (the version is then retired and
             # seen above), or an operator moved it: the rollout does not fight either.
-            self._finish(plan, Outcome.STOPPED, f"v{plan.version} left its canary ({state})")
+            self._finish(plan, RolloutEnd.STOPPED, f"v{plan.version} left its canary ({state})")
             return
         since = self._since(plan)
         engine = self.engine
@@ -462,7 +462,7 @@ class RolloutController:
             if self._elapsed(plan) > plan.step_max_seconds:
                 self._stop(
                     plan,
-                    Outcome.ROLLED_BACK,
+                    RolloutEnd.ROLLED_BACK,
                     f"rolled back at {label}: {routed} canary and {live.decisions} live "
                     f"decisions in {plan.step_max_seconds:g} s, fewer than the "
                     f"{plan.step_min_decisions} a step needs to be judged",
@@ -473,7 +473,7 @@ class RolloutController:
         checks = judge_canary(canary, live, rules, self.policy, quality, live_quality)
         result = self._result(plan, label, canary, live, checks, routed)
         if not result.passed:
-            self._stop(plan, Outcome.ROLLED_BACK, f"rolled back at {label}: {result.summary()}")
+            self._stop(plan, RolloutEnd.ROLLED_BACK, f"rolled back at {label}: {result.summary()}")
             return
         self.lifecycle.annotate(plan.version, f"{label} passed: {result.summary()}", by=CONTROLLER)
         plan.step += 1
@@ -496,9 +496,9 @@ class RolloutController:
                 plan.version, by=CONTROLLER, reason=f"staged rollout: {passed} canary steps passed"
             )
         except FraudmeshError as error:
-            self._finish(plan, Outcome.STOPPED, f"promotion refused: {error.message}")
+            self._finish(plan, RolloutEnd.STOPPED, f"promotion refused: {error.message}")
             return
-        self._finish(plan, Outcome.PROMOTED, f"{passed} canary steps passed")
+        self._finish(plan, RolloutEnd.PROMOTED, f"{passed} canary steps passed")
 
     def _result(
         self,
@@ -525,7 +525,7 @@ class RolloutController:
         )
         return result
 
-    def _stop(self, plan: RolloutPlan, outcome: Outcome, reason: str) -> None:
+    def _stop(self, plan: RolloutPlan, outcome: RolloutEnd, reason: str) -> None:
         """Retires the candidate with ``reason`` and ends the rollout."""
         try:
             self.lifecycle.retire(plan.version, by=CONTROLLER, reason=reason)
@@ -534,7 +534,7 @@ class RolloutController:
         log.warning("rollout stopped", extra={"version": plan.version, "reason": reason})
         self._finish(plan, outcome, reason)
 
-    def _finish(self, plan: RolloutPlan, outcome: Outcome, reason: str) -> None:
+    def _finish(self, plan: RolloutPlan, outcome: RolloutEnd, reason: str) -> None:
         plan.phase = Phase.DONE
         plan.outcome = outcome
         plan.reason = reason

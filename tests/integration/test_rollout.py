@@ -34,7 +34,7 @@ from services.featurestore import layout
 from services.mesh import Mesh, MeshConfig
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle, VersionState
-from services.models.rollout import Outcome, RolloutFile, RolloutPlan
+from services.models.rollout import RolloutEnd, RolloutFile, RolloutPlan
 from tests.timeouts import register_logs
 
 from .conftest import Known, first_full_quality
@@ -289,7 +289,7 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
     took = time.monotonic() - started
     for result in plan.results:
         print(f"{result.step}: {result.summary()}")
-    assert plan.outcome is Outcome.PROMOTED, plan.reason
+    assert plan.outcome is RolloutEnd.PROMOTED, plan.reason
     assert [r.step for r in plan.results] == ["shadow", "canary 10%", "canary 50%"]
     state = world.lifecycle.read()
     assert state.routing.live == version and state.routing.previous == world.live
@@ -346,7 +346,7 @@ def test_higher_thresholds_are_rolled_back_at_the_first_step(world: World, tmp_p
     )  # fmt: skip
     plan = _finished(world, 200)
     print(plan.reason)
-    assert plan.outcome is Outcome.ROLLED_BACK
+    assert plan.outcome is RolloutEnd.ROLLED_BACK
     assert plan.reason.startswith("rolled back at canary 10%:")
     assert "review rate" in plan.reason or "decline rate" in plan.reason
     assert [r.step for r in plan.results] == ["canary 10%"]
@@ -368,7 +368,7 @@ def test_shifted_scores_are_stopped_by_the_shadow_gate(world: World, tmp_path: P
     print(done.stdout)
     assert done.returncode == 1, done.stderr
     plan = world.plans.read()
-    assert plan is not None and plan.outcome is Outcome.SHADOW_FAILED
+    assert plan is not None and plan.outcome is RolloutEnd.SHADOW_FAILED
     assert "score PSI" in plan.reason
     record = world.lifecycle.read().versions[version]
     assert record.state is VersionState.RETIRED and "score PSI" in record.reason

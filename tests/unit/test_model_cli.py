@@ -267,7 +267,7 @@ def test_rollout_hands_a_plan_to_the_monitor_and_refuses_bad_input(root: Path) -
 
 
 def test_approve_promotes_a_rollout_waiting_for_approval(root: Path) -> None:
-    from services.models.rollout import Outcome, Phase, RolloutFile
+    from services.models.rollout import Phase, RolloutEnd, RolloutFile
 
     assert _run(root, "rollout", "2", "--steps", "10,100", "--require-approval")[0] == 0
     plans = RolloutFile(root)
@@ -288,7 +288,7 @@ def test_approve_promotes_a_rollout_waiting_for_approval(root: Path) -> None:
     assert state.routing.live == "2" and state.routing.canary is None
     assert "approved by " in state.history[-1].reason
     done = plans.read()
-    assert done is not None and done.phase is Phase.DONE and done.outcome is Outcome.PROMOTED
+    assert done is not None and done.phase is Phase.DONE and done.outcome is RolloutEnd.PROMOTED
     assert done.finished_at is not None
     code, out = _run(root, "approve", "2")
     assert code == 1 and "not waiting for approval" in out

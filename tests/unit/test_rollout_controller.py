@@ -14,8 +14,8 @@ import pytest
 from services.models.lifecycle import ModelLifecycle, VersionState
 from services.models.rollout import (
     Comparison,
-    Outcome,
     Phase,
+    RolloutEnd,
     RolloutFile,
     RolloutPlan,
     check_steps,
@@ -216,7 +216,7 @@ def test_a_good_candidate_is_promoted_step_by_step_and_resumes_after_a_restart(
     _controller(lifecycle, plans, engine, clock).tick()
     plan = plans.read()
     assert plan is not None
-    assert plan.outcome is Outcome.PROMOTED, plan.reason
+    assert plan.outcome is RolloutEnd.PROMOTED, plan.reason
     state = lifecycle.read()
     assert state.routing.live == version and state.routing.previous == "1"
     reasons = [t.reason for t in state.history if t.version == version]
@@ -237,7 +237,7 @@ def test_higher_thresholds_are_rolled_back_at_the_first_step_naming_the_rates(
     engine.windows = {(version, "canary"): arm(400, 1, 0.7, 0.95), ("1", "live"): arm(4000, 2)}
     controller.tick()
     plan = plans.read()
-    assert plan is not None and plan.outcome is Outcome.ROLLED_BACK
+    assert plan is not None and plan.outcome is RolloutEnd.ROLLED_BACK
     assert plan.reason.startswith("rolled back at canary 10%: approve rate")
     record = lifecycle.read().versions[version]
     assert record.state is VersionState.RETIRED and "review rate" in record.reason
@@ -267,7 +267,7 @@ def test_a_step_without_enough_traffic_rolls_back_and_approval_holds_the_last_st
     clock.now += timedelta(seconds=61)
     controller.tick()
     plan = plans.read()
-    assert plan is not None and plan.outcome is Outcome.ROLLED_BACK
+    assert plan is not None and plan.outcome is RolloutEnd.ROLLED_BACK
     assert "fewer than the 300 a step needs" in plan.reason
 
 
@@ -289,7 +289,7 @@ def test_the_shadow_gate_stops_a_shifted_candidate_naming_the_psi(
     assert plan is not None and plan.window_from is not None and not plan.results
     controller.tick()
     plan = plans.read()
-    assert plan is not None and plan.outcome is Outcome.SHADOW_FAILED
+    assert plan is not None and plan.outcome is RolloutEnd.SHADOW_FAILED
     assert "score PSI" in plan.reason
     assert lifecycle.read().versions[version].state is VersionState.RETIRED
 
