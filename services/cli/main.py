@@ -9,6 +9,10 @@ never imports the load-test package; it is loaded only when installed beside it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
@@ -130,9 +134,36 @@ def _add_installed_commands() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Once the command has ended and its output is flushed, the process ends with ``os._exit``
+    and the command's status, without the interpreter's finalization: a native library's
+    thread that calls back into Python while the interpreter finalizes (Arrow's CSV
+    read-ahead, still reading after a file was rejected midway) makes Python end that thread
+    inside C++ code, which aborts the whole process (SIGABRT, "terminate called without an
+    active exception") instead of exiting with the command's status.
+    """
     _add_installed_commands()
-    app()
+    try:
+        app()
+        code = 0
+    except SystemExit as done:
+        code = _exit_status(done.code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _exit_status(code: object) -> int:
+    """The process status of a ``SystemExit`` code (a message is printed and gives 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
