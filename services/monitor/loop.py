@@ -56,23 +56,30 @@ class MonitorLoop:
         return self._connected and self._caught_up
 
     def run(self, stop: threading.Event) -> None:
-        """Loops until ``stop`` is set, then checkpoints and commits what it applied."""
+        """Loops until ``stop`` is set, then checkpoints and commits what it applied. While it
+        keeps up, polls are at least ``poll_linger_s`` apart (a full poll, a backlog, is
+        followed by the next at once)."""
         while not stop.is_set():
+            started = time.monotonic()
             try:
-                self.step()
+                full = self.step()
             except (BackendUnavailable, EventLogError) as error:
                 self._connected = False
                 self._failed("log", error)
             except sqlite3.Error as error:
                 self._failed("state", error)
             else:
+                if not full:
+                    elapsed = time.monotonic() - started
+                    stop.wait(max(0.0, self._settings.poll_linger_s - elapsed))
                 continue
             self._metrics.ready.set(0)
             stop.wait(self._settings.retry_backoff_s)
         self._finish()
 
-    def step(self) -> None:
-        """One iteration: checkpoint if due, poll, apply, publish if due."""
+    def step(self) -> bool:
+        """One iteration: checkpoint if due, poll, apply, publish if due; True when the poll
+        was full (more is waiting)."""
         if self._checkpoint_due():
             self.checkpoint()
         if self._consumer is None:
@@ -81,6 +88,7 @@ class MonitorLoop:
         records = self._consumer.poll(s.poll_max_records, s.poll_timeout_s)
         self._connected = True
         self._recovered("log")
+        full = len(records) >= s.poll_max_records
         if records:
             if self._uncommitted_since is None:
                 self._uncommitted_since = time.monotonic()
@@ -90,7 +98,6 @@ class MonitorLoop:
                 value = getattr(stats, kind)
                 if value:
                     m.events.labels(kind.removesuffix("s")).inc(value)
-            full = len(records) >= s.poll_max_records
             age = max(0.0, time.time() - stats.newest_us / 1e6) if stats.newest_us else 0.0
             # Behind: a full batch, or decisions older than a few polls (a backlog).
             self._caught_up = not full and age < max(2.0, 4 * s.poll_timeout_s)
@@ -106,6 +113,7 @@ class MonitorLoop:
         if now >= self._next_prune:
             self._next_prune = now + _PRUNE_INTERVAL_S
             self.engine.prune()
+        return full
 
     def publish(self) -> None:
         """Recomputes the gauges and records any advice."""
