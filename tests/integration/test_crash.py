@@ -1,4 +1,4 @@
-"""The crash matrix, short: under 100 calls/s through ``fraudmesh up``'s default mesh (two
+"""The crash matrix, short: under 60 calls/s through ``fraudmesh up``'s default mesh (two
 Envoys, two gateways, two feature services, two scorers), SIGKILL of an Envoy, a gateway, a
 feature service, a scorer, the updater and the decision sink in turn. A killed gateway costs
 no call and no answered decision, an Envoy at most the calls in flight on it, the others no
@@ -17,8 +17,10 @@ pytestmark = pytest.mark.integration
 
 KILLED = ("envoy", "gateway", "features", "scorer", "updater", "decisionlog")
 # 16 client connections: the kernel spreads them over the two Envoys' shared port, so the
-# killed one holds some of them but with a chance of 2 in 65,536.
-PLAN = CrashPlan(rps=100, before_s=3.0, after_s=4.0, tail_s=2.0, log_wait_s=60.0, connections=16)
+# killed one holds some of them but with a chance of 2 in 65,536. 60 calls/s, as the short
+# fault matrix: at 100 a slow 2-core machine runs at half its capacity before anything
+# restarts, and a restart's own CPU then makes calls late that a faster one would not.
+PLAN = CrashPlan(rps=60, before_s=3.0, after_s=4.0, tail_s=2.0, log_wait_s=60.0, connections=16)
 
 
 @pytest.fixture(scope="module")
