@@ -7,6 +7,13 @@ fault's window with the same run's baseline window cancels the machine: a fault 
 most the baseline's share of late or failed calls plus ``max(SLACK_CALLS, SLACK_SHARE)`` of the
 window's calls. A fallback that answers late (past the 42 ms budget) makes every call it answers
 late, far past that bound.
+
+The slack in calls is one pause of the machine: a 2-core machine running the whole mesh stops
+serving now and then for some 50 ms (measured: five calls sent within 80 ms, one model answer
+each, all late together, 1.7 s after a rollback with nothing else happening), and every call
+in flight then is late at once. A short window (a rollback's two seconds, 200 calls) would
+otherwise fail on one such pause its baseline of a few seconds did not happen to hold; a
+window of 600 calls or more is bounded by the share.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from typing import TypeVar
 
 BUDGET_MS = 42.0
 """The end-to-end budget a call must be answered within, as the client measures it."""
-SLACK_CALLS = 2
-"""Late or failed calls a fault window may have beyond the baseline's share, at least."""
+SLACK_CALLS = 6
+"""Late or failed calls a fault window may have beyond the baseline's share, at least: the calls
+one pause of about 60 ms makes late at the 100 calls/s the tests run at, at most."""
 SLACK_SHARE = 0.01
 """Share of a fault window's calls that may be late or failed beyond the baseline's share."""
 

@@ -16,14 +16,15 @@ from loadtest.ghz import CallRecord, Result, parse_report
 @pytest.mark.parametrize(
     ("baseline", "calls", "allowed"),
     [
-        (Tally(100, 0), 50, 2),  # a short window: two calls
-        (Tally(100, 0), 300, 3),  # a long one: 1 %
-        (Tally(100, 0), 1000, 10),
-        (Tally(200, 2), 300, 6),  # the baseline's share (3) plus 1 % (3)
-        (Tally(0, 0), 100, 2),  # no baseline calls: the slack alone
+        (Tally(100, 0), 50, 6),  # a short window: one pause's six calls
+        (Tally(100, 0), 300, 6),
+        (Tally(100, 0), 1000, 10),  # a long one: 1 %
+        (Tally(200, 2), 300, 9),  # the baseline's share (3) plus six calls
+        (Tally(200, 2), 1000, 20),  # the baseline's share (10) plus 1 % (10)
+        (Tally(0, 0), 100, 6),  # no baseline calls: the slack alone
     ],
 )
-def test_the_bound_is_the_baseline_share_plus_max_of_two_calls_and_one_percent(
+def test_the_bound_is_the_baseline_share_plus_max_of_six_calls_and_one_percent(
     baseline: Tally, calls: int, allowed: int
 ) -> None:
     assert faultwindow.allowed(baseline, calls) == allowed
@@ -31,8 +32,8 @@ def test_the_bound_is_the_baseline_share_plus_max_of_two_calls_and_one_percent(
 
 def test_a_verdict_needs_calls_in_the_fault_window() -> None:
     assert not faultwindow.judge(Tally(100, 0), Tally(0, 0)).ok
-    assert faultwindow.judge(Tally(100, 0), Tally(300, 3)).ok
-    assert not faultwindow.judge(Tally(100, 0), Tally(300, 4)).ok
+    assert faultwindow.judge(Tally(100, 0), Tally(300, 6)).ok
+    assert not faultwindow.judge(Tally(100, 0), Tally(300, 7)).ok
 
 
 @pytest.mark.parametrize(
