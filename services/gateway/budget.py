@@ -24,6 +24,12 @@ class BudgetPolicy:
     the rules answering at once (normal model calls take 1-3 ms)."""
     scorer_min_s: float = 0.002
     """Below this much time the model is not tried: the rules answer instead."""
+    scorer_suspect_cap_s: float = 0.008
+    """Longest the model call may take while the scorer is suspect (its last call timed out
+    and none has answered since) and the version's small model can answer instead. A stopped
+    or stalled scorer otherwise costs every call its whole slice until the breaker has judged
+    enough calls to open, which takes seconds when the cascade leaves the scorer a few calls a
+    second; the first answer ends the suspicion."""
 
 
 class Budget:
@@ -58,7 +64,9 @@ class Budget:
         """Timeout for the feature call; <= 0 means skip it and use defaults."""
         return min(self.policy.features_cap_s, self.remaining() - self.policy.reserve_s)
 
-    def scorer_timeout(self) -> float:
-        """Timeout for the model call; 0 means too little is left, so use the rules."""
-        left = min(self.policy.scorer_cap_s, self.remaining() - self.policy.reserve_s)
+    def scorer_timeout(self, suspect: bool = False) -> float:
+        """Timeout for the model call; 0 means too little is left, so use the rules.
+        ``suspect`` caps it at the policy's ``scorer_suspect_cap_s``."""
+        cap = self.policy.scorer_suspect_cap_s if suspect else self.policy.scorer_cap_s
+        left = min(cap, self.remaining() - self.policy.reserve_s)
         return left if left >= self.policy.scorer_min_s else 0.0

@@ -177,6 +177,9 @@ class Pipeline:
         self.features = features
         self.metrics = metrics
         self.canary_cap_s = canary_cap_s
+        self.scorer_suspect = False
+        """The live model's last call timed out and none has answered since: its next calls
+        get ``BudgetPolicy.scorer_suspect_cap_s`` where a small model can answer instead."""
         self.shadow_queue = shadow_queue
         """Where shadow jobs go after the answer (``ShadowScorer`` scores them); None scores
         no shadow."""
@@ -268,7 +271,7 @@ class Pipeline:
         verdict = self.rules.evaluate(named)
         rule_reasons = verdict.reasons(named)
 
-        timeout = budget.scorer_timeout()
+        timeout = budget.scorer_timeout(suspect=self.scorer_suspect and route.small is not None)
         fallback_reason = "too little budget left for the model"
         if timeout > 0:
             watch = table.watch
@@ -279,10 +282,13 @@ class Pipeline:
                 )
             except DependencyError as error:
                 self.metrics.dependency_error("scorer", error.reason)
+                if error.reason == "timeout":
+                    self.scorer_suspect = True
                 fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
                 if watch is not None and error.reason != "breaker_open":
                     watch.record(Arm.LIVE, False, time.perf_counter() - started, False)
             else:
+                self.scorer_suspect = False
                 elapsed = time.perf_counter() - started
                 result = self._model_result(
                     route, Arm.LIVE, score, rule_reasons, notes, source, vector

@@ -122,6 +122,12 @@ class GatewaySettings(ModelServerSettings):
         gt=0,
         description="Longest the model call may take before the rules answer.",
     )
+    scorer_suspect_cap_ms: float = Field(
+        _ms(_BUDGET.scorer_suspect_cap_s),
+        gt=0,
+        description="Longest the model call may take, when the version has a small model, while "
+        "the scorer's last call timed out and none has answered since.",
+    )
     scorer_min_ms: float = Field(
         _ms(_BUDGET.scorer_min_s),
         ge=0,
@@ -332,6 +338,7 @@ class GatewaySettings(ModelServerSettings):
             features_cap_s=self.features_cap_ms / 1000,
             scorer_cap_s=self.scorer_cap_ms / 1000,
             scorer_min_s=self.scorer_min_ms / 1000,
+            scorer_suspect_cap_s=self.scorer_suspect_cap_ms / 1000,
         )
 
     @property

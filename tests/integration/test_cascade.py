@@ -107,8 +107,9 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
 ) -> None:
     population = data.sample_population(cascade_mesh.config.var_dir / "data", 400)
     scorer = cascade_mesh.processes["scorer"]
-    # A deadline past the budget: a late answer shows as its latency, judged against 42 ms.
-    driver = Driver(cascade_mesh.config.envoy_target, population, rps=40, deadline_s=0.2)
+    # The budget as the deadline, as payment clients send it: the gateway plans its slices
+    # on the time the call has left when it arrives, and a late answer is DEADLINE_EXCEEDED.
+    driver = Driver(cascade_mesh.config.envoy_target, population, rps=40)
     driver.start()
     began = time.monotonic()
     stopped_at = resumed_at = back_at = None
@@ -122,7 +123,7 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
         baseline = Calls(list(driver.calls.calls)).between(began + 1.0, stopped_at)
         while back_at is None and time.monotonic() < resumed_at + RECOVERY_S:
             time.sleep(0.25)
-            # Calls sent long enough ago to have ended (their deadline is 0.2 s).
+            # Calls sent long enough ago to have ended (their deadline is 42 ms).
             end = time.monotonic() - 0.5
             start = max(resumed_at, end - RECOVERED_SPAN_S)
             span = Calls(list(driver.calls.calls)).between(start, end)
@@ -142,6 +143,7 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
     assert base_engines[pb.SCORED_BY_FIRST_STAGE] >= 10, base_engines
 
     verdict = _verdict(baseline, stopped)
+    print(f"scorer stopped: {verdict}")
     assert verdict.ok, (str(verdict), stopped.statuses())
     # Every answer while the scorer is stopped comes from the small model: its clear approvals
     # and, for the rest, its answers with its own thresholds. Never the rules, nor the model.

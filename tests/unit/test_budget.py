@@ -71,3 +71,13 @@ def test_scorer_skipped_when_less_than_minimum_left() -> None:
     clock.now += 0.0365  # 5.5 ms left: 1.5 ms after the reserve, below the 2 ms minimum
     assert budget.scorer_timeout() == 0.0
     assert budget.elapsed() == pytest.approx(0.0365)
+
+
+def test_a_suspect_scorer_gets_the_short_slice_which_still_shrinks_with_time() -> None:
+    clock = FakeClock()
+    policy = BudgetPolicy(scorer_suspect_cap_s=0.008)
+    budget = Budget(policy, None, clock)
+    assert budget.scorer_timeout(suspect=True) == pytest.approx(0.008)
+    assert budget.scorer_timeout() == pytest.approx(0.020)
+    clock.now += 0.032  # 10 ms left, 4 ms reserved
+    assert budget.scorer_timeout(suspect=True) == pytest.approx(0.006)

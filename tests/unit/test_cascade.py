@@ -199,6 +199,45 @@ async def test_a_failing_model_is_answered_by_the_small_model_with_its_threshold
     assert _small_answers(pipeline, "fallback") == before + 1
 
 
+class TimedModel(Model):
+    """A model that records the timeout each call was given."""
+
+    def __init__(self, score: float | None, reason: str = "timeout") -> None:
+        super().__init__(score, reason)
+        self.timeouts: list[float] = []
+
+    async def score(self, vector: list[float], timeout_s: float) -> float:
+        self.timeouts.append(timeout_s)
+        return await super().score(vector, timeout_s)
+
+
+@pytest.mark.parametrize("with_small", [True, False])
+async def test_after_a_timeout_the_model_gets_the_short_slice_until_it_answers(
+    with_small: bool,
+) -> None:
+    model = TimedModel(None)
+    pipeline = _pipeline(model, Small(0.3) if with_small else None, cascade=False)
+    short = POLICY.scorer_suspect_cap_s if with_small else POLICY.scorer_cap_s
+    await pipeline.score(_tx(), Budget(POLICY, None))
+    await pipeline.score(_tx(), Budget(POLICY, None))
+    model.value = 0.2
+    await pipeline.score(_tx(), Budget(POLICY, None))
+    await pipeline.score(_tx(), Budget(POLICY, None))
+    # The first call has the whole slice; after its timeout, the short one while a small
+    # model stands by; the first answer gives the whole slice back.
+    assert model.timeouts == pytest.approx(
+        [POLICY.scorer_cap_s, short, short, POLICY.scorer_cap_s], abs=1e-3
+    )
+
+
+async def test_an_unavailable_scorer_is_not_suspect() -> None:
+    model = TimedModel(None, reason="unavailable")
+    pipeline = _pipeline(model, Small(0.3), cascade=False)
+    for _ in range(2):
+        await pipeline.score(_tx(), Budget(POLICY, None))
+    assert model.timeouts == pytest.approx([POLICY.scorer_cap_s] * 2, abs=1e-3)
+
+
 async def test_an_open_breaker_and_a_spent_budget_are_answered_by_the_small_model() -> None:
     model, small = Model(None), Small(0.7)
     pipeline = _pipeline(model, small)
