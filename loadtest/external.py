@@ -264,9 +264,11 @@ def _figures(tx: pd.DataFrame, scores: pd.DataFrame, report: dict[str, Any]) -> 
     # The cascade, the small model alone and the rules beside the model, judged against the
     # cascade's quality targets (loadtest/cascade_quality.py).
     figures["side_by_side"] = cascade_quality.figures(report)
+    # A version from before the small model (a --before checkout) has no cascade to judge.
+    judged = "cascade" in report and "small_model" in report
     figures["cascade_targets"] = [
         {"name": t.name, "value": t.value, "limit": t.limit, "met": t.met}
-        for t in cascade_quality.judge(report)
+        for t in (cascade_quality.judge(report) if judged else [])
     ]
     figures["cascade"] = report.get("cascade_summary", {})
     return figures
