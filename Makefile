@@ -17,11 +17,18 @@ help: ## List the targets
 
 # The product and, beside it, the load-test suite (its own distribution, loadtest/pyproject.toml,
 # which adds `fraudmesh loadtest` and `fraudmesh chaos`), both editable.
-$(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
-	$(PY) -m pip install --quiet --no-deps -e . -e ./loadtest
+# uv (from PyPI, in a small virtual environment of its own) installs the locked packages; with
+# its cache warm it links them in seconds, where pip unpacks every wheel again.
+UV_VERSION := 0.13.9
+UV := build/uv/bin/uv
+$(UV):
+	$(PYTHON) -m venv build/uv
+	build/uv/bin/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+$(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock $(UV)
+	$(UV) venv --quiet --seed --allow-existing --python $(PYTHON) $(VENV)
+	$(UV) pip install --quiet --python $(PY) -r requirements.lock
+	$(UV) pip install --quiet --python $(PY) --no-deps -e . -e ./loadtest
 	touch $@
 
 # The console's browser assets: pinned npm packages (package-lock.json, integrity-checked by
@@ -36,13 +43,21 @@ $(CONSOLE_VENDOR)/htmx.min.js: package.json package-lock.json
 .PHONY: install
 install: $(VENV)/.installed $(CONSOLE_VENDOR)/htmx.min.js ## Create .venv, install the project, its load-test suite and the console's assets
 
+.PHONY: system-run
+system-run: ## Install the system programs the mesh runs (redis-server, setpriv, npm, Prometheus) if missing
+	bash scripts/system-deps.sh run
+
 .PHONY: system
-system: ## Install the system programs the tests start (redis-server, setpriv, Java, Maven, curl, Prometheus) if missing
-	bash scripts/system-deps.sh
+system: ## Install those and the ones only the tests start (Java, Maven, curl, Chromium, bubblewrap) if missing
+	bash scripts/system-deps.sh test
 
 .PHONY: tools
 tools: ## Install the pinned buf, protoc plugins, ghz, grpcurl, kubeconform, kube-score, kustomize, otelcol-fraudmesh
 	bash scripts/tools.sh
+
+.PHONY: collector
+collector: ## Build the trace collector otelcol-fraudmesh (fraudmesh up keeps traces with it)
+	bash scripts/collector.sh
 
 .PHONY: gen
 gen: install ## Regenerate the Python and Go stubs from protos/
@@ -70,7 +85,7 @@ data: install ## Simulate data, apply Feast, train if no model exists, materiali
 	$(FRAUDMESH) features materialize --var-dir $(VAR)
 
 .PHONY: run
-run: system data ## Set up and run the mesh on the embedded defaults, with sample transactions
+run: system-run data ## Set up and run the mesh on the embedded defaults, with sample transactions
 	$(FRAUDMESH) up --var-dir $(VAR) --demo
 
 .PHONY: chaos
@@ -123,10 +138,21 @@ images: data ## Build the container image with buildah (no Docker engine) and sm
 test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tests run (build/kafka)
 	bash scripts/test-brokers.sh
 
+# Every check runs in one of three lanes side by side (tests/lanes.py says which and why):
+# the modules that judge time one after another at normal priority, every other test module
+# over pytest-xdist workers and the static checks (check-gen, lint, k8s-check, go test) at a
+# lower one. Durations of every test: build/test-results/durations.json.
 .PHONY: test
-test: system install tools check-gen lint k8s-check test-brokers ## Set up and run every test
-	go test ./...
-	$(VENV)/bin/pytest -ra --durations=25 tests
+test: system install tools test-brokers ## Set up and run every test
+	$(PY) -m tests.run
+
+# Reproduces a flake: TESTS (default: the modules that start meshes and judge time) N times
+# in a row, stopping at the first failure.
+N ?= 3
+TESTS ?= $(shell $(PYTHON) -c "import sys; sys.path.insert(0, '.'); from tests import lanes; print(' '.join(str(p.relative_to(lanes.TESTS.parent)) for p in lanes.timing_modules()))")
+.PHONY: test-repeat
+test-repeat: system install tools test-brokers ## Run TESTS (default: the timing lane's modules) N times in a row
+	for i in $$(seq $(N)); do echo "== run $$i of $(N)"; $(VENV)/bin/pytest -ra -p no:cacheprovider -x $(TESTS) || exit 1; done
 
 .PHONY: clean
 clean: ## Remove runtime state (data, Feast registry, models, logs)

@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Make sure the system programs the tests start are present: redis-server (Redis online
-# store, event log), util-linux setpriv (how the mesh launches its children), Java and Maven
-# (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with metadata no
-# gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests),
-# Chromium (the web console's browser tests, driven by Playwright without downloading a
-# browser of its own), npm (the console's pinned assets), Prometheus (the observability
-# processes of `fraudmesh up`; the console's overview is checked against it). Missing
-# ones are installed from Debian's packages when running as root with apt-get; otherwise
-# this says exactly what to install and fails.
+# Make sure the system programs are present. `system-deps.sh run` (what `make run` needs):
+# redis-server (Redis online store, event log), util-linux setpriv (how the mesh launches its
+# children), npm (the console's pinned assets), Prometheus (the observability processes of
+# `fraudmesh up`). `system-deps.sh test` (the default; what `make test` needs) adds Java and
+# Maven (the Kafka broker of the event-log tests), curl with HTTP/2 (the raw calls with
+# metadata no gRPC library sends, in the hostile-input test), promtool (the alert rules' unit
+# tests), Chromium (the web console's browser tests, driven by Playwright without downloading
+# a browser of its own) and bubblewrap (the pod test's read-only root). Missing ones are
+# installed from Debian's packages when running as root with apt-get; otherwise this says
+# exactly what to install and fails.
 set -euo pipefail
 
+profile=${1:-test}
 # program → Debian package
 declare -A wanted=(
   [redis-server]=redis-server
   [setpriv]=util-linux
-  [java]=openjdk-17-jre-headless
-  [mvn]=maven
-  [curl]=curl
-  [chromium]=chromium
   [npm]=npm
   [prometheus]=prometheus
-  [promtool]=prometheus
 )
+case "$profile" in
+  run) ;;
+  test)
+    wanted+=(
+      [java]=openjdk-17-jre-headless
+      [mvn]=maven
+      [curl]=curl
+      [chromium]=chromium
+      [promtool]=prometheus
+      [bwrap]=bubblewrap
+    )
+    ;;
+  *) echo "system-deps.sh: unknown profile '$profile' (run or test)" >&2; exit 2 ;;
+esac
 
 missing=()
 for program in "${!wanted[@]}"; do

@@ -10,8 +10,11 @@ that start services point them at it with ``prepared_env.env``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import subprocess
 
 # LightGBM's OpenMP threads spin while they wait by default: on a 2-core machine that also
 # runs the services under test, spinning threads starve everyone, and a training that takes
@@ -19,6 +22,7 @@ import shutil
 # loads its OpenMP runtime, here and in every child process).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +34,13 @@ from services.featurestore.settings import FeatureStoreSettings
 from services.models import repository
 from services.pipelines import dataset, simulate, train
 
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DIR_ENV = "FRAUD_TEST_SHARED_DIR"
+"""A folder the pytest processes of one run share what each would build alike."""
+
 # No skip under CI (tests/ci.py); a time limit per integration module, logs on failure
-# (tests/timeouts.py).
-pytest_plugins = ("tests.ci", "tests.timeouts")
+# (tests/timeouts.py); every test's duration kept when asked (tests/durations.py).
+pytest_plugins = ("tests.ci", "tests.timeouts", "tests.durations")
 
 
 @dataclass(frozen=True)
@@ -80,11 +88,65 @@ class PreparedEnv:
         return copy
 
 
+@contextlib.contextmanager
+def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A folder shared by every process of this run (pytest-xdist's workers share the parent of
+    their base temporary folders), held under a lock: the first to get it builds what goes in
+    it, the others find it built. ``FRAUD_TEST_SHARED_DIR`` names such a folder for several
+    pytest processes (``make test``'s lanes); without either it is this process's own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    if os.environ.get(SHARED_DIR_ENV):
+        root = Path(os.environ[SHARED_DIR_ENV])
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.lock", "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def go_score_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Go client (clients/go/fraudmesh-score), built once per run, statically linked."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("go is not installed (see scripts/tools.sh)")
+    with _once_per_run(tmp_path_factory, "go-client") as folder:
+        binary = folder / "fraudmesh-score"
+        if not binary.exists():
+            built = subprocess.run(
+                [go, "build", "-o", str(binary), "./clients/go/fraudmesh-score"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env={**os.environ, "CGO_ENABLED": "0"},
+            )
+            assert built.returncode == 0, built.stderr
+    return binary
+
+
 @pytest.fixture(scope="session")
 def prepared_state(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     """Small preset (window ending today, so features are fresh now), applied,
-    materialized into SQLite, and a model trained and published on it; only ever copied."""
-    var_dir = tmp_path_factory.mktemp("prepared")
+    materialized into SQLite, and a model trained and published on it; only ever copied.
+    Built once per run: pytest-xdist's workers copy the first one's."""
+    with _once_per_run(tmp_path_factory, "prepared") as var_dir:
+        done = var_dir / ".version"
+        if not done.exists():
+            # What a failed build left behind is not reused.
+            for leftover in var_dir.iterdir():
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+            done.write_text(_prepare(var_dir))
+        return PreparedEnv.at(var_dir, done.read_text())
+
+
+def _prepare(var_dir: Path) -> str:
+    """Builds the prepared state in ``var_dir``; returns the trained version."""
     settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
     sim = simulate.simulate(simulate.preset("small"))
     dataset.write(dataset.Dataset.from_transactions(sim.transactions), settings.data_path)
@@ -93,7 +155,7 @@ def prepared_state(tmp_path_factory: pytest.TempPathFactory) -> PreparedEnv:
     model_root = var_dir / "models"
     result = train.train(settings, model_root)
     assert result.metadata.version == repository.latest_version(model_root)
-    return PreparedEnv.at(var_dir, result.metadata.version)
+    return result.metadata.version
 
 
 @pytest.fixture(scope="module")

@@ -296,11 +296,20 @@ def _check_edge_files(edge: EdgeSettings) -> None:
         raise typer.Exit(1) from error
 
 
+MISSING_OBSERVABILITY = {
+    "prometheus": "no metrics kept: Prometheus is not installed ('make system-run' installs it)",
+    "collector": "no traces kept: the trace collector is not built "
+    "('make collector' builds it in a few minutes, once)",
+}
+"""What ``up`` says, in one line each, when an observability process is not installed."""
+
+
 def _warn_missing_observability(mesh: Mesh) -> None:
-    """Says which observability process is not installed: the mesh runs without it."""
-    for name, how in (("prometheus", "make system"), ("collector", "make tools")):
+    """Says in one line per missing observability process what is lost and how to get it:
+    the mesh runs without it."""
+    for name, line in MISSING_OBSERVABILITY.items():
         if name not in mesh.processes:
-            console.print(f"[yellow]{name} is not installed ({how}); running without it[/yellow]")
+            console.print(f"[yellow]{line}[/yellow]")
 
 
 def _check_choices(store: str, auth: str | None) -> None:

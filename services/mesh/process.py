@@ -10,11 +10,14 @@ runs threads (gRPC's), and then ``Popen`` never returns.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -50,11 +53,65 @@ def renice_threads(pid: int, niceness: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel reports free right now."""
+PORT_FLOOR = 15000
+"""Lowest port ``free_port`` hands out; it hands out ports below the kernel's ephemeral range."""
+PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "fraudmesh-ports"
+"""One lock file per handed-out port: what reserves it across processes."""
+_reserved: dict[int, IO[bytes]] = {}
+"""Ports this process reserved, with the open lock file that holds each until it exits."""
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port of the kernel's ephemeral range (outgoing connections take theirs
+    from it), 32768 where the kernel does not say."""
+    try:
+        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+        return int(low)
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _binds(host: str, port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that binds now and that no other caller on this machine holds.
+
+    A port the kernel picks for port 0 comes from the ephemeral range: between this call and
+    the server's bind, any outgoing connection may take it, and so may the next caller in
+    another process (tests that run side by side). So ports come from below that range,
+    each reserved by a lock on its own file, held by this process until it exits (the lock
+    file is not inherited by children, which bind the port themselves)."""
+    ceiling = _ephemeral_floor()
+    if ceiling - PORT_FLOOR < 1000:
+        with socket.socket() as sock:  # a narrowed-down range: the kernel's choice it is
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    span = ceiling - PORT_FLOOR
+    start = random.randrange(span)
+    for step in range(span):
+        port = PORT_FLOOR + (start + step) % span
+        if port in _reserved:
+            continue
+        lock = open(PORT_LOCK_DIR / str(port), "ab")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        if not _binds(host, port):
+            lock.close()
+            continue
+        _reserved[port] = lock
+        return port
+    raise RuntimeError(f"no free port between {PORT_FLOOR} and {ceiling}")
 
 
 def grpc_serving(target: str, timeout_s: float = 0.5, service: str = "") -> bool:

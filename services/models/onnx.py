@@ -63,7 +63,10 @@ class OnnxModel:
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self.n_features = len(metadata.feature_order)
         self._input_name = metadata.input_name
-        self._proba_index = [o.name for o in self.outputs].index(metadata.output_name)
+        if metadata.output_name not in [o.name for o in self.outputs]:
+            raise ValueError(f"{path} has no output {metadata.output_name!r}")
+        # Only the probabilities: the label output is neither needed nor computed.
+        self._proba_output = [metadata.output_name]
 
     @classmethod
     def load(
@@ -92,7 +95,7 @@ class OnnxModel:
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
         """Fraud probability for each row of a float32 [n, n_features] batch."""
-        proba = self.session.run(None, {self._input_name: batch})[self._proba_index]
+        proba = self.session.run(self._proba_output, {self._input_name: batch})[0]
         return proba[:, 1]
 
     def warm_up(self, calls: int) -> None:

@@ -237,18 +237,9 @@ def test_fraudmesh_score_with_tls_and_a_token_file(
 
 
 def test_go_client_with_tls_and_a_token(
-    secure_mesh: Mesh, tls_var: Path, known: Known, tmp_path: Path
+    secure_mesh: Mesh, tls_var: Path, known: Known, tmp_path: Path, go_score_client: Path
 ) -> None:
-    binary = tmp_path / "fraudmesh-score"
-    built = subprocess.run(
-        ["go", "build", "-o", str(binary), "./clients/go/fraudmesh-score"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "CGO_ENABLED": "0"},
-    )
-    assert built.returncode == 0, built.stderr
+    binary = go_score_client
     token_file = tmp_path / "token"
     token_file.write_text(token(tls_var))
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,26 +392,10 @@ async def test_a_call_past_the_limit_ends_with_deadline_exceeded(client: Client)
     assert entry["details"] in ("max_duration_timeout", "via_upstream")
 
 
-def _go() -> str:
-    found = shutil.which("go")
-    if found is None:
-        pytest.fail("go is not installed (see scripts/tools.sh)")
-    return found
-
-
 @pytest.fixture(scope="module")
-def score_binary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The Go client, built once for this module."""
-    binary = tmp_path_factory.mktemp("go") / "fraudmesh-score"
-    built = subprocess.run(
-        [_go(), "build", "-o", str(binary), "./clients/go/fraudmesh-score"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert built.returncode == 0, built.stderr
-    yield binary
+def score_binary(go_score_client: Path) -> Path:
+    """The Go client (built once per run)."""
+    return go_score_client
 
 
 async def test_go_client_through_envoy(healthy: Edge, score_binary: Path) -> None:

@@ -27,6 +27,7 @@ from services.featurestore import admin
 from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.repo import definitions
 from services.featurestore.settings import FeatureStoreSettings
+from services.mesh import free_port
 from services.pipelines import simulate
 from services.pipelines.dataset import Dataset
 from services.pipelines.dataset import write as write_dataset
@@ -40,12 +41,6 @@ N_STORE = len(featurespec.STORE_FEATURES)
 N_TERMINAL = len(featurespec.TERMINAL_FEATURES)
 MERCHANT_SLOTS = slice(N_CARD, N_STORE - N_TERMINAL)
 TERMINAL_SLOTS = slice(N_STORE - N_TERMINAL, N_STORE)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +62,7 @@ def redis_server() -> Iterator[str]:
     executable = shutil.which("redis-server")
     if executable is None:
         pytest.fail("redis-server is not on PATH (Debian package redis-server)")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             executable,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -210,18 +209,8 @@ def test_grpcurl_without_protos_calls_score_through_envoy(mesh: Mesh, known: Kno
     assert answer["scored_by"] == "SCORED_BY_MODEL"
 
 
-def test_go_client_scores_through_envoy(mesh: Mesh, known: Known, tmp_path: Path) -> None:
-    binary = tmp_path / "fraudmesh-score"
-    env = {**os.environ, "CGO_ENABLED": "0"}
-    built = subprocess.run(
-        ["go", "build", "-o", str(binary), "./clients/go/fraudmesh-score"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert built.returncode == 0, built.stderr
+def test_go_client_scores_through_envoy(mesh: Mesh, known: Known, go_score_client: Path) -> None:
+    binary = go_score_client
 
     def call() -> dict[str, Any]:
         ran = subprocess.run(

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from services.mesh import STARTUP_NICENESS, Process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,3 +94,62 @@ def test_child_dies_with_its_parent(tmp_path: Path) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.wait(5)
+
+
+def _ports_of_another_process(count: int) -> set[int]:
+    """``count`` ports reserved by another process, which still holds them when this returns
+    (it waits for a line on stdin before it exits)."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from services.mesh.process import free_port
+        print(" ".join(str(free_port()) for _ in range({count})), flush=True)
+        sys.stdin.readline()
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    try:
+        return {int(word) for word in child.stdout.readline().split()}
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def test_free_ports_are_distinct_below_the_ephemeral_range_and_held_across_processes() -> None:
+    from services.mesh.process import PORT_FLOOR, _ephemeral_floor, _reserved, free_port
+
+    mine = {free_port() for _ in range(200)}
+    assert len(mine) == 200
+    assert all(PORT_FLOOR <= port < _ephemeral_floor() for port in mine)
+    # Another process never gets a port this one holds, while this one lives.
+    theirs = _ports_of_another_process(200)
+    assert len(theirs) == 200
+    assert not mine & theirs
+    assert mine <= set(_reserved)
+
+
+def test_a_free_port_is_one_nothing_listens_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from services.mesh import process
+
+    with socket.socket() as sock:
+        for taken in range(process.PORT_FLOOR + 500, process.PORT_FLOOR + 900):
+            try:
+                sock.bind(("127.0.0.1", taken))
+            except OSError:
+                continue
+            break
+        sock.listen(1)
+        # The search starts at the port something listens on: it must pass over it.
+        monkeypatch.setattr(process.random, "randrange", lambda _: taken - process.PORT_FLOOR)
+        port = process.free_port()
+        assert port != taken
+        assert process.PORT_FLOOR <= port < process._ephemeral_floor()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lightgbm as lgb
 import numpy as np
+import onnx
 import onnxmltools
 import onnxruntime as ort
 from onnxmltools.convert.common.data_types import FloatTensorType
@@ -38,7 +39,17 @@ def export_onnx(booster: lgb.Booster, n_features: int, path: Path) -> None:
     outputs = [o.name for o in model.graph.output]
     if OUTPUT_NAME not in outputs:
         raise ParityError(f"ONNX export has outputs {outputs}, expected {OUTPUT_NAME!r}")
+    _batch_is_dynamic(model)
     path.write_bytes(model.SerializeToString())
+
+
+def _batch_is_dynamic(model: onnx.ModelProto) -> None:
+    """Declares every output's first dimension as the batch: the converter declares the
+    label output as one row, and ONNX Runtime then warns on every batch of more than one."""
+    for output in model.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        if dims and dims[0].HasField("dim_value"):
+            dims[0].dim_param = "batch"
 
 
 def parity_gap(onnx_path: Path, x: np.ndarray, expected: np.ndarray) -> float:

@@ -1,0 +1,133 @@
+"""Every test's duration, kept as a results file of the run: where a CI run's time goes.
+
+``--durations-file PATH`` (``make test`` names one per group of modules it runs) writes, at
+the end of the session, each test's setup, call and teardown seconds with its outcome, the
+totals per module, and the conditions of the run (commit, date, cores, CPU model, load
+average, command). Under pytest-xdist the controller writes it from the reports its workers
+send back, so one file covers the whole session. Loaded by ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
+"""Node id → the test's seconds per phase and its outcome."""
+_START = pytest.StashKey[float]()
+"""When the session started (epoch seconds)."""
+_CONFIG: dict[str, pytest.Config] = {}
+"""The session's config, for the report hook, which is not handed it."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--durations-file``: where to write the run's durations (JSON)."""
+    parser.addoption(
+        "--durations-file",
+        default=None,
+        help="write every test's setup/call/teardown seconds and the run's conditions to this JSON file",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Starts the record (on the controller only: a worker's reports reach it)."""
+    config.stash[_KEY] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds a phase's duration to its test's record."""
+    config = _CONFIG.get("config")
+    tests = None if config is None else config.stash.get(_KEY, None)
+    if tests is None:
+        return
+    record = tests.setdefault(
+        report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "outcome": "passed"}
+    )
+    record[report.when] = round(record[report.when] + report.duration, 3)
+    if report.failed:
+        record["outcome"] = "failed" if report.when == "call" else "error"
+    elif report.skipped and record["outcome"] == "passed":
+        record["outcome"] = "skipped"
+    worker = getattr(report, "node", None)
+    if worker is not None:
+        record["worker"] = str(getattr(worker, "gateway", worker).id)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Remembers the config for reports that do not carry it, and the start time."""
+    _CONFIG["config"] = session.config
+    session.config.stash[_START] = time.time()
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=REPO, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def conditions(command: list[str]) -> dict[str, Any]:
+    """Commit, date, machine and command of a run: what every results file records."""
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {
+            "cores": os.cpu_count(),
+            "cpu": _cpu_model(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+        },
+        "command": " ".join(command),
+    }
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Writes the file (the controller of an xdist run, or a plain run)."""
+    config = session.config
+    path = config.getoption("--durations-file")
+    if not path or hasattr(config, "workerinput"):
+        return
+    tests = config.stash.get(_KEY, {})
+    modules: dict[str, float] = defaultdict(float)
+    for nodeid, record in tests.items():
+        record["total"] = round(record["setup"] + record["call"] + record["teardown"], 3)
+        modules[nodeid.split("::", 1)[0]] += record["total"]
+    started = config.stash.get(_START, time.time())
+    document = conditions(["pytest", *sys.argv[1:]]) | {
+        "exit_status": int(exitstatus),
+        "wall_s": round(time.time() - started, 1),
+        "workers": getattr(config.option, "numprocesses", None) or 0,
+        "tests": len(tests),
+        "modules": {k: round(v, 1) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])},
+        "durations": dict(sorted(tests.items(), key=lambda kv: -kv[1]["total"])),
+    }
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(document, indent=1) + "\n")

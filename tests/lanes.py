@@ -1,0 +1,52 @@
+"""Which lane of ``make test`` each test module runs in, and why.
+
+Two cores run the whole suite. What costs its time is mostly waiting (meshes starting,
+brokers, browsers, builds), so the modules run side by side, in lanes:
+
+- ``timing``: the modules that judge time, a fault window's late calls against the same
+  run's baseline or a load step's answers against the budget. They run one after another, at
+  the machine's normal priority, so that what the other lanes do cannot be what makes a
+  call late.
+- ``rest``: every other test module, unit and integration, spread over pytest-xdist workers
+  (whole modules to a worker, so a module's mesh is started once), at a lower priority
+  (``nice``): on a contended core the timing lane's processes come first.
+- ``static``: lint, type checks, generated-code and manifest checks, ``go test``, also at the
+  lower priority.
+
+``tests/unit/test_lanes.py`` holds that every integration module is in exactly one lane.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+INTEGRATION = TESTS / "integration"
+
+TIMING: tuple[str, ...] = (
+    "test_chaos.py",
+    "test_crash.py",
+    "test_lifecycle.py",
+    "test_rollout.py",
+    "test_hostile_input.py",
+    "test_cascade.py",
+    "test_supervisor.py",
+    "test_loadtest_smoke.py",
+)
+"""Integration modules (paths under tests/integration) that judge latency or late calls."""
+
+
+def timing_modules() -> list[Path]:
+    """The timing lane's modules, in the order they run."""
+    return [INTEGRATION / name for name in TIMING]
+
+
+def integration_modules() -> list[Path]:
+    """Every integration test module."""
+    return sorted(INTEGRATION.rglob("test_*.py"))
+
+
+def rest_modules() -> list[Path]:
+    """The integration modules of the ``rest`` lane."""
+    timing = set(timing_modules())
+    return [path for path in integration_modules() if path not in timing]

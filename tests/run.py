@@ -1,0 +1,239 @@
+"""``make test``: every check, in lanes side by side (``tests/lanes.py`` says which and why).
+
+Each lane writes its output to ``build/test-logs/<lane>.log`` and, for pytest, every test's
+durations to ``build/test-results/durations-<lane>.json`` (``tests/durations.py``); the run
+merges them into ``build/test-results/durations.json``. A lane's output is printed whole
+when it ends, so lanes never interleave; the last line counts the tests of every lane.
+
+    python -m tests.run [--workers N] [--lane timing|rest|static ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from tests import lanes
+from tests.durations import conditions
+
+REPO = lanes.TESTS.parent
+LOGS = REPO / "build" / "test-logs"
+RESULTS = REPO / "build" / "test-results"
+COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
+"""A run's durations kept in the repository: the order of a fresh clone's first run."""
+BACKGROUND_NICENESS = 10
+"""Niceness of every lane but ``timing``: a nice-10 process gets about a tenth of a core that
+a nice-0 one wants as well."""
+STATIC: tuple[tuple[str, list[str]], ...] = (
+    ("check-gen", ["make", "--no-print-directory", "check-gen"]),
+    ("lint", ["make", "--no-print-directory", "lint"]),
+    ("k8s-check", ["make", "--no-print-directory", "k8s-check"]),
+    ("go-test", ["go", "test", "./..."]),
+)
+"""The checks that are not pytest, run one after another in the ``static`` lane."""
+
+
+@dataclass
+class Lane:
+    """One lane: commands run one after another in a process tree of their own."""
+
+    name: str
+    commands: list[list[str]]
+    niceness: int
+    durations: Path | None = None
+    log: Path = field(init=False)
+    began: float = 0.0
+    ended: float | None = None
+    codes: list[int] = field(default_factory=list)
+    _process: subprocess.Popen[bytes] | None = None
+    _out: IO[bytes] | None = None
+    _next: int = 0
+
+    def __post_init__(self) -> None:
+        self.log = LOGS / f"{self.name}.log"
+
+    def start(self, env: dict[str, str]) -> None:
+        """Starts the lane's first command."""
+        self.began = time.monotonic()
+        self._out = open(self.log, "wb")  # noqa: SIM115 - closed when the lane ends
+        self._env = env
+        self._start_next()
+
+    def _start_next(self) -> None:
+        assert self._out is not None
+        argv = self.commands[self._next]
+        self._out.write(f"$ {' '.join(argv)}\n".encode())
+        self._out.flush()
+        self._process = subprocess.Popen(
+            ["nice", "-n", str(self.niceness), *argv],
+            cwd=REPO,
+            env=self._env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self._next += 1
+
+    def poll(self) -> bool:
+        """True once every command has ended (the next starts when one ends)."""
+        if self.ended is not None:
+            return True
+        assert self._process is not None
+        code = self._process.poll()
+        if code is None:
+            return False
+        self.codes.append(code)
+        if self._next < len(self.commands):
+            self._start_next()
+            return False
+        self.ended = time.monotonic()
+        assert self._out is not None
+        self._out.close()
+        return True
+
+    def stop(self) -> None:
+        """Ends what runs now (an interrupted run)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
+    @property
+    def ok(self) -> bool:
+        """Every command exited 0."""
+        return bool(self.codes) and all(code == 0 for code in self.codes)
+
+    @property
+    def seconds(self) -> float:
+        """How long the lane ran."""
+        return (self.ended or time.monotonic()) - self.began
+
+
+def _order_by_last_run(modules: list[Path]) -> list[Path]:
+    """Longest first by the last run's durations, where there are some: pytest-xdist hands
+    out modules in the order given, and a long one started last ends the run late."""
+    known: dict[str, float] = {}
+    last = RESULTS / "durations.json"
+    if not last.exists():
+        last = COMMITTED_DURATIONS
+    if last.exists():
+        try:
+            known = json.loads(last.read_text()).get("modules", {})
+        except (OSError, ValueError):
+            known = {}
+    return sorted(modules, key=lambda p: -known.get(str(p.relative_to(REPO)), 0.0))
+
+
+def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str], Path]:
+    durations = RESULTS / f"durations-{name}.json"
+    argv = [
+        sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider",
+        f"--durations-file={durations}", *extra,
+        *[str(t.relative_to(REPO)) for t in targets],
+    ]  # fmt: skip
+    return argv, durations
+
+
+def plan(workers: int, wanted: set[str]) -> list[Lane]:
+    """The lanes of a run."""
+    lanes_: list[Lane] = []
+    if "timing" in wanted:
+        argv, durations = _pytest("timing", lanes.timing_modules(), [])
+        lanes_.append(Lane("timing", [argv], 0, durations))
+    if "rest" in wanted:
+        targets = _order_by_last_run([lanes.TESTS / "unit", *lanes.rest_modules()])
+        xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+        argv, durations = _pytest("rest", targets, xdist)
+        lanes_.append(Lane("rest", [argv], BACKGROUND_NICENESS, durations))
+    if "static" in wanted:
+        lanes_.append(Lane("static", [argv for _, argv in STATIC], BACKGROUND_NICENESS))
+    return lanes_
+
+
+def _counts(lanes_: list[Lane]) -> dict[str, int]:
+    counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    for lane in lanes_:
+        if lane.durations is None or not lane.durations.exists():
+            continue
+        for record in json.loads(lane.durations.read_text())["durations"].values():
+            counts[record["outcome"]] = counts.get(record["outcome"], 0) + 1
+    return counts
+
+
+def merge_durations(lanes_: list[Lane], wall_s: float) -> Path:
+    """One results file for the run: every lane's tests, modules and seconds."""
+    merged: dict[str, object] = conditions(sys.argv) | {"wall_s": round(wall_s, 1), "lanes": {}}
+    modules: dict[str, float] = {}
+    tests: dict[str, object] = {}
+    for lane in lanes_:
+        entry: dict[str, object] = {"seconds": round(lane.seconds, 1), "exit_codes": lane.codes}
+        if lane.durations is not None and lane.durations.exists():
+            document = json.loads(lane.durations.read_text())
+            entry["tests"] = document["tests"]
+            for module, seconds in document["modules"].items():
+                modules[module] = seconds
+            for nodeid, record in document["durations"].items():
+                tests[nodeid] = record | {"lane": lane.name}
+        merged["lanes"][lane.name] = entry  # type: ignore[index]
+    merged["modules"] = dict(sorted(modules.items(), key=lambda kv: -kv[1]))
+    merged["durations"] = tests
+    target = RESULTS / "durations.json"
+    target.write_text(json.dumps(merged, indent=1) + "\n")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the lanes; exit status 0 only when every command of every lane passed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 3)))
+    parser.add_argument("--lane", action="append", choices=("timing", "rest", "static"))
+    args = parser.parse_args(argv)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    shared = Path(tempfile.mkdtemp(prefix="fraudmesh-tests-"))
+    env = {**os.environ, "FRAUD_TEST_SHARED_DIR": str(shared)}
+    todo = plan(args.workers, set(args.lane or ("timing", "rest", "static")))
+    began = time.monotonic()
+    for lane in todo:
+        lane.start(env)
+        print(f"lane {lane.name} started: {lane.log.relative_to(REPO)}", flush=True)
+    try:
+        running = list(todo)
+        while running:
+            time.sleep(1.0)
+            for lane in [lane for lane in running if lane.poll()]:
+                running.remove(lane)
+                verdict = "passed" if lane.ok else f"FAILED (exit codes {lane.codes})"
+                print(
+                    f"\n===== lane {lane.name} {verdict} in {lane.seconds:.0f} s =====", flush=True
+                )
+                sys.stdout.write(lane.log.read_text(errors="replace"))
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        for lane in todo:
+            lane.stop()
+        raise
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    wall = time.monotonic() - began
+    results = merge_durations(todo, wall)
+    print(f"\ndurations of every test: {results.relative_to(REPO)}")
+    for lane in todo:
+        print(f"  lane {lane.name}: {'passed' if lane.ok else 'FAILED'} in {lane.seconds:.0f} s")
+    print(f"  all lanes: {wall:.0f} s")
+    counts = _counts(todo)
+    failed = counts["failed"] + counts["error"]
+    ok = all(lane.ok for lane in todo)
+    print(f"tests: {counts['passed']} passed, {failed} failed")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""make test's lanes: every module runs in exactly one, the time-judging ones alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests import durations, lanes, run
+
+pytest_plugins = ("pytester",)
+
+
+def test_every_integration_module_is_in_exactly_one_lane() -> None:
+    timing, rest = lanes.timing_modules(), lanes.rest_modules()
+    assert all(path.exists() for path in timing), "a timing module that does not exist"
+    assert not set(timing) & set(rest)
+    assert sorted(timing + rest) == lanes.integration_modules()
+    assert len(set(timing)) == len(timing)
+
+
+def test_every_module_that_counts_late_calls_is_in_the_timing_lane() -> None:
+    # A module that judges a fault window (late calls against the run's baseline) or a load
+    # step must not share a core's priority with the other lanes.
+    judges = re.compile(
+        r"faultwindow|loadtest\.(runner|crash|chaos|drive)|from loadtest import .*\b(hostile|runner)\b"
+    )
+    timing = set(lanes.timing_modules())
+    for path in lanes.integration_modules():
+        if judges.search(path.read_text()):
+            assert path in timing, f"{path.name} judges time but runs in the rest lane"
+
+
+def test_a_run_plans_three_lanes_and_only_the_timing_one_at_normal_priority() -> None:
+    planned = {lane.name: lane for lane in run.plan(3, {"timing", "rest", "static"})}
+    assert set(planned) == {"timing", "rest", "static"}
+    assert planned["timing"].niceness == 0
+    assert planned["rest"].niceness > 0 and planned["static"].niceness > 0
+    rest_argv = planned["rest"].commands[0]
+    assert rest_argv[rest_argv.index("-n") + 1] == "3"
+    assert "tests/unit" in rest_argv
+    timing_argv = planned["timing"].commands[0]
+    assert "-n" not in timing_argv
+    assert [arg for arg in timing_argv if arg.startswith("tests/")] == [
+        str(p.relative_to(run.REPO)) for p in lanes.timing_modules()
+    ]
+    static = [" ".join(argv) for argv in planned["static"].commands]
+    assert any("check-gen" in c for c in static) and any("lint" in c for c in static)
+    assert any("k8s-check" in c for c in static) and any("go test" in c for c in static)
+
+
+def test_the_durations_file_records_each_test_and_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(run.REPO))
+    pytester.makeconftest("pytest_plugins = ('tests.durations',)")
+    pytester.makepyfile(
+        test_some="""
+        import time
+        def test_quick():
+            pass
+        def test_slow():
+            time.sleep(0.2)
+        def test_broken():
+            assert False
+        """
+    )
+    out = pytester.path / "durations.json"
+    result = pytester.runpytest_subprocess(f"--durations-file={out}")
+    result.assert_outcomes(passed=2, failed=1)
+    document = json.loads(out.read_text())
+    for key in ("commit", "date", "machine", "command"):
+        assert document[key], key
+    assert document["machine"]["cores"] >= 1 and document["machine"]["cpu"]
+    tests = document["durations"]
+    assert tests["test_some.py::test_slow"]["call"] >= 0.2
+    assert tests["test_some.py::test_broken"]["outcome"] == "failed"
+    assert tests["test_some.py::test_quick"]["outcome"] == "passed"
+    assert next(iter(tests)) == "test_some.py::test_slow"  # slowest first
+    assert document["tests"] == 3
+    assert document["modules"]["test_some.py"] >= 0.2
+
+
+def test_the_conditions_name_commit_date_machine_and_command() -> None:
+    found = durations.conditions(["pytest", "x"])
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?|unknown", found["commit"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", found["date"])
+    assert found["command"] == "pytest x"
+    assert set(found["machine"]) >= {"cores", "cpu", "load_average_at_end"}
