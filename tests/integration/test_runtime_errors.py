@@ -113,6 +113,16 @@ def _violation(error: grpc.aio.AioRpcError) -> str:
         (_valid(timestamp=Timestamp(seconds=0, nanos=-1)).SerializeToString(), "timestamp"),
         (_valid(channel=9).SerializeToString(), "channel"),
     ],
+    # Named by what is wrong: the bytes carry the time of collection, and every process
+    # that collects (pytest-xdist's workers) must name the same tests.
+    ids=[
+        "not-a-message",
+        "truncated",
+        "invalid-utf8-card_id",
+        "timestamp-before-year-1",
+        "negative-nanos",
+        "unknown-channel",
+    ],
 )
 async def test_undecodable_or_unusable_requests_are_invalid_argument(
     channel: grpc.aio.Channel, data: bytes, field: str
