@@ -94,6 +94,11 @@ class RolloutPlan(BaseModel):
     step_max_seconds: float = Field(gt=0)
     require_approval: bool
     stop_after_shadow: bool = Field(False, description="The shadow gate alone was asked.")
+    policy: dict[str, float] = Field(
+        default_factory=dict,
+        description="Canary policy fields this rollout is judged by instead of the monitor's "
+        "settings (``fraudmesh model rollout --policy NAME=VALUE``).",
+    )
     requested_by: str
     requested_at: datetime
     phase: Phase
