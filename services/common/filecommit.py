@@ -46,6 +46,33 @@ def hold_lock(path: Path, wait: bool = True) -> int:
     return fd
 
 
+def create_locked(path: Path) -> int:
+    """Creates ``path``, which must not exist, locked by this process; returns its
+    descriptor (open for reading and writing)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def adopt(path: Path) -> int | None:
+    """Locks a file that another process created and no live process holds; returns its
+    descriptor (open for reading and writing), or None while a holder lives or once the
+    file is gone."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if not path.exists():  # removed by its holder between the open and the lock
+        os.close(fd)
+        return None
+    return fd
+
+
 @contextlib.contextmanager
 def locked(path: Path, wait: bool = True) -> Iterator[None]:
     """Holds the exclusive lock on ``path`` for the block (see ``hold_lock``)."""

@@ -106,3 +106,31 @@ def test_temporary_names_differ_between_writers(tmp_path: Path) -> None:
     names = {filecommit.temp_path(final) for _ in range(100)}
     assert len(names) == 100
     assert all(n.parent == tmp_path and n.name.startswith(".x.json.") for n in names)
+
+
+def _create_and_hold(path: str, held: multiprocessing.synchronize.Event) -> None:
+    filecommit.create_locked(Path(path))
+    held.set()
+    time.sleep(60)  # killed here
+
+
+def test_a_file_is_adopted_only_once_its_creator_is_dead(tmp_path: Path) -> None:
+    orphan = tmp_path / "spill-1.log"
+    assert filecommit.adopt(orphan) is None  # not there
+    held = _CTX.Event()
+    creator = _CTX.Process(target=_create_and_hold, args=(str(orphan), held))
+    creator.start()
+    assert held.wait(30)
+    with pytest.raises(FileExistsError):
+        filecommit.create_locked(orphan)
+    assert filecommit.adopt(orphan) is None  # its creator lives
+    assert creator.pid is not None
+    os.kill(creator.pid, signal.SIGKILL)
+    creator.join()
+    fd = filecommit.adopt(orphan)
+    assert fd is not None
+    try:
+        with pytest.raises(BlockingIOError), filecommit.locked(orphan, wait=False):
+            pass  # the adopter holds it now
+    finally:
+        os.close(fd)
