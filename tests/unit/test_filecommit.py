@@ -80,23 +80,36 @@ def test_an_error_mid_write_removes_the_temporary_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
-def _hold(path: str, held: multiprocessing.synchronize.Event) -> None:
-    filecommit.hold_lock(Path(path))
+def _hold(path: str, create: bool, held: multiprocessing.synchronize.Event) -> None:
+    if create:
+        filecommit.create_locked(Path(path))
+    else:
+        filecommit.hold_lock(Path(path))
     held.set()
     time.sleep(60)  # killed here
 
 
+class Holder:
+    """Another process that holds the lock on a file until it is SIGKILLed."""
+
+    def __init__(self, path: Path, create: bool = False) -> None:
+        held = _CTX.Event()
+        self.process = _CTX.Process(target=_hold, args=(str(path), create, held))
+        self.process.start()
+        assert held.wait(30)
+
+    def kill(self) -> None:
+        assert self.process.pid is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join()
+
+
 def test_a_lock_is_exclusive_and_dies_with_its_holder(tmp_path: Path) -> None:
     lock = tmp_path / "lock"
-    held = _CTX.Event()
-    holder = _CTX.Process(target=_hold, args=(str(lock), held))
-    holder.start()
-    assert held.wait(30)
+    holder = Holder(lock)
     with pytest.raises(BlockingIOError), filecommit.locked(lock, wait=False):
         pass
-    assert holder.pid is not None
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.join()
+    holder.kill()
     with filecommit.locked(lock, wait=False):
         pass
 
@@ -108,25 +121,14 @@ def test_temporary_names_differ_between_writers(tmp_path: Path) -> None:
     assert all(n.parent == tmp_path and n.name.startswith(".x.json.") for n in names)
 
 
-def _create_and_hold(path: str, held: multiprocessing.synchronize.Event) -> None:
-    filecommit.create_locked(Path(path))
-    held.set()
-    time.sleep(60)  # killed here
-
-
 def test_a_file_is_adopted_only_once_its_creator_is_dead(tmp_path: Path) -> None:
     orphan = tmp_path / "spill-1.log"
     assert filecommit.adopt(orphan) is None  # not there
-    held = _CTX.Event()
-    creator = _CTX.Process(target=_create_and_hold, args=(str(orphan), held))
-    creator.start()
-    assert held.wait(30)
+    creator = Holder(orphan, create=True)
     with pytest.raises(FileExistsError):
         filecommit.create_locked(orphan)
     assert filecommit.adopt(orphan) is None  # its creator lives
-    assert creator.pid is not None
-    os.kill(creator.pid, signal.SIGKILL)
-    creator.join()
+    creator.kill()
     fd = filecommit.adopt(orphan)
     assert fd is not None
     try:
