@@ -64,6 +64,9 @@ def test_a_service_own_variable_overrides_the_shared_one(clean_env: pytest.Monke
     clean_env.setenv("FRAUD_GATEWAY_CANARY_P99_SLACK_MS", "25")
     assert GatewaySettings().canary_policy.p99_slack_ms == 25
     assert MonitorSettings().canary_policy.p99_slack_ms == 7.5
+    clean_env.setenv("FRAUD_MONITOR_CANARY_P99_SLACK_MS", "4")
+    assert MonitorSettings().canary_policy.p99_slack_ms == 4
+    assert GatewaySettings().canary_policy.p99_slack_ms == 25
 
 
 def test_a_contradictory_policy_is_refused_naming_the_field(
