@@ -167,3 +167,17 @@ def test_the_rollout_command_takes_policy_fields_and_names_bad_ones(
     assert code == 0, out
     plan = plans.read()
     assert plan is not None and plan.policy == {"p99_slack_ms": 3.0, "min_calls": 30.0}
+
+
+def test_the_figures_docs_lifecycle_quotes_are_the_policy_s_defaults() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "lifecycle.md").read_text()
+    p = CanaryPolicy()
+    points = round(p.max_error_rate_increase * 100)
+    slack, ratio = f"{p.p99_slack_ms:g}", f"{p.p99_ratio:g}"
+    assert f"by more than {points} points beyond the intervals" in text
+    assert f"slower than {ratio} × live's p99 + {slack} ms" in text
+    assert f"(`max_error_rate_increase`, {points} points)" in text
+    assert f"(`p99_ratio` × live's p99 + `p99_slack_ms`: {ratio} × + {slack} ms)" in text
+    decline = round(p.max_decline_rate_increase * 100)
+    assert f"`max_decline_rate_increase` ({decline} points)" in text
+    assert f"max({p.rate_abs * 100:g} point, {p.rate_rel * 100:g} % of live's rate" in text
