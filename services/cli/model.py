@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services.cli.exits import BAD_INPUT, REFUSED, bad_option, fail
 from services.common.errors import FraudmeshError, InvalidArgument, NotFound
+from services.domain.canary import CanaryPolicy
 from services.featurestore.settings import from_env
 from services.models import repository
 from services.models.lifecycle import (
@@ -340,6 +341,24 @@ def _steps(text: str) -> list[float]:
     return steps
 
 
+def _policy(pairs: list[str]) -> dict[str, float]:
+    """``--policy NAME=VALUE`` pairs: canary policy fields checked against the policy."""
+    overrides: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        try:
+            if not sep:
+                raise ValueError(f"{pair!r} is not NAME=VALUE")
+            overrides[name.strip()] = float(text)
+        except ValueError as error:
+            bad_option("--policy", str(error))
+    try:
+        CanaryPolicy().with_overrides(overrides)
+    except ValueError as error:
+        bad_option("--policy", str(error))
+    return overrides
+
+
 @app.command()
 def rollout(
     version: VersionArgument,
@@ -359,6 +378,13 @@ def rollout(
     require_approval: Annotated[
         bool, typer.Option(help="Wait for `fraudmesh model approve` before the last step.")
     ] = False,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=VALUE: a canary policy field (services/domain/canary.py) this rollout "
+            "is judged by instead of the monitor's FRAUD_CANARY_* settings; repeatable.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait until the rollout ends.")] = False,
     var_dir: VarDirOption = None,
     model_root: ModelRootOption = None,
@@ -367,6 +393,7 @@ def rollout(
     """Hand VERSION to the monitor's rollout controller: a shadow gate, then each canary
     share judged against live on the same window, rolled back at the first failed step,
     promoted (or held for approval) after the last."""
+    overrides = _policy(policy or [])
     lifecycle = _lifecycle(var_dir, model_root, name)
     plan = _new_plan(
         lifecycle,
@@ -376,6 +403,7 @@ def rollout(
         step_min_decisions=step_min_decisions,
         step_max_seconds=step_max_seconds,
         require_approval=require_approval,
+        policy=overrides,
     )
     _start_plan(lifecycle, plan, "rollout")
     if wait:

@@ -40,6 +40,7 @@ from services.eventlog import (
     Record,
     open_consumer,
 )
+from services.eventlog.consume import Backoff, ConsumeLoop
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ ConsumerFactory = Callable[[], Consumer]
 """Opens the sink's consumer (raises ``BackendUnavailable`` while the backend is down)."""
 
 
-class DecisionSink:
+class DecisionSink(ConsumeLoop):
     """Writes every decision and outcome on the event log to the Parquet decision log."""
 
     def __init__(
@@ -77,8 +78,11 @@ class DecisionSink:
         self.settings = settings
         self.root = settings.root_path
         self.metrics = metrics or SinkMetrics()
-        self._open_consumer = consumer_factory or (
-            lambda: open_consumer(log_settings, settings.group)
+        super().__init__(
+            "decision sink",
+            consumer_factory or (lambda: open_consumer(log_settings, settings.group)),
+            self._count_failure,
+            Backoff(settings.retry_backoff_s, settings.retry_backoff_max_s),
         )
         self.connected = threading.Event()
         """Set once the consumer is open and a first poll succeeded."""
@@ -90,8 +94,6 @@ class DecisionSink:
         self._next_flush = 1
         self._flush_in_progress: writer.JournalEntry | None = None
         self._commit_pending = False
-        self._uncommitted_since: float | None = None
-        self._backoff = settings.retry_backoff_s
         self._flush_started = 0.0
         self._last_retention = float("-inf")
         self._lock: writer.RootLock | None = None
@@ -134,20 +136,6 @@ class DecisionSink:
         """The number the next flush will write its parts under."""
         return self._next_flush
 
-    def _connect(self, stop: threading.Event) -> Consumer | None:
-        while not stop.is_set():
-            try:
-                consumer = self.open_consumer()
-            except (BackendUnavailable, GroupBusyError) as exc:
-                self.metrics.errors.labels("connect").inc()
-                self.metrics.backend_up.set(0)
-                log.warning("decision sink cannot open its consumer: %s", exc)
-                self._wait(stop)
-                continue
-            self._backoff = self.settings.retry_backoff_s
-            return consumer
-        return None
-
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
@@ -156,17 +144,28 @@ class DecisionSink:
         if self._lock is None:
             self.recover()
         try:
-            consumer = self._connect(stop)
-            if consumer is None:
-                return
-            try:
-                while not stop.is_set():
-                    self.step(consumer, stop)
-                self._close(consumer)
-            finally:
-                consumer.close()
+            super().run(stop)
         finally:
+            self.close_consumer()
             self.release()
+
+    def turn(self, stop: threading.Event) -> float:
+        """Opens the consumer (retried while the backend is down), then one step."""
+        if self._consumer is None:
+            self.consumer()
+            self._backoff.reset()
+        self.step(self.consumer(), stop)
+        return 0.0
+
+    def failure_of(self, error: Exception) -> str | None:
+        """Only opening the consumer fails a turn: a step retries its own failures."""
+        return "connect" if isinstance(error, (BackendUnavailable, GroupBusyError)) else None
+
+    def finish(self) -> None:
+        """Reads, writes and commits what is left (bounded); ``run`` then leaves the group
+        and releases the folder's lock."""
+        if self._consumer is not None:
+            self._close(self._consumer)
 
     def step(self, consumer: Consumer, stop: threading.Event | None = None) -> None:
         """One turn: finish a failed flush or commit, else poll, gather and maybe flush."""
@@ -295,6 +294,7 @@ class DecisionSink:
             except OSError as exc:
                 self._failed("write", exc)
                 return False
+            self._failures.recovered("write")
             if oldest is not None:
                 self.metrics.write_delay.observe(max(time.time() - oldest / 1e6, 0.0))
             self._flush_in_progress = None
@@ -335,7 +335,7 @@ class DecisionSink:
             if self._flush_in_progress is not None or self._commit_pending:
                 if self._finish(consumer):
                     continue
-                time.sleep(min(self._backoff, max(deadline - time.monotonic(), 0.0)))
+                time.sleep(min(self._backoff.current_s, max(deadline - time.monotonic(), 0.0)))
                 continue
             try:
                 records = consumer.poll(want, min(0.2, max(deadline - time.monotonic(), 0.0)))
@@ -348,7 +348,7 @@ class DecisionSink:
             elif len(records) < want:
                 break
         while time.monotonic() < deadline and not self.flush(consumer):
-            time.sleep(min(self._backoff, max(deadline - time.monotonic(), 0.0)))
+            time.sleep(min(self._backoff.current_s, max(deadline - time.monotonic(), 0.0)))
         if self.batch.rows or self._commit_pending or self._flush_in_progress:
             log.warning(
                 "decision sink stopped with %d event(s) not written or not committed: "
@@ -358,19 +358,22 @@ class DecisionSink:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _failed(self, operation: str, exc: BaseException) -> None:
+    def _count_failure(self, operation: str) -> None:
         self.metrics.errors.labels(operation).inc()
         if operation in ("poll", "commit", "connect"):
             self.metrics.backend_up.set(0)
-        log.warning("decision sink %s failed (retrying): %s", operation, exc)
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        self._failures.failed(operation, exc)
 
     def _up(self) -> None:
         self.metrics.backend_up.set(1)
-        self._backoff = self.settings.retry_backoff_s
+        self._backoff.reset()
+        for operation in ("connect", "poll", "commit"):
+            self._failures.recovered(operation)
 
     def _wait(self, stop: threading.Event | None) -> None:
-        delay = self._backoff
-        self._backoff = min(self._backoff * 2, self.settings.retry_backoff_max_s)
+        delay = self._backoff.take()
         if stop is None:
             time.sleep(delay)
         else:

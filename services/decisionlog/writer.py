@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from services.common import filecommit
 from services.decisionlog import layout
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,6 @@ log = logging.getLogger(__name__)
 
 class RootBusyError(RuntimeError):
     """Another live sink writes the same decision log folder."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Makes the entries of a folder (created, renamed, deleted files) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def ensure_dir(path: Path) -> None:
@@ -51,18 +42,12 @@ def ensure_dir(path: Path) -> None:
     for folder in reversed(missing):
         with contextlib.suppress(FileExistsError):
             folder.mkdir()
-        fsync_dir(folder.parent)
+        filecommit.fsync_dir(folder.parent)
 
 
 def write_durably(final: Path, data: bytes) -> None:
     """Writes a small file atomically: hidden name, fsync, rename, fsync of the folder."""
-    tmp = layout.tmp_path(final)
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
+    filecommit.replace_bytes(final, data, tmp=layout.tmp_path(final))
 
 
 def write_part(
@@ -73,25 +58,15 @@ def write_part(
     if final.exists() and not replace:
         raise FileExistsError(errno.EEXIST, "part exists already", str(final))
     ensure_dir(final.parent)
-    tmp = layout.tmp_path(final)
-    try:
-        with open(tmp, "wb") as out:
-            pq.write_table(
-                table,
-                out,
-                compression=None if compression == "none" else compression,
-                # One row group per part: parts are small, and readers scan whole parts.
-                row_group_size=max(table.num_rows, 1),
-            )
-            out.flush()
-            os.fsync(out.fileno())
-            size = out.tell()
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(final.parent)
+    with filecommit.replacing(final, tmp=layout.tmp_path(final)) as tmp:
+        pq.write_table(
+            table,
+            tmp,
+            compression=None if compression == "none" else compression,
+            # One row group per part: parts are small, and readers scan whole parts.
+            row_group_size=max(table.num_rows, 1),
+        )
+        size = tmp.stat().st_size
     return size
 
 
@@ -158,11 +133,9 @@ class RootLock:
 
     def __init__(self, root: Path) -> None:
         ensure_dir(root / layout.SINK_DIR)
-        self._fd = os.open(root / layout.SINK_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = filecommit.hold_lock(root / layout.SINK_DIR / "lock", wait=False)
         except BlockingIOError as exc:
-            os.close(self._fd)
             raise RootBusyError(f"another sink writes {root}") from exc
 
     def release(self) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from services.common import filecommit
 from services.eventlog import framing
 from services.eventlog.records import (
     BackendUnavailable,
@@ -72,14 +73,6 @@ def list_segments(path: Path) -> list[int]:
         if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)].isdigit():
             bases.append(int(name[: -len(SEGMENT_SUFFIX)]))
     return sorted(bases)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def scan_valid_end(fd: int, size: int) -> int:
@@ -172,17 +165,7 @@ class FileLog:
     def store_offset(self, group: str, offset: int) -> None:
         """Commits a group's offset atomically (write, fsync, rename)."""
         final = self.offset_path(group)
-        tmp = final.with_name(final.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            framing.pwrite_all(fd, f"{offset}\n".encode(), 0)
-            if self._fsync:
-                os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        if self._fsync:
-            _fsync_dir(self.groups_path)
+        filecommit.replace_bytes(final, f"{offset}\n".encode(), durable=self._fsync)
 
     def known_groups(self) -> set[str]:
         """Declared groups plus every group with an offset file."""
@@ -247,7 +230,7 @@ class FileLogWriter:
             self._open_segment(0, create=True)
             self._log.write_head(self._head_fd, 0, 0)
             if self._settings.file_fsync != "never":
-                _fsync_dir(self._log.path)
+                filecommit.fsync_dir(self._log.path)
             self._position = 0
             return
         base = bases[-1]
@@ -298,7 +281,7 @@ class FileLogWriter:
             base, end = base + end, 0
             self._open_segment(base, create=True)
             if self._settings.file_fsync != "never":
-                _fsync_dir(self._log.path)
+                filecommit.fsync_dir(self._log.path)
         try:
             framing.pwrite_all(self._seg_fd, data, end)
         except OSError as exc:
@@ -417,13 +400,11 @@ class FileLogConsumer:
         self._settings = settings
         self._log = FileLog(settings)
         self._head_fd = self._log.open_head()
-        self._lock_fd = os.open(
-            self._log.groups_path / f"{group}.lock", os.O_RDWR | os.O_CREAT, 0o644
-        )
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = filecommit.hold_lock(
+                self._log.groups_path / f"{group}.lock", wait=False
+            )
         except BlockingIOError as exc:
-            os.close(self._lock_fd)
             os.close(self._head_fd)
             raise GroupBusyError(f"group {group!r} already has a live consumer") from exc
         self._seg_fd = -1

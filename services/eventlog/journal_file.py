@@ -10,7 +10,6 @@ nobody holds is known to belong to a process that is gone (``JournalFile.adopt_o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import struct
@@ -19,6 +18,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import filecommit
 from services.eventlog import framing
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,7 @@ class JournalFile:
         """A new, locked, empty journal of this process."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"journal-{os.getpid()}-{os.urandom(4).hex()}.log"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        journal = cls(path, fd, adopted=False)
+        journal = cls(path, filecommit.create_locked(path), adopted=False)
         journal.commit(HEADER_SIZE, "")
         return journal
 
@@ -94,17 +92,8 @@ class JournalFile:
         for path in sorted(folder.glob("journal-*.log"), key=_mtime):
             if mine and path in mine:
                 continue
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            if not path.exists():  # removed by its owner between our open and lock
-                os.close(fd)
+            fd = filecommit.adopt(path)
+            if fd is None:
                 continue
             journal = cls(path, fd, adopted=True)
             journal._read_header()

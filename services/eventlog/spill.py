@@ -17,6 +17,7 @@ import os
 import threading
 from pathlib import Path
 
+from services.common import filecommit
 from services.eventlog import framing
 from services.eventlog.records import KeyValue
 
@@ -48,9 +49,7 @@ class SpillFile:
         """A new, locked, empty spill file of this process."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"spill-{os.getpid()}-{os.urandom(4).hex()}.log"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return cls(path, fd, max_bytes, adopted=False)
+        return cls(path, filecommit.create_locked(path), max_bytes, adopted=False)
 
     @classmethod
     def adopt_orphans(cls, folder: Path, max_bytes: int) -> list[SpillFile]:
@@ -60,17 +59,8 @@ class SpillFile:
             return []
         adopted = []
         for path in sorted(folder.glob("spill-*.log"), key=lambda p: p.stat().st_mtime):
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            if not path.exists():  # deleted by its owner between our open and lock
-                os.close(fd)
+            fd = filecommit.adopt(path)
+            if fd is None:
                 continue
             spill = cls(path, fd, max_bytes, adopted=True)
             spill._repair()

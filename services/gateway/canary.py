@@ -8,9 +8,13 @@ model approves more clear cases shows a lower decline rate, not a higher one amo
 model calls. Once both arms hold enough calls, the canary breaches when
 
 - its error rate exceeds live's by more than ``max_error_rate_increase``,
-- its decline rate exceeds live's by more than ``max_decline_rate_increase``, or
-- its model-call p99 exceeds ``p99_ratio`` × live's p99 + ``p99_slack_s`` (judged once
+- its decline rate exceeds live's by more than ``max_decline_rate_increase`` (a gross
+  breach: the monitor's staged analysis judges every decision rate more finely), or
+- its model-call p99 exceeds ``p99_ratio`` × live's p99 + ``p99_slack_ms`` (judged once
   both arms hold ``p99_min_calls``, so that a p99 is not just the slowest call).
+
+The limits are the one canary policy (``services.domain.canary.CanaryPolicy``) that the
+monitor's staged analysis reads too.
 
 Both arms are judged by the same yardstick: the canary's calls are cut off at its slice of
 the budget (``cap_s``), so a live call slower than that counts as a failure here too, and
@@ -32,31 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.domain import metrics
+from services.domain.canary import CanaryPolicy
 from services.gateway.ports import Arm
 
-
-@dataclass(frozen=True, slots=True)
-class CanaryLimits:
-    """How far a canary may drift from live before it is rolled back."""
-
-    window_calls: int = 500
-    """Most recent model calls kept per arm."""
-    window_s: float = 120.0
-    """Calls older than this leave the window."""
-    min_calls: int = 100
-    """Calls each arm needs before the canary is judged."""
-    max_error_rate_increase: float = 0.05
-    """Canary error rate may exceed live's by this much (0.05 = 5 points)."""
-    p99_ratio: float = 2.0
-    """Canary model-call p99 may be this multiple of live's …"""
-    p99_slack_s: float = 0.002
-    """… plus this much (small p99s are noisy)."""
-    max_decline_rate_increase: float = 0.05
-    """Canary decline rate may exceed live's by this much."""
-    confidence_z: float = 3.0
-    """A rate breaches only when its excess is this many standard errors past the limit."""
-    p99_min_calls: int = 100
-    """Calls each arm needs before the p99s are compared."""
+CanaryLimits = CanaryPolicy
+"""The name the gateway's modules know the canary policy by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +87,7 @@ class CanaryWatch:
     def __init__(
         self,
         version: str,
-        limits: CanaryLimits,
+        limits: CanaryPolicy,
         cap_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -147,7 +131,7 @@ class CanaryWatch:
                 f"decline rate {canary.decline_rate:.1%} vs live {live.decline_rate:.1%} "
                 f"(limit +{lim.max_decline_rate_increase:.0%})"
             )
-        p99_limit = lim.p99_ratio * live.p99_s + lim.p99_slack_s
+        p99_limit = lim.p99_bound_ms(live.p99_s * 1e3) / 1e3
         if min(live.timed, canary.timed) >= lim.p99_min_calls and canary.p99_s > p99_limit:
             reasons.append(
                 f"model p99 {canary.p99_s * 1e3:.1f} ms vs live {live.p99_s * 1e3:.1f} ms "

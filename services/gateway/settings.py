@@ -1,8 +1,9 @@
 """Settings of the gateway (env prefix ``FRAUD_GATEWAY_``).
 
 A setting that configures a domain object takes its default from that object's dataclass
-(``BudgetPolicy``, ``BreakerConfig``, ``CanaryLimits``, ``StreamSettings``, ``Limits``,
-``ShadowPolicy``): each default is written once, where it is used."""
+(``BudgetPolicy``, ``BreakerConfig``, ``StreamSettings``, ``Limits``, ``ShadowPolicy``):
+each default is written once, where it is used. The canary policy's settings
+(``canary_*`` but the cap) are ``CanarySettings``, which the monitor shares."""
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ from services.gateway.pipeline import CANARY_CAP_S, CASCADE
 from services.gateway.shadow import ShadowPolicy
 from services.gateway.streams import StreamSettings
 from services.gateway.validate import Limits
-from services.models.settings import ModelServerSettings
+from services.models.settings import CanarySettings, ModelServerSettings
 
 _BUDGET = BudgetPolicy()
 _BREAKER = BreakerConfig()
-_CANARY = CanaryLimits()
 _STREAMS = StreamSettings()
 _LIMITS = Limits()
 _SHADOW = ShadowPolicy()
@@ -35,7 +35,7 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 6)
 
 
-class GatewaySettings(ModelServerSettings):
+class GatewaySettings(ModelServerSettings, CanarySettings):
     """Where the dependencies are, how the budget is split, what input is plausible."""
 
     model_config = SettingsConfigDict(env_prefix="FRAUD_GATEWAY_", extra="ignore", frozen=True)
@@ -233,37 +233,6 @@ class GatewaySettings(ModelServerSettings):
         description="Longest a canary model call may take; after it the live version answers, "
         "with the rest of the budget.",
     )
-    canary_window_calls: int = Field(
-        _CANARY.window_calls,
-        ge=1,
-        description="Recent model calls per arm the canary watch compares.",
-    )
-    canary_window_s: float = Field(
-        _CANARY.window_s, gt=0, description="Calls older than this leave the canary watch's window."
-    )
-    canary_min_calls: int = Field(
-        _CANARY.min_calls, ge=1, description="Calls each arm needs before the canary is judged."
-    )
-    canary_max_error_rate_increase: float = Field(
-        _CANARY.max_error_rate_increase,
-        ge=0,
-        le=1,
-        description="Canary error rate may exceed live's by this (0..1).",
-    )
-    canary_p99_ratio: float = Field(
-        _CANARY.p99_ratio,
-        gt=0,
-        description="Canary model-call p99 may be this multiple of live's …",
-    )
-    canary_p99_slack_ms: float = Field(
-        _ms(_CANARY.p99_slack_s), ge=0, description="… plus this many milliseconds."
-    )
-    canary_max_decline_rate_increase: float = Field(
-        _CANARY.max_decline_rate_increase,
-        ge=0,
-        le=1,
-        description="Canary decline rate may exceed live's by this (0..1).",
-    )
     shadow_queue_size: int = Field(
         _SHADOW.size, ge=1, description="Shadow jobs waiting at most; beyond it they are dropped."
     )
@@ -306,16 +275,8 @@ class GatewaySettings(ModelServerSettings):
 
     @property
     def canary_limits(self) -> CanaryLimits:
-        """The canary watch's limits."""
-        return CanaryLimits(
-            window_calls=self.canary_window_calls,
-            window_s=self.canary_window_s,
-            min_calls=self.canary_min_calls,
-            max_error_rate_increase=self.canary_max_error_rate_increase,
-            p99_ratio=self.canary_p99_ratio,
-            p99_slack_s=self.canary_p99_slack_ms / 1000,
-            max_decline_rate_increase=self.canary_max_decline_rate_increase,
-        )
+        """The canary watch's limits: the canary policy, which the monitor reads too."""
+        return self.canary_policy
 
     def breaker_config(self, slow_ms: float) -> BreakerConfig:
         """A breaker configuration with the given slow-call threshold."""

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import errno
-import fcntl
 import getpass
 import math
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.common import filecommit
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.domain.validation import shown
 from services.models import repository
@@ -323,36 +322,12 @@ class ModelLifecycle:
 
     # Writing ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / LOCK_FILE, "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return filecommit.locked(self.folder / LOCK_FILE)
 
     def _write(self, state: LifecycleState) -> None:
         """Replaces the file atomically: a reader sees the old file or the new, never a part."""
-        tmp = self.folder / f".{ROUTING_FILE}.{os.getpid()}.tmp"
-        data = state.model_dump_json(indent=2).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        # The rename itself survives a crash only once the directory is synced.
-        dir_fd = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        except OSError as error:  # some file systems refuse fsync on directories
-            if error.errno not in (errno.EINVAL, errno.EBADF):
-                raise
-        finally:
-            os.close(dir_fd)
+        filecommit.replace_bytes(self.path, state.model_dump_json(indent=2).encode())
 
     def _change(
         self,

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import itertools
-import os
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from services.common import filecommit
 from services.models import repository
 from services.models.lifecycle import CorruptLifecycleFile
 
@@ -96,6 +94,11 @@ class RolloutPlan(BaseModel):
     step_max_seconds: float = Field(gt=0)
     require_approval: bool
     stop_after_shadow: bool = Field(False, description="The shadow gate alone was asked.")
+    policy: dict[str, float] = Field(
+        default_factory=dict,
+        description="Canary policy fields this rollout is judged by instead of the monitor's "
+        "settings (``fraudmesh model rollout --policy NAME=VALUE``).",
+    )
     requested_by: str
     requested_at: datetime
     phase: Phase
@@ -165,25 +168,10 @@ class RolloutFile:
                 "repair or remove it"
             ) from error
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """Holds the rollout lock: changes made inside are not interleaved with others'."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / LOCK_FILE, "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        return filecommit.locked(self.folder / LOCK_FILE)
 
     def write(self, plan: RolloutPlan) -> None:
         """Replaces the file atomically (call under ``locked``)."""
-        tmp = self.folder / f".{ROLLOUT_FILE}.{os.getpid()}.tmp"
-        data = plan.model_dump_json(indent=2).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        filecommit.replace_bytes(self.path, plan.model_dump_json(indent=2).encode())

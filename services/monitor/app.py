@@ -74,6 +74,7 @@ class MonitorApp:
             ModelLifecycle(self.settings.models_path, self.settings.model_name),
             RolloutFile(self.settings.models_path, self.settings.model_name),
             self.settings.slice_s,
+            policy=self.settings.canary_policy,
         )
         self._controller = threading.Thread(
             target=controller.run,

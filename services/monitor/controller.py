@@ -10,7 +10,10 @@ rolls back (too little traffic to judge is no evidence the candidate is safe).
 
 Every comparison allows a difference and adds the statistical margin of the window's size,
 so a small window is judged as leniently as its noise requires and a large one as strictly
-as its figures allow (``RolloutPolicy``). The canary is compared with live on:
+as its figures allow. The yardsticks are the canary policy (``CanaryPolicy``), which the
+gateways' fast guard reads too; a rollout's ``policy`` (the ``fraudmesh model rollout
+--policy`` flags) overrides fields of it for that rollout alone. The canary is compared
+with live on:
 
 - its failures (errors and timeouts, from ``DecisionEvent.canary_failed_version``) against
   live's (the rules answering for live);
@@ -38,12 +41,12 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 from services.common.errors import FraudmeshError
 from services.domain import metrics
+from services.domain.canary import CanaryPolicy
 from services.models.lifecycle import ModelLifecycle, VersionState
 from services.models.rollout import (
     CONTROLLER,
@@ -61,38 +64,8 @@ from services.monitor.tally import DECISIONS, Tally
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RolloutPolicy:
-    """How far a candidate may differ from live at a step, and how sure a verdict must be."""
-
-    level: float = 0.99
-    """Confidence of every interval: a breach must be beyond this level's noise."""
-    rate_abs: float = 0.005
-    """A decision rate may differ from live's by at least this much (0.005 = half a point) …"""
-    rate_rel: float = 0.25
-    """… or by this share of live's rate (of its complement when above one half),
-    whichever is larger."""
-    max_failure_increase: float = 0.01
-    """The canary's error-and-timeout rate may exceed live's by this much."""
-    p99_ratio: float = 2.0
-    """A canary answer is late beyond this multiple of live's p99 …"""
-    p99_slack_ms: float = 5.0
-    """… plus this much."""
-    late_share: float = 0.01
-    """Share of the canary's answers that may be late (1 %: what a p99 allows)."""
-    psi_limit: float = 0.1
-    """Score PSI between the arms allowed beyond sampling noise."""
-    psi_noise: float = 3.0
-    """Sampling noise of a PSI, as a multiple of its expected value between two samples of
-    one distribution, (bins − 1) × (1/n₁ + 1/n₂)."""
-    min_agreement: float = 0.95
-    """Shadow: least share of decisions the shadow must agree with."""
-    min_shadow_scored: float = 0.9
-    """Shadow: least share of answers the shadow must have scored in time."""
-    recall_drop: float = 0.05
-    """Matured labels: precision and recall may be this much lower than live's."""
-    min_matured_frauds: int = 30
-    """Matured frauds each version needs before precision and recall are compared."""
+RolloutPolicy = CanaryPolicy
+"""The name the monitor's modules know the canary policy by."""
 
 
 def _rate(k: int, n: int, level: float) -> metrics.Interval:
@@ -103,7 +76,7 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.1%}"
 
 
-def psi_allowed(policy: RolloutPolicy, n1: int, n2: int) -> float:
+def psi_allowed(policy: CanaryPolicy, n1: int, n2: int) -> float:
     """The score PSI two windows of ``n1`` and ``n2`` decisions may show."""
     if n1 <= 0 or n2 <= 0:
         return math.inf
@@ -112,15 +85,12 @@ def psi_allowed(policy: RolloutPolicy, n1: int, n2: int) -> float:
 
 
 def compare_rate(
-    name: str, k_c: int, n_c: int, k_l: int, n_l: int, policy: RolloutPolicy
+    name: str, k_c: int, n_c: int, k_l: int, n_l: int, policy: CanaryPolicy
 ) -> Comparison:
     """A rate of the candidate against live's, both directions: a breach when their intervals
     are further apart than the allowed difference."""
     c, live = _rate(k_c, n_c, policy.level), _rate(k_l, n_l, policy.level)
-    share = 0.0 if math.isnan(live.estimate) else min(live.estimate, 1 - live.estimate)
-    # Relative to the rarer side: an approve rate of 95 % moving by 5 points doubles what
-    # is not approved.
-    allowed = max(policy.rate_abs, policy.rate_rel * share)
+    allowed = policy.allowed_rate_gap(0.0 if math.isnan(live.estimate) else live.estimate)
     gap = max(c.low - live.high, live.low - c.high)
     passed = not gap > allowed
     return Comparison(
@@ -133,7 +103,7 @@ def compare_rate(
     )
 
 
-def decision_rates(candidate: Tally, live: Tally, policy: RolloutPolicy) -> list[Comparison]:
+def decision_rates(candidate: Tally, live: Tally, policy: CanaryPolicy) -> list[Comparison]:
     """Approve, review and decline rates, each in both directions."""
     return [
         compare_rate(
@@ -148,7 +118,7 @@ def decision_rates(candidate: Tally, live: Tally, policy: RolloutPolicy) -> list
     ]
 
 
-def score_psi(candidate: Tally, live: Tally, policy: RolloutPolicy) -> Comparison:
+def score_psi(candidate: Tally, live: Tally, policy: CanaryPolicy) -> Comparison:
     """PSI of the candidate's scores against live's, within the limit plus sampling noise."""
     value = tally.grid_psi(live, candidate)
     allowed = psi_allowed(policy, candidate.decisions, live.decisions)
@@ -165,7 +135,7 @@ def judge_canary(
     canary: Tally,
     live: Tally,
     live_rules: Tally,
-    policy: RolloutPolicy,
+    policy: CanaryPolicy,
     canary_quality: Figures | None = None,
     live_quality: Figures | None = None,
 ) -> list[Comparison]:
@@ -179,11 +149,11 @@ def judge_canary(
     out.append(
         Comparison(
             name="errors and timeouts",
-            passed=not c.low - lv.high > policy.max_failure_increase,
+            passed=not c.low - lv.high > policy.max_error_rate_increase,
             candidate=c.estimate,
             live=lv.estimate,
             detail=f"{_pct(c.estimate)} ({canary.timed_out} of {canary.failed} timed out) vs "
-            f"live {_pct(lv.estimate)} (allowed +{policy.max_failure_increase:.0%} beyond the "
+            f"live {_pct(lv.estimate)} (allowed +{policy.max_error_rate_increase:.0%} beyond the "
             f"{policy.level:.0%} intervals)",
         )
     )
@@ -194,13 +164,13 @@ def judge_canary(
     return out
 
 
-def _late(canary: Tally, live: Tally, policy: RolloutPolicy) -> Comparison:
+def _late(canary: Tally, live: Tally, policy: CanaryPolicy) -> Comparison:
     live_p99 = tally.latency_quantile(live, 0.99)
     canary_p99 = tally.latency_quantile(canary, 0.99)
     n = int(canary.latency.sum())
     if math.isnan(live_p99) or n == 0:
         return Comparison(name="p99", passed=True, detail="not judged: no answers")
-    bound = policy.p99_ratio * live_p99 + policy.p99_slack_ms
+    bound = policy.p99_bound_ms(live_p99)
     edges = tally.LATENCY_EDGES_MS
     # Answers in a latency bin whose lower edge is at or above the bound are late for sure.
     first_late = next((i + 1 for i, e in enumerate(edges) if e >= bound), len(edges))
@@ -217,7 +187,7 @@ def _late(canary: Tally, live: Tally, policy: RolloutPolicy) -> Comparison:
 
 
 def _quality(
-    canary: Figures | None, live: Figures | None, policy: RolloutPolicy
+    canary: Figures | None, live: Figures | None, policy: CanaryPolicy
 ) -> list[Comparison]:
     need = policy.min_matured_frauds
     if canary is None or live is None or min(canary.frauds, live.frauds) < need:
@@ -248,7 +218,7 @@ def _quality(
     return out
 
 
-def judge_shadow(shadow: Tally, live: Tally, policy: RolloutPolicy) -> list[Comparison]:
+def judge_shadow(shadow: Tally, live: Tally, policy: CanaryPolicy) -> list[Comparison]:
     """The shadow gate: agreement with the answered decisions, score PSI against live's
     scores, and the share of answers the shadow scored in time."""
     total = int(shadow.agreement.sum())
@@ -312,14 +282,14 @@ class RolloutController:
         lifecycle: ModelLifecycle,
         plans: RolloutFile,
         slice_s: int,
-        policy: RolloutPolicy | None = None,
+        policy: CanaryPolicy | None = None,
         clock: Callable[[], datetime] = _now,
     ) -> None:
         self.engine = engine
         self.lifecycle = lifecycle
         self.plans = plans
         self.slice_s = slice_s
-        self.policy = policy or RolloutPolicy()
+        self.policy = policy or CanaryPolicy()
         self._clock = clock
 
     def run(self, stop: threading.Event, ready: Callable[[], bool], interval_s: float) -> None:
@@ -346,7 +316,16 @@ class RolloutController:
                 self.plans.write(plan)
             return plan
 
+    def policy_of(self, plan: RolloutPlan) -> CanaryPolicy:
+        """The policy that judges ``plan``: the monitor's, with the rollout's overrides."""
+        return self.policy.with_overrides(plan.policy)
+
     def _advance(self, plan: RolloutPlan) -> None:
+        try:
+            self.policy_of(plan)
+        except ValueError as error:
+            self._finish(plan, RolloutEnd.STOPPED, f"canary policy refused: {error}")
+            return
         state = self.lifecycle.read()
         record = state.versions.get(plan.version)
         if record is None:
@@ -400,7 +379,8 @@ class RolloutController:
         if shadow.decisions < plan.shadow_min_decisions:
             self._too_slow(plan, shadow.decisions)
             return
-        result = self._result(plan, "shadow", shadow, live, judge_shadow(shadow, live, self.policy))
+        checks = judge_shadow(shadow, live, self.policy_of(plan))
+        result = self._result(plan, "shadow", shadow, live, checks)
         if not result.passed:
             self._stop(plan, RolloutEnd.SHADOW_FAILED, f"shadow gate failed: {result.summary()}")
             return
@@ -470,7 +450,8 @@ class RolloutController:
             return
         quality = engine.evaluation(plan.version)["matured"]
         live_quality = engine.evaluation(live_version)["matured"] if live_version else None
-        checks = judge_canary(canary, live, rules, self.policy, quality, live_quality)
+        policy = self.policy_of(plan)
+        checks = judge_canary(canary, live, rules, policy, quality, live_quality)
         result = self._result(plan, label, canary, live, checks, routed)
         if not result.passed:
             self._stop(plan, RolloutEnd.ROLLED_BACK, f"rolled back at {label}: {result.summary()}")

@@ -1,5 +1,5 @@
-"""The monitor's consume loop: poll, apply, checkpoint, commit; publish the gauges and the
-advice on the way.
+"""The monitor's consume loop (``eventlog.consume.ConsumeLoop``): poll, apply, checkpoint,
+commit; publish the gauges and the advice on the way.
 
 Runs on its own thread (every call it makes blocks). The commit comes after the checkpoint:
 after a crash the log gives again what followed the last commit, and the engine skips what
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from services.eventlog import BackendUnavailable, Consumer, EventLogError
+from services.eventlog.consume import Backoff, ConsumeLoop
 from services.monitor import snapshot
 from services.monitor.advice import Advisor
 from services.monitor.engine import MonitorEngine
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 _PRUNE_INTERVAL_S = 600.0
 
 
-class MonitorLoop:
+class MonitorLoop(ConsumeLoop):
     """Consumes the event log into the engine."""
 
     def __init__(
@@ -38,60 +39,54 @@ class MonitorLoop:
         advisor: Advisor,
         metrics: MonitorMetrics,
     ) -> None:
+        super().__init__(
+            "monitor",
+            open_consumer,
+            lambda what: metrics.errors.labels(what).inc(),
+            Backoff(settings.retry_backoff_s),
+        )
         self._settings = settings
-        self._open_consumer = open_consumer
         self.engine = engine
         self.advisor = advisor
         self._metrics = metrics
-        self._consumer: Consumer | None = None
-        self._connected = False
         self._caught_up = False
-        self._uncommitted_since: float | None = None
         self._next_publish = 0.0
         self._next_prune = 0.0
-        self._failing: set[str] = set()
 
     def ready(self) -> bool:
         """Connected to the log and caught up with its end."""
         return self._connected and self._caught_up
 
-    def run(self, stop: threading.Event) -> None:
-        """Loops until ``stop`` is set, then checkpoints and commits what it applied. While it
-        keeps up, polls are at least ``poll_linger_s`` apart (a full poll, a backlog, is
-        followed by the next at once)."""
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                full = self.step()
-            except (BackendUnavailable, EventLogError) as error:
-                self._connected = False
-                self._failed("log", error)
-            except sqlite3.Error as error:
-                self._failed("state", error)
-            else:
-                if not full:
-                    elapsed = time.monotonic() - started
-                    stop.wait(max(0.0, self._settings.poll_linger_s - elapsed))
-                continue
-            self._metrics.ready.set(0)
-            stop.wait(self._settings.retry_backoff_s)
-        self._finish()
+    def turn(self, stop: threading.Event) -> float:
+        """One step; while it keeps up, polls are at least ``poll_linger_s`` apart (a full
+        poll, a backlog, is followed by the next at once)."""
+        started = time.monotonic()
+        if self.step():
+            return 0.0
+        return self._settings.poll_linger_s - (time.monotonic() - started)
+
+    def failure_of(self, error: Exception) -> str | None:
+        """The log's errors and the state file's."""
+        if isinstance(error, (BackendUnavailable, EventLogError)):
+            self._connected = False
+            return "log"
+        return "state" if isinstance(error, sqlite3.Error) else None
+
+    def on_failure(self, what: str) -> None:
+        """Not ready while anything fails."""
+        self._metrics.ready.set(0)
 
     def step(self) -> bool:
         """One iteration: checkpoint if due, poll, apply, publish if due; True when the poll
         was full (more is waiting)."""
-        if self._checkpoint_due():
-            self.checkpoint()
-        if self._consumer is None:
-            self._consumer = self._open_consumer()
         s = self._settings
-        records = self._consumer.poll(s.poll_max_records, s.poll_timeout_s)
-        self._connected = True
-        self._recovered("log")
+        if self.checkpoint_due(
+            s.checkpoint_interval_s, self.engine.uncheckpointed, s.checkpoint_max_events
+        ):
+            self.checkpoint()
+        records = self.poll(s.poll_max_records, s.poll_timeout_s)
         full = len(records) >= s.poll_max_records
         if records:
-            if self._uncommitted_since is None:
-                self._uncommitted_since = time.monotonic()
             stats = self.engine.apply(records)
             m = self._metrics
             for kind in ("decisions", "duplicates", "outcomes", "unmatched", "invalid"):
@@ -122,53 +117,18 @@ class MonitorLoop:
             self._metrics.advice.labels(entry["model_version"], entry["reason"]).inc()
         self._metrics.publish(view, self.advisor.active)
 
-    def _checkpoint_due(self) -> bool:
-        since = self._uncommitted_since
-        if since is None:
-            return False
-        return (
-            time.monotonic() - since >= self._settings.checkpoint_interval_s
-            or self.engine.uncheckpointed >= self._settings.checkpoint_max_events
-        )
-
     def checkpoint(self) -> None:
         """Writes the state, then commits the log position."""
         if self._consumer is None:
             return
-        start = time.perf_counter()
-        self.engine.checkpoint()
-        self._recovered("state")
-        self._consumer.commit()
-        self._uncommitted_since = None
-        self._metrics.checkpoint.observe(time.perf_counter() - start)
+        self._metrics.checkpoint.observe(self.commit_after(self.engine.checkpoint))
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """On stop: a last checkpoint and commit, then leave the group."""
         try:
-            if self._uncommitted_since is not None:
+            if self.uncommitted:
                 self.checkpoint()
         except Exception:
             log.exception("final checkpoint failed; the log gives the rest again on restart")
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except Exception:
-                log.exception("closing the event log consumer failed")
-            self._consumer = None
+        self.close_consumer()
         self._metrics.ready.set(0)
-
-    def _failed(self, what: str, error: Exception) -> None:
-        self._metrics.errors.labels(what).inc()
-        if what not in self._failing:
-            self._failing.add(what)
-            log.warning(
-                "monitor: %s failed; retrying every %.1f s",
-                what,
-                self._settings.retry_backoff_s,
-                extra={"error": f"{type(error).__name__}: {error}"},
-            )
-
-    def _recovered(self, what: str) -> None:
-        if what in self._failing:
-            self._failing.discard(what)
-            log.info("monitor: %s is back", what)

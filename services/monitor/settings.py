@@ -2,7 +2,9 @@
 
 Which log it reads is the event log's own settings (``FRAUD_EVENTLOG_*``); which model
 repository it reads references from is ``ModelServerSettings``' (model root and name).
-Defaults of the windows and the advice come from ``MonitorPolicy`` and ``AdvicePolicy``.
+Defaults of the windows and the advice come from ``MonitorPolicy`` and ``AdvicePolicy``; the
+rollout controller's yardsticks are the canary policy (``CanarySettings``: the gateway's
+fast guard reads the same ``FRAUD_CANARY_*`` variables).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.models.settings import ModelServerSettings
+from services.models.settings import CanarySettings, ModelServerSettings
 from services.monitor.advice import ADVICE_FILE, AdvicePolicy
 from services.monitor.engine import MonitorPolicy
 
@@ -20,7 +22,7 @@ _P = MonitorPolicy()
 _A = AdvicePolicy()
 
 
-class MonitorSettings(ModelServerSettings):
+class MonitorSettings(ModelServerSettings, CanarySettings):
     """The monitor's port, consumer group, state file, windows and advice thresholds."""
 
     model_config = SettingsConfigDict(env_prefix="FRAUD_MONITOR_", extra="ignore", frozen=True)

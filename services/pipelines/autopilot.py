@@ -14,13 +14,13 @@ The last run is remembered in ``<model_root>/<name>/autopilot.json``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from services.common import filecommit
 from services.models import repository
 from services.models.lifecycle import GateReport, ModelLifecycle
 from services.models.rollout import DEFAULT_STEPS, Phase, RolloutFile, RolloutPlan
@@ -110,11 +110,8 @@ class Autopilot:
 
     def _remember(self, at: datetime, decision: str, version: str | None) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"last_run_at": at.isoformat(), "decision": decision, "version": version})
-        )
-        os.replace(tmp, self.state_path)
+        body = {"last_run_at": at.isoformat(), "decision": decision, "version": version}
+        filecommit.replace_bytes(self.state_path, json.dumps(body).encode())
 
     def run(self, force: bool = False) -> AutopilotRun:
         """Decides whether to retrain, and does what it decided."""

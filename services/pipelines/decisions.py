@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from services.common import filecommit
 from services.decisionlog import layout, reader, writer
 from services.decisionlog.reader import feature_orders, latest_outcomes, read_table
 from services.decisionlog.rows import RecentIds
@@ -206,9 +206,8 @@ def export(
     }
     table = table.replace_schema_metadata(metadata)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, out)
+    with filecommit.replacing(out) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
     return ExportSummary(**{**summary.__dict__, "path": out})
 
 
@@ -345,7 +344,7 @@ def compact(root: Path, before: date, compression: str = "zstd") -> CompactSumma
                 if part != final:
                     with contextlib.suppress(FileNotFoundError):
                         part.unlink()
-            writer.fsync_dir(day_dir)
+            filecommit.fsync_dir(day_dir)
             days += 1
             before_count += len(inputs)
             after_count += 1

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from services.common import filecommit
 from services.common.errors import FailedPrecondition
 from services.decisionlog import layout as log_layout
 from services.domain import aggregation, featurespec, money
@@ -464,18 +465,17 @@ def _publish_dataset(
 def work_lock(work_dir: Path) -> Iterator[None]:
     """Holds the work folder for one run; another run fails at once instead of sharing it."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    with open(work_dir / WORK_LOCK, "a+") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as error:
-            raise FailedPrecondition(
-                f"another `fraudmesh train --from-decisions` is using {work_dir}: wait for it "
-                "or give this one its own --work-dir"
-            ) from error
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    try:
+        fd = filecommit.hold_lock(work_dir / WORK_LOCK, wait=False)
+    except BlockingIOError as error:
+        raise FailedPrecondition(
+            f"another `fraudmesh train --from-decisions` is using {work_dir}: wait for it "
+            "or give this one its own --work-dir"
+        ) from error
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from services.common import filecommit
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.domain.rules_quality import rules_scores
@@ -492,7 +493,6 @@ def _promote_if_asked(
 def write_scores(scores: pd.DataFrame, path: Path) -> Path:
     """Writes test scores (``SCORE_COLUMNS``) as Parquet, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    scores.loc[:, list(SCORE_COLUMNS)].to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with filecommit.replacing(path) as tmp:
+        scores.loc[:, list(SCORE_COLUMNS)].to_parquet(tmp, index=False)
     return path

@@ -1,4 +1,5 @@
-"""The updater's consume loop: poll, apply, write the online rows, checkpoint, commit.
+"""The updater's consume loop (``eventlog.consume.ConsumeLoop``): poll, apply, write the
+online rows, checkpoint, commit.
 
 Runs on its own thread (every call it makes blocks). The commit comes after both the store
 write and the state save: at least once plus idempotent apply, so after a crash nothing is
@@ -19,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from services.common.errors import Unavailable
 from services.eventlog import BackendUnavailable, Consumer, EventLogError, Record
+from services.eventlog.consume import Backoff, ConsumeLoop
 from services.featurestore.writer import Row
 from services.updater.engine import Applied, LiveAggregator, View
 from services.updater.metrics import UpdaterMetrics
@@ -43,7 +45,7 @@ def _seconds(stamp: object) -> float:
     return stamp.seconds + stamp.nanos / _NANOS  # type: ignore[attr-defined]
 
 
-class UpdateLoop:
+class UpdateLoop(ConsumeLoop):
     """Consumes the event log into the online store (poll, apply, write, checkpoint, commit)."""
 
     def __init__(
@@ -55,19 +57,20 @@ class UpdateLoop:
         metrics: UpdaterMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(
+            "updater",
+            open_consumer,
+            lambda what: metrics.store_errors.labels(what).inc(),
+            Backoff(settings.retry_backoff_s),
+        )
         self._settings = settings
-        self._open_consumer = open_consumer
         self._writer = writer
         self._agg = aggregator
         self._metrics = metrics
         self._clock = clock
-        self._consumer: Consumer | None = None
-        self._connected = False
         self._store_ok = True
         self._caught_up = False
-        self._uncommitted_since: float | None = None
         self._unwritten: list[tuple[View, float]] = []
-        self._failing: set[str] = set()
 
     def ready(self) -> bool:
         """Connected to the log and the store, and caught up with the log's end."""
@@ -75,40 +78,35 @@ class UpdateLoop:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def run(self, stop: threading.Event) -> None:
-        """Loops until ``stop`` is set, then writes, checkpoints and commits what it has."""
-        while not stop.is_set():
-            try:
-                self.step()
-            except (BackendUnavailable, EventLogError) as error:
-                self._connected = False
-                self._failed("log", error)
-            except Unavailable as error:
-                self._store_ok = False
-                self._failed("online_store", error)
-            except sqlite3.Error as error:
-                self._failed("state", error)
-            else:
-                continue
-            self._metrics.ready.set(0)
-            stop.wait(self._settings.retry_backoff_s)
-        self._finish()
+    def turn(self, stop: threading.Event) -> float:
+        """One step, and the next at once."""
+        self.step()
+        return 0.0
+
+    def failure_of(self, error: Exception) -> str | None:
+        """The log's errors, the online store's and the state file's."""
+        if isinstance(error, (BackendUnavailable, EventLogError)):
+            self._connected = False
+            return "log"
+        if isinstance(error, Unavailable):
+            self._store_ok = False
+            return "online_store"
+        return "state" if isinstance(error, sqlite3.Error) else None
+
+    def on_failure(self, what: str) -> None:
+        """Not ready while anything fails."""
+        self._metrics.ready.set(0)
 
     def step(self) -> None:
         """One iteration: retry unwritten rows, checkpoint if due, poll, apply, write."""
         if self._agg.rows_pending:
             self._write_rows()
-        if self._checkpoint_due():
-            self.checkpoint()
-        if self._consumer is None:
-            self._consumer = self._open_consumer()
         s = self._settings
-        records = self._consumer.poll(s.poll_max_records, s.poll_timeout_s)
-        self._connected = True
-        self._recovered("log")
+        applied = self._agg.applied_since_checkpoint
+        if self.checkpoint_due(s.checkpoint_interval_s, applied, s.checkpoint_max_events):
+            self.checkpoint()
+        records = self.poll(s.poll_max_records, s.poll_timeout_s)
         if records:
-            if self._uncommitted_since is None:
-                self._uncommitted_since = time.monotonic()
             last_created = self._apply(records)
             self._write_rows()
             full = len(records) >= s.poll_max_records
@@ -167,7 +165,7 @@ class UpdateLoop:
         self._writer.write(rows.cards, rows.merchants, rows.terminals)
         self._agg.rows_written()
         self._store_ok = True
-        self._recovered("online_store")
+        self._failures.recovered("online_store")
         done = self._clock()
         m = self._metrics
         for view, created in self._unwritten:
@@ -175,63 +173,24 @@ class UpdateLoop:
             m.applied(view.value, created)
         self._unwritten.clear()
 
-    def _checkpoint_due(self) -> bool:
-        since = self._uncommitted_since
-        if since is None:
-            return False
-        return (
-            time.monotonic() - since >= self._settings.checkpoint_interval_s
-            or self._agg.applied_since_checkpoint >= self._settings.checkpoint_max_events
-        )
-
     def checkpoint(self) -> None:
         """Saves the changed states, then commits the log position (rows already written)."""
         if self._agg.rows_pending or self._consumer is None:
             return
-        start = time.perf_counter()
-        self._agg.checkpoint()
-        self._recovered("state")
-        self._consumer.commit()
-        self._uncommitted_since = None
-        self._metrics.checkpoint.observe(time.perf_counter() - start)
+        self._metrics.checkpoint.observe(self.commit_after(self._agg.checkpoint))
         for view, size in self._agg.sizes().items():
             self._metrics.cached.labels(view.value).set(size)
         self._metrics.journal.set(self._agg.journal_events)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         """On stop: the last rows, a last checkpoint and commit, then leave the group."""
         try:
             if self._agg.rows_pending:
                 self._write_rows()
-            if self._uncommitted_since is not None and self._consumer is not None:
+            if self.uncommitted and self._consumer is not None:
                 # Every state snapshotted: the next start has no journal to apply.
-                self._agg.snapshot_all()
-                self._consumer.commit()
-                self._uncommitted_since = None
+                self.commit_after(self._agg.snapshot_all)
         except Exception:
             log.exception("final checkpoint failed; the log gives the rest again on restart")
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except Exception:
-                log.exception("closing the event log consumer failed")
-            self._consumer = None
+        self.close_consumer()
         self._metrics.ready.set(0)
-
-    # --- failure bookkeeping -----------------------------------------------------------
-
-    def _failed(self, what: str, error: Exception) -> None:
-        self._metrics.store_errors.labels(what).inc()
-        if what not in self._failing:
-            self._failing.add(what)
-            log.warning(
-                "updater: %s failed; retrying every %.1f s",
-                what,
-                self._settings.retry_backoff_s,
-                extra={"error": f"{type(error).__name__}: {error}"},
-            )
-
-    def _recovered(self, what: str) -> None:
-        if what in self._failing:
-            self._failing.discard(what)
-            log.info("updater: %s is back", what)
