@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 
 from services.featurestore import admin
@@ -41,6 +42,17 @@ SHARED_DIR_ENV = "FRAUD_TEST_SHARED_DIR"
 # No skip under CI (tests/ci.py); a time limit per integration module, logs on failure
 # (tests/timeouts.py); every test's duration kept when asked (tests/durations.py).
 pytest_plugins = ("tests.ci", "tests.timeouts", "tests.durations")
+
+# Property tests judge answers, never time: Hypothesis's per-example deadline (200 ms) and its
+# too-slow health check fail a correct test on a loaded machine (make test runs lanes side by
+# side). No example database either: a run is what the test's seed makes it.
+hypothesis.settings.register_profile(
+    "fraudmesh",
+    deadline=None,
+    database=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+hypothesis.settings.load_profile("fraudmesh")
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,12 @@ def test_a_foreign_deserializer_is_kept() -> None:
     assert decoder is not None and decoder.full_name == "fraud.v1.ScoreRequest"
 
 
-@settings(max_examples=3000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=3000,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.binary(max_size=300))
 def test_any_bytes_decode_or_are_refused_as_invalid_argument(data: bytes) -> None:
     for decoder in (SCORE, RequestDecoder(v2.ModelInferRequest)):
@@ -154,7 +159,7 @@ def test_any_bytes_decode_or_are_refused_as_invalid_argument(data: bytes) -> Non
             assert len(error.message) < 300
 
 
-@settings(max_examples=1000, derandomize=True)
+@settings(max_examples=1000, derandomize=True, deadline=None)
 @given(st.data())
 def test_truncations_and_corruptions_of_valid_requests(data: st.DataObject) -> None:
     raw = bytearray(_valid().SerializeToString())
