@@ -17,10 +17,10 @@ and hands it down the ladder; each rung answers or passes on:
     small model  alone, with its own thresholds, when the model cannot answer
     rules        the fallback that always answers
 
-Every answer is built by ``Pipeline._answer``; the canary watch hears of every model call
-and first-stage approval in ``Pipeline._watch``. A model or first-stage answer carries a
-shadow job while a shadow version is routed, scored once the answer has been sent
-(``followup.py``).
+``Pipeline.score`` runs the rungs in order. Every answer is built by ``Pipeline._answer``;
+the canary watch hears of every model call and first-stage approval in ``Pipeline._watch``.
+A model or first-stage answer carries a shadow job while a shadow version is routed,
+scored once the answer has been sent (``followup.py``).
 """
 
 from __future__ import annotations
@@ -319,19 +319,16 @@ class Pipeline:
         return store, Source.PARTIAL
 
     async def score(self, tx: Transaction, budget: Budget) -> ScoreResult:
-        """Scores ``tx``; always returns before the budget's reserve is spent."""
+        """Scores ``tx`` down the ladder (``LADDER``, the rules always answer); always
+        returns before the budget's reserve is spent."""
         table = self.routes
         route, arm = table.pick(tx.card_id)
         store, source = await self._read_features(tx, budget)
         notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
         inputs, vector = route.inputs(tx, store)
         call = Call(tx, budget, table, route, arm, store, source, notes, inputs, vector)
-        return await self._ladder(call)
-
-    async def _ladder(self, call: Call) -> ScoreResult:
-        """The rungs in order (``LADDER``); the rules always answer."""
         answer = self._decided_outright(call) or self._first_stage(call)
-        if answer is None and call.arm is Arm.CANARY:
+        if answer is None and arm is Arm.CANARY:
             answer = await self._canary_model(call)
             if answer is None:
                 call.go_live()
