@@ -1,6 +1,8 @@
 """Versions in their own feature order, and versions trained in another state folder, taken
-through the monitor's staged rollout under steady traffic through Envoy (the gateway calls
-the feature service and the scorer over their streams).
+through the monitor's staged rollout under steady traffic through Envoy. As in
+``test_rollout.py`` the gateway reads the store and runs the versions in process: over the
+scorer's hop, a shared machine's pauses time out shadow and canary calls (the rollout judges
+those against their allowances, this module asserts none failed).
 
 A version folder ``fraudmesh train`` published in the session's state folder imports into
 this module's own as it is, and goes live there. Then a candidate takes one feature more
@@ -64,7 +66,11 @@ def world(
             # The controller's verdicts count late answers beyond noise; the gateway's own
             # p99 watch over one or two calls would judge the machine's pauses instead.
             "FRAUD_GATEWAY_CANARY_P99_SLACK_MS": "25",
+            # The shadow gate's share scored in time would judge the machine's pauses too;
+            # this module judges the order by the shadow's agreement with live.
+            "FRAUD_GATEWAY_SHADOW_TIMEOUT_MS": "250",
         },
+        gateway_in_process=True,
     )
     mesh = Mesh(config)
     mesh.start(timeout_s=180)
@@ -176,7 +182,10 @@ def _no_call_failed(world: World, before: tuple[int, int, int]) -> None:
             len(during) + failed_during, failed_during + sum(e > budget for e in during)
         ),
     )
-    print(f"{len(during)} answered, {failed_during} failed at the client: {verdict}")
+    print(
+        f"{len(during)} answered, {failed_during} failed at the client "
+        f"(by code, since the start: {world.traffic.failed}): {verdict}"
+    )
     assert verdict.ok, verdict
 
 
@@ -193,9 +202,10 @@ def test_a_version_trained_in_another_state_folder_imports_as_published_and_goes
     trained, _ = repository.load(prepared_state.model_root, version=prepared_state.model_version)
     assert trained.small_model is not None, "training published no small model"
     before = set(repository.published_versions(world.var_dir / "models"))
-    mark = _mark(world)
     out = _fraudmesh("model", "import", str(folder), "--var-dir", str(world.var_dir)).stdout
     print(out)
+    # The calls so far, the import's busy minute among them, are the baseline of the rollout.
+    mark = _mark(world)
     (version,) = set(repository.published_versions(world.var_dir / "models")) - before
     record = world.lifecycle.read().versions[version]
     assert record.state is VersionState.CANDIDATE and record.gates is not None
