@@ -15,7 +15,7 @@ float32) feeds ``seconds_since_last_txn``; ``card_home_country`` and ``merchant_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -142,6 +142,54 @@ over three payments says little)."""
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
 
+SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES
+"""Every input a version may name, in the order ``model_vector`` computes them with
+``helpers``: the model features, then the store's helper features as read. A version's own
+``feature_order`` is any selection of these (``input_positions``)."""
+
+_SERVABLE_AT = {name: i for i, name in enumerate(SERVABLE_FEATURES)}
+
+
+class UnservableFeatures(ValueError):
+    """A feature order names inputs that neither the feature service nor the request gives."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(
+            f"no part of the mesh produces {', '.join(repr(n) for n in names)} "
+            f"(servable: {len(SERVABLE_FEATURES)} features, docs/architecture.md)"
+        )
+        self.names = names
+        """The unservable names, in the order's order."""
+
+
+def input_positions(order: Sequence[str]) -> tuple[int, ...] | None:
+    """Where each of ``order``'s inputs sits in ``SERVABLE_FEATURES``: None when ``order`` is
+    ``MODEL_FEATURES`` itself (the vector as ``model_vector`` computes it); raises
+    ``UnservableFeatures`` naming every input nobody can produce."""
+    if tuple(order) == MODEL_FEATURES:
+        return None
+    unknown = [name for name in order if name not in _SERVABLE_AT]
+    if unknown:
+        raise UnservableFeatures(unknown)
+    return tuple(_SERVABLE_AT[name] for name in order)
+
+
+def missing_inputs(
+    positions: Sequence[int] | None, store: Mapping[str, float | None], amount: float
+) -> list[int]:
+    """``missing_features`` in a version's own order (``input_positions``): the positions of
+    its inputs that took their defaults for this store read and a payment of ``amount``."""
+    missing = missing_features(store, amount)
+    if positions is None:
+        return missing
+    at_servable = set(missing)
+    for name in HELPER_FEATURES:
+        value = store.get(name)
+        if value is None or value != value:
+            at_servable.add(_SERVABLE_AT[name])
+    return [j for j, i in enumerate(positions) if i in at_servable]
+
+
 SMALL_AMOUNT_EUR = 2.0
 """Amounts below this count as small (card testing) in ``card_small_txn_count_1h``."""
 
@@ -154,8 +202,10 @@ def model_vector(
     timestamp_s: float,
     card_not_present: bool,
     defaults: Mapping[str, float],
+    helpers: bool = False,
 ) -> list[float]:
-    """The model input in ``MODEL_FEATURES`` order for one transaction.
+    """The model input in ``MODEL_FEATURES`` order for one transaction (``SERVABLE_FEATURES``
+    order with ``helpers``: the helper store features appended as read).
 
     ``store`` maps store feature names to values; None (or NaN, or an absent name) marks a
     missing or stale value, replaced by ``defaults[name]``. A derived feature whose inputs
@@ -203,6 +253,10 @@ def model_vector(
 
     _append_spending(vector, store, amount, defaults)
     _append_fraud_counts(vector, store, defaults)
+    if helpers:
+        for name in HELPER_FEATURES:
+            value = get(name)
+            append(defaults[name] if value is None or value != value else float(value))
     return vector
 
 

@@ -104,7 +104,8 @@ class GatewayApp:
         s = self.settings
         lifecycle = ModelLifecycle(s.models_path, s.model_name)
         metadata = self._live_metadata(lifecycle)
-        rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, metadata.feature_order)
+        # The rules see every feature the gateway computes, whichever version answers.
+        rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, featurespec.MODEL_FEATURES)
         features, provider = await self._dependencies()
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
@@ -147,35 +148,40 @@ class GatewayApp:
         self._shadow.start()
         self.pipeline = pipeline
         self._tasks.append(asyncio.create_task(self.rollout.follow()))
+        self._log_ready(pipeline)
+
+    def _log_ready(self, pipeline: Pipeline) -> None:
+        """Says what answers now."""
         routes = pipeline.routes
         log.info(
             "gateway ready",
             extra={
-                "model": metadata.name,
+                "model": pipeline.metadata.name,
                 "live": routes.live.version,
                 "canary": routes.canary.version if routes.canary else None,
                 "shadow": routes.shadow.version if routes.shadow else None,
-                "rules": rules.version,
-                "in_process": s.in_process,
+                "rules": pipeline.rules.version,
+                "in_process": self.settings.in_process,
                 "small_model": routes.live.small is not None,
-                "cascade": s.cascade,
+                "cascade": self.settings.cascade,
             },
         )
 
     def _live_metadata(self, lifecycle: ModelLifecycle) -> repository.ModelMetadata:
         """The metadata of the version that answers first (pinned, else live); refuses one
-        whose features this gateway does not compute."""
+        that needs a feature nobody produces, naming it."""
         s = self.settings
         live_version = s.model_version or lifecycle.read().routing.live
         try:
             metadata, _ = repository.load(s.models_path, s.model_name, live_version)
         except FileNotFoundError as error:
             raise FailedPrecondition(str(error)) from error
-        if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
+        try:
+            featurespec.input_positions(metadata.feature_order)
+        except featurespec.UnservableFeatures as error:
             raise FailedPrecondition(
-                f"model {metadata.name} v{metadata.version} expects features "
-                f"{metadata.feature_order}, this gateway computes {featurespec.MODEL_FEATURES}"
-            )
+                f"model {metadata.name} v{metadata.version} cannot be served: {error}"
+            ) from error
         return metadata
 
     async def _dependencies(self) -> tuple[FeatureClient, ModelProvider]:

@@ -104,7 +104,9 @@ def decision_event(
     event.features.extend(result.features)
     if result.store is not None and result.features:
         amount = amount_eur(request.amount_minor, request.currency)
-        event.missing_features.extend(featurespec.missing_features(result.store, amount))
+        event.missing_features.extend(
+            featurespec.missing_inputs(result.feature_positions, result.store, amount)
+        )
     event.feature_schema = feature_schema
     event.feature_names.extend(feature_names)
     event.feature_source = response.feature_source

@@ -1,20 +1,26 @@
-"""The scoring pipeline: features, then model, then decision, each inside the budget.
+"""The scoring core: one call context passed down an ordered fallback ladder.
 
-Transport-free: the feature and model clients are injected, so the pipeline is tested
-without servers. Whatever fails behind it, ``score`` returns an on-time result.
+Transport-free: the feature and model clients are injected, so the core is tested without
+servers. Whatever fails behind it, ``score`` returns an on-time result.
 
 Which model version answers comes from the route table (``routing.py``), swapped whole
 when the lifecycle changes: the live version, or the canary for its share of cards. The
-version that answers brings its own defaults and thresholds. A canary call gets a shorter
-slice of the budget and its own breaker; if it fails, the live version answers (the rules
-only when live cannot too), and the canary watch counts the failure. With a shadow version
-routed, a model answer carries a shadow job, scored once the answer has been sent.
+version that answers brings its own feature order, defaults and thresholds. A call reads
+the features once, builds one ``Call`` (request, budget, route, features, answers so far)
+and hands it down the ladder; each rung answers or passes on:
 
-A version with a small model (run in this process) uses it twice. With the cascade on, it
-is the first stage: below the version's clear-approve threshold the answer is APPROVE
-without the model call (``ScoredBy.FIRST_STAGE``, a full-quality answer). And when the model
-cannot answer (failing, slow, breaker open, too little budget left), it answers alone with
-its own thresholds (``ScoredBy.SMALL_MODEL``); the rules answer only when it cannot either.
+    controls     the fraud team's lists and rules that decide outright (none yet)
+    first stage  the small model's clear approval (cascade on), without the model call
+    model        the routed version (a canary first, with its own breaker and a shorter
+                 slice; when it cannot answer the call goes on with live from the first
+                 stage, and the canary watch counts the failure)
+    small model  alone, with its own thresholds, when the model cannot answer
+    rules        the fallback that always answers
+
+``Pipeline.score`` runs the rungs in order. Every answer is built by ``Pipeline._answer``;
+the canary watch hears of every model call and first-stage approval in ``Pipeline._watch``.
+A model or first-stage answer carries a shadow job while a shadow version is routed,
+scored once the answer has been sent (``followup.py``).
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from services.domain import featurespec
-from services.domain.rules import RulesEngine
+from services.domain.rules import RulesEngine, RulesVerdict
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
 from services.gateway.decision import Decision, decide
@@ -50,7 +56,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CANARY_CAP_S",
     "CASCADE",
+    "LADDER",
+    "Call",
+    "Control",
     "Decision",
+    "Outright",
     "Pipeline",
     "ScoreResult",
     "ScoredBy",
@@ -67,6 +77,10 @@ the rest of the budget."""
 CASCADE = True
 """Whether the small model's first stage approves clear cases by default: on, as its quality
 on the test period allows it (docs/cascade.md)."""
+
+
+LADDER: tuple[str, ...] = ("controls", "first stage", "model", "small model", "rules")
+"""The rungs a call passes down, in order (docs/architecture.md draws them)."""
 
 
 class ScoredBy(enum.Enum):
@@ -137,6 +151,9 @@ class ScoreResult:
     store: Mapping[str, float | None] | None = None
     """The store read ``features`` came from (the decision event names the values that
     took defaults from it, after the answer)."""
+    feature_positions: tuple[int, ...] | None = None
+    """Where each of ``features`` sits in ``featurespec.SERVABLE_FEATURES``; None for the
+    ``MODEL_FEATURES`` order (``featurespec.missing_inputs``)."""
 
     @property
     def shadow_version(self) -> str:
@@ -148,9 +165,82 @@ class ScoreResult:
         return self.shadow.result() if self.shadow is not None else None
 
 
+_NO_BUDGET = "too little budget left for the model"
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """One Score call as it passes down the ladder: the request, its budget, the routing it
+    started with, the features read, the route answering now, and what was learnt so far."""
+
+    tx: Transaction
+    budget: Budget
+    table: RouteTable
+    """The routing this call follows from start to end, whatever swaps meanwhile."""
+    route: ModelRoute
+    """The version answering now: the card's, then live once a canary could not answer."""
+    arm: Arm
+    store: Mapping[str, float | None]
+    source: Source
+    notes: list[str]
+    """Notes every answer ends with (how the features were read)."""
+    inputs: list[float]
+    """Every computed feature (``featurespec.SERVABLE_FEATURES`` order): what rules see."""
+    vector: list[float]
+    """The answering version's input, in its own feature order."""
+    small_score: float | None = None
+    small_tried: bool = False
+    """Whether ``small_score`` was asked of this route's small model (None: it failed)."""
+    verdict: RulesVerdict | None = None
+    named: dict[str, float] | None = None
+    fallback: str = _NO_BUDGET
+    """Why the model did not answer, for the fallback's reason."""
+    canary_failed: str = ""
+    canary_timed_out: bool = False
+
+    def go_live(self) -> None:
+        """The canary could not answer: the call goes on with the live version."""
+        route = self.route = self.table.live
+        self.arm = Arm.LIVE
+        self.inputs, self.vector = route.inputs(self.tx, self.store)
+        self.small_score, self.small_tried = None, False
+        self.verdict = self.named = None
+
+    def rules(self, engine: RulesEngine) -> tuple[RulesVerdict, dict[str, float]]:
+        """The rules' verdict on this call's features (evaluated once), and the features by
+        name."""
+        verdict, named = self.verdict, self.named
+        if verdict is None or named is None:
+            # The inputs stop before the helper features unless the version takes one.
+            named = self.named = dict(zip(featurespec.SERVABLE_FEATURES, self.inputs, strict=False))
+            verdict = self.verdict = engine.evaluate(named)
+        return verdict, named
+
+
+@dataclass(frozen=True, slots=True)
+class Outright:
+    """A control's decision, taken before any model is asked."""
+
+    decision: Decision
+    score: float
+    reason: str
+    """Why, naming the list or rule that decided (the answer's first reason)."""
+    version: str
+    """The version of the control set that decided (the answer's ``model_version``)."""
+
+
+class Control(Protocol):
+    """A list or rule of the fraud team that may decide a payment outright: the ladder's
+    first rung asks each in order, and the first that decides answers."""
+
+    def decide(self, call: Call) -> Outright | None:
+        """The decision on ``call``, or None to pass it on."""
+        ...
+
+
 class Pipeline:
-    """Scores validated transactions with the routed model version, falling back to the
-    live version, defaults and rules."""
+    """Scores validated transactions down the ladder with the routed model version, falling
+    back to the live version, the small model and the rules."""
 
     def __init__(
         self,
@@ -166,11 +256,14 @@ class Pipeline:
         shadow_queue: ShadowQueue | None = None,
         small: SmallModelClient | None = None,
         cascade: bool = CASCADE,
+        controls: Sequence[Control] = (),
     ) -> None:
         self.routes = RouteTable(live=ModelRoute(metadata, model, small))
         """What answers now; replaced whole when the lifecycle changes."""
         self.cascade = cascade
         """Whether a routed version's small model approves clear cases first."""
+        self.controls = tuple(controls)
+        """The fraud team's lists and rules that decide outright, asked first in order."""
         self.features_breaker = features_breaker
         self.scorer_breaker = scorer_breaker
         self.rules = rules
@@ -186,8 +279,8 @@ class Pipeline:
         self._store_names = featurespec.STORE_FEATURES
         # A payment that names no terminal expects none of the terminal's features.
         self._named_store = featurespec.CARD_FEATURES + featurespec.MERCHANT_FEATURES
-        self._answer_counters: dict[tuple[Arm, str], Any] = {}
-        self._small_counters: dict[tuple[Arm, str, str], Any] = {}
+        # Labelled counters, looked up once each: ``labels()`` takes a lock per call.
+        self._counters: dict[tuple[ScoredBy, Arm, str], Any] = {}
         self._small_failed: set[str] = set()
 
     @property
@@ -226,110 +319,176 @@ class Pipeline:
         return store, Source.PARTIAL
 
     async def score(self, tx: Transaction, budget: Budget) -> ScoreResult:
-        """Scores ``tx``; always returns before the budget's reserve is spent."""
+        """Scores ``tx`` down the ladder (``LADDER``, the rules always answer); always
+        returns before the budget's reserve is spent."""
         table = self.routes
         route, arm = table.pick(tx.card_id)
         store, source = await self._read_features(tx, budget)
         notes = [] if source is Source.ONLINE else [_SOURCE_NOTE[source]]
-        failed: tuple[str, bool] | None = None
-        if arm is Arm.CANARY:
-            answered = await self._score_canary(table, route, tx, store, source, notes, budget)
-            if isinstance(answered, ScoreResult):
-                answered.store = store
-                return self._with_shadow(table, answered, tx, store)
-            failed = answered
-            route = table.live
-        result = await self._score_live(table, route, tx, store, source, notes, budget)
-        if failed is not None:
-            # The event says the canary failed this card, so one process watching every
-            # gateway's events can judge the canary's error and timeout rates.
-            result.canary_failed, result.canary_timed_out = failed
-        return result
-
-    async def _score_live(
-        self,
-        table: RouteTable,
-        route: ModelRoute,
-        tx: Transaction,
-        store: Mapping[str, float | None],
-        source: Source,
-        notes: list[str],
-        budget: Budget,
-    ) -> ScoreResult:
-        """Live's answer, or the rules' when the model cannot give one in time."""
-        vector = route.vector(tx, store)
-        small_score = None
-        small_tried = False
-        if self.cascade and route.small is not None:
-            small_score, small_tried = self._small_score(route, vector), True
-            if small_score is not None and small_score < route.clear_approve:
-                first = self._first_stage(route, Arm.LIVE, small_score, notes, source, vector)
-                if table.watch is not None:
-                    table.watch.record(Arm.LIVE, True, None, False)
-                return self._with_shadow(table, first, tx, store)
-        named = dict(zip(route.order, vector, strict=True))
-        verdict = self.rules.evaluate(named)
-        rule_reasons = verdict.reasons(named)
-
-        timeout = budget.scorer_timeout(suspect=self.scorer_suspect and route.small is not None)
-        fallback_reason = "too little budget left for the model"
-        if timeout > 0:
-            watch = table.watch
-            started = time.perf_counter()
-            try:
-                score = await guarded(
-                    self.scorer_breaker, lambda: route.client.score(vector, timeout)
-                )
-            except DependencyError as error:
-                self.metrics.dependency_error("scorer", error.reason)
-                if error.reason == "timeout":
-                    self.scorer_suspect = True
-                fallback_reason = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
-                if watch is not None and error.reason != "breaker_open":
-                    watch.record(Arm.LIVE, False, time.perf_counter() - started, False)
-            else:
-                self.scorer_suspect = False
-                elapsed = time.perf_counter() - started
-                result = self._model_result(
-                    route, Arm.LIVE, score, rule_reasons, notes, source, vector
-                )
-                if watch is not None:
-                    watch.record(Arm.LIVE, True, elapsed, result.decision is Decision.DECLINE)
-                result.store = store
-                return self._with_shadow(table, result, tx, store)
-        else:
-            self.metrics.dependency_error("scorer", "no_budget")
-        if route.small is not None:
-            if not small_tried:
-                small_score = self._small_score(route, vector)
-            if small_score is not None:
-                return self._small_alone(
-                    route, small_score, rule_reasons, fallback_reason, notes, source, vector
-                )
-            fallback_reason += "; small model failed"
-        decision = decide(verdict.score, self.rules.review, self.rules.decline)
-        return ScoreResult(
-            decision=decision,
-            score=verdict.score,
-            reasons=[
-                *(rule_reasons or ["no rule fired"]),
-                f"rules fallback: {fallback_reason}",
-                *notes,
-            ],
-            model_version=f"rules-{self.rules.version}",
-            scored_by=ScoredBy.RULES,
-            feature_source=source,
-            features=vector,
-            feature_order=route.order,
-            store=store,
+        inputs, vector = route.inputs(tx, store)
+        call = Call(tx, budget, table, route, arm, store, source, notes, inputs, vector)
+        answer = self._decided_outright(call) or self._first_stage(call)
+        if answer is None and arm is Arm.CANARY:
+            answer = await self._canary_model(call)
+            if answer is None:
+                call.go_live()
+                answer = self._first_stage(call)
+        return (
+            answer
+            or await self._model(call)
+            or self._small_model(call)
+            or self._rules_fallback(call)
         )
 
-    def _small_score(self, route: ModelRoute, vector: list[float]) -> float | None:
-        """The route's small-model score of ``vector``; None (counted, logged) when it fails."""
+    # The rungs ---------------------------------------------------------------------------
+
+    def _decided_outright(self, call: Call) -> ScoreResult | None:
+        """The first control that decides, or None (always None without controls)."""
+        for control in self.controls:
+            outright = control.decide(call)
+            if outright is not None:
+                return self._answer(
+                    call,
+                    ScoredBy.RULES,
+                    outright.score,
+                    outright.decision,
+                    [outright.reason, *call.notes],
+                    version=outright.version,
+                )
+        return None
+
+    def _first_stage(self, call: Call) -> ScoreResult | None:
+        """The cascade's clear approval: the small model's score below the version's
+        clear-approve threshold (itself never above its review threshold), never on default
+        features."""
+        route = call.route
+        # A degraded answer must be a safe one: on default features every card looks like
+        # the population's average, so a clear approval there could let through what the
+        # full path would hold. The model decides instead (docs/cascade.md).
+        if not self.cascade or route.small is None or call.source is Source.DEFAULT:
+            return None
+        score = self._small_score(call)
+        if score is None or score >= route.clear_approve:
+            return None
+        self._watch(call, True, None, False)
+        reason = (
+            f"small model score {score:.3f} < clear-approve threshold "
+            f"{route.clear_approve:.3f}: approved at the first stage"
+        )
+        return self._answer(
+            call, ScoredBy.FIRST_STAGE, score, Decision.APPROVE, [reason, *call.notes]
+        )
+
+    async def _canary_model(self, call: Call) -> ScoreResult | None:
+        """The canary's model answer, in a short slice and under its own breaker; None when
+        it was not asked (no budget left) or failed (noted in ``call``)."""
+        breaker = call.table.canary_breaker
+        timeout = min(call.budget.scorer_timeout(), self.canary_cap_s)
+        if breaker is None or timeout <= 0:
+            return None
+        route, vector = call.route, call.vector
+        started = time.perf_counter()
+        try:
+            score = await guarded(breaker, lambda: route.client.score(vector, timeout))
+        except DependencyError as error:
+            self.metrics.dependency_error("scorer-canary", error.reason)
+            # A refusal by the canary's open breaker counts as a failure too: it only
+            # opens on failures, and the watch must still reach its verdict.
+            opened = error.reason == "breaker_open"
+            self._watch(call, False, 0.0 if opened else time.perf_counter() - started, False)
+            # The event says the canary failed this card, so one process watching every
+            # gateway's events can judge the canary's error and timeout rates.
+            call.canary_failed, call.canary_timed_out = route.version, error.reason == "timeout"
+            return None
+        return self._model_answer(call, score, time.perf_counter() - started)
+
+    async def _model(self, call: Call) -> ScoreResult | None:
+        """Live's model answer; None (the reason noted in ``call``) when it gives none in
+        time."""
+        route, vector = call.route, call.vector
+        timeout = call.budget.scorer_timeout(
+            suspect=self.scorer_suspect and route.small is not None
+        )
+        if timeout <= 0:
+            self.metrics.dependency_error("scorer", "no_budget")
+            return None
+        started = time.perf_counter()
+        try:
+            score = await guarded(self.scorer_breaker, lambda: route.client.score(vector, timeout))
+        except DependencyError as error:
+            self.metrics.dependency_error("scorer", error.reason)
+            if error.reason == "timeout":
+                self.scorer_suspect = True
+            call.fallback = f"model {_REASON_TEXT.get(error.reason, error.reason)}"
+            if error.reason != "breaker_open":
+                self._watch(call, False, time.perf_counter() - started, False)
+            return None
+        self.scorer_suspect = False
+        return self._model_answer(call, score, time.perf_counter() - started)
+
+    def _small_model(self, call: Call) -> ScoreResult | None:
+        """The small model alone, with its own thresholds, the model having failed."""
+        route = call.route
+        if route.small is None:
+            return None
+        score = call.small_score if call.small_tried else self._small_score(call)
+        if score is None:
+            call.fallback += "; small model failed"
+            return None
+        t = route.small_thresholds
+        assert t is not None
+        decision = decide(score, t.review, t.decline)
+        verdict, named = call.rules(self.rules)
+        reasons = [
+            _model_reason(score, decision, t.review, t.decline, "small model"),
+            *verdict.reasons(named),
+            f"small model fallback: {call.fallback}",
+            *call.notes,
+        ]
+        return self._answer(call, ScoredBy.SMALL_MODEL, score, decision, reasons)
+
+    def _rules_fallback(self, call: Call) -> ScoreResult:
+        """The rules' answer: the last rung, always there."""
+        verdict, named = call.rules(self.rules)
+        decision = decide(verdict.score, self.rules.review, self.rules.decline)
+        reasons = [
+            *(verdict.reasons(named) or ["no rule fired"]),
+            f"rules fallback: {call.fallback}",
+            *call.notes,
+        ]
+        return self._answer(
+            call,
+            ScoredBy.RULES,
+            verdict.score,
+            decision,
+            reasons,
+            version=f"rules-{self.rules.version}",
+        )
+
+    # What the rungs share ----------------------------------------------------------------
+
+    def _model_answer(self, call: Call, score: float, elapsed_s: float) -> ScoreResult:
+        """The answering version's decision on its model's ``score``, timed ``elapsed_s``."""
+        t = call.route.thresholds
+        decision = decide(score, t.review, t.decline)
+        self._watch(call, True, elapsed_s, decision is Decision.DECLINE)
+        verdict, named = call.rules(self.rules)
+        reasons = [
+            _model_reason(score, decision, t.review, t.decline),
+            *verdict.reasons(named),
+            *call.notes,
+        ]
+        return self._answer(call, ScoredBy.MODEL, score, decision, reasons)
+
+    def _small_score(self, call: Call) -> float | None:
+        """The route's small-model score of the call's input; None (counted, logged once a
+        version) when it fails."""
+        route = call.route
         small = route.small
         assert small is not None
+        call.small_tried = True
         try:
-            return small.score(vector)
+            score = call.small_score = small.score(call.vector)
         except Exception:
             self.metrics.dependency_error("small-model", "error")
             # Once per version: a broken model would fail every call.
@@ -337,161 +496,67 @@ class Pipeline:
                 self._small_failed.add(route.version)
                 log.exception("small model failed", extra={"version": route.version})
             return None
+        return score
 
-    def _first_stage(
-        self,
-        route: ModelRoute,
-        arm: Arm,
-        score: float,
-        notes: list[str],
-        source: Source,
-        vector: list[float],
-    ) -> ScoreResult:
-        """The cascade's clear approval: the small model's score, below the clear-approve
-        threshold (itself never above the version's review threshold)."""
-        self._count_small(arm, route.version, "first_stage")
-        return ScoreResult(
-            decision=Decision.APPROVE,
-            score=score,
-            reasons=[
-                f"small model score {score:.3f} < clear-approve threshold "
-                f"{route.clear_approve:.3f}: approved at the first stage",
-                *notes,
-            ],
-            model_version=route.version,
-            scored_by=ScoredBy.FIRST_STAGE,
-            feature_source=source,
-            arm=arm,
-            features=vector,
-            feature_order=route.order,
-        )
-
-    def _small_alone(
-        self,
-        route: ModelRoute,
-        score: float,
-        rule_reasons: list[str],
-        fallback_reason: str,
-        notes: list[str],
-        source: Source,
-        vector: list[float],
-    ) -> ScoreResult:
-        """The small model's answer with its own thresholds, the model having failed."""
-        t = route.small_thresholds
-        assert t is not None
-        decision = decide(score, t.review, t.decline)
-        self._count_small(Arm.LIVE, route.version, "fallback")
-        return ScoreResult(
-            decision=decision,
-            score=score,
-            reasons=[
-                _model_reason(score, decision, t.review, t.decline, "small model"),
-                *rule_reasons,
-                f"small model fallback: {fallback_reason}",
-                *notes,
-            ],
-            model_version=route.version,
-            scored_by=ScoredBy.SMALL_MODEL,
-            feature_source=source,
-            features=vector,
-            feature_order=route.order,
-        )
-
-    def _count_small(self, arm: Arm, version: str, role: str) -> None:
-        key = (arm, version, role)
-        counter = self._small_counters.get(key)
-        if counter is None:
-            counter = self._small_counters[key] = self.metrics.small_model_answers.labels(
-                arm.value, version, role
-            )
-        counter.inc()
-
-    async def _score_canary(
-        self,
-        table: RouteTable,
-        route: ModelRoute,
-        tx: Transaction,
-        store: Mapping[str, float | None],
-        source: Source,
-        notes: list[str],
-        budget: Budget,
-    ) -> ScoreResult | tuple[str, bool] | None:
-        """The canary's answer; when it cannot give one (live answers then), its version and
-        whether it ran out of time, or None when it was not asked (no budget left)."""
-        breaker, watch = table.canary_breaker, table.watch
-        vector = route.vector(tx, store)
-        if self.cascade and route.small is not None:
-            small_score = self._small_score(route, vector)
-            if small_score is not None and small_score < route.clear_approve:
-                if watch is not None:
-                    watch.record(Arm.CANARY, True, None, False)
-                return self._first_stage(route, Arm.CANARY, small_score, notes, source, vector)
-        timeout = min(budget.scorer_timeout(), self.canary_cap_s)
-        if breaker is None or timeout <= 0:
-            return None
-        started = time.perf_counter()
-        try:
-            score = await guarded(breaker, lambda: route.client.score(vector, timeout))
-        except DependencyError as error:
-            self.metrics.dependency_error("scorer-canary", error.reason)
-            if watch is not None:
-                # A refusal by the canary's open breaker counts as a failure too: it only
-                # opens on failures, and the watch must still reach its verdict.
-                opened = error.reason == "breaker_open"
-                watch.record(
-                    Arm.CANARY, False, 0.0 if opened else time.perf_counter() - started, False
-                )
-            return route.version, error.reason == "timeout"
-        elapsed = time.perf_counter() - started
-        named = dict(zip(route.order, vector, strict=True))
-        rule_reasons = self.rules.evaluate(named).reasons(named)
-        result = self._model_result(route, Arm.CANARY, score, rule_reasons, notes, source, vector)
+    def _watch(self, call: Call, ok: bool, latency_s: float | None, declined: bool) -> None:
+        """Tells the canary watch (while a canary runs) of one model call or first-stage
+        approval (``latency_s`` None) of the call's arm."""
+        watch = call.table.watch
         if watch is not None:
-            watch.record(Arm.CANARY, True, elapsed, result.decision is Decision.DECLINE)
-        return result
+            watch.record(call.arm, ok, latency_s, declined)
 
-    def _model_result(
+    def _answer(
         self,
-        route: ModelRoute,
-        arm: Arm,
+        call: Call,
+        scored_by: ScoredBy,
         score: float,
-        rule_reasons: list[str],
-        notes: list[str],
-        source: Source,
-        vector: list[float],
+        decision: Decision,
+        reasons: list[str],
+        *,
+        version: str = "",
     ) -> ScoreResult:
-        t = route.thresholds
-        decision = decide(score, t.review, t.decline)
-        key = (arm, route.version)
-        counter = self._answer_counters.get(key)
-        if counter is None:
-            counter = self._answer_counters[key] = self.metrics.model_answers.labels(
-                arm.value, route.version
-            )
-        counter.inc()
-        return ScoreResult(
-            decision=decision,
-            score=score,
-            reasons=[_model_reason(score, decision, t.review, t.decline), *rule_reasons, *notes],
-            model_version=route.version,
-            scored_by=ScoredBy.MODEL,
-            feature_source=source,
-            arm=arm,
-            features=vector,
-            feature_order=route.order,
+        """Every answer, built here: counted, with the call's input, features and canary
+        note, and a shadow job for a model's answer while a shadow is routed."""
+        route, arm = call.route, call.arm
+        self._count(scored_by, arm, route.version)
+        result = ScoreResult(
+            decision,
+            score,
+            reasons,
+            version or route.version,
+            scored_by,
+            call.source,
+            arm,
+            call.canary_failed,
+            call.canary_timed_out,
+            None,
+            call.vector,
+            route.order,
+            call.store,
+            route.positions,
         )
-
-    def _with_shadow(
-        self,
-        table: RouteTable,
-        result: ScoreResult,
-        tx: Transaction,
-        store: Mapping[str, float | None],
-    ) -> ScoreResult:
-        shadow = table.shadow
-        if shadow is not None and self.shadow_queue is not None:
-            result.shadow = ShadowJob(shadow, tx, store, result.score, result.decision)
+        shadow = call.table.shadow
+        if shadow is not None and self.shadow_queue is not None and scored_by in _SHADOWED:
+            result.shadow = ShadowJob(
+                shadow, call.tx, call.store, score, decision, call.source is Source.DEFAULT
+            )
         return result
+
+    def _count(self, scored_by: ScoredBy, arm: Arm, version: str) -> None:
+        """Counts a model's or a small model's answer in its labelled counter."""
+        key = (scored_by, arm, version)
+        counter = self._counters.get(key)
+        if counter is None:
+            if scored_by is ScoredBy.MODEL:
+                counter = self.metrics.model_answers.labels(arm.value, version)
+            elif scored_by in _SMALL_ROLE:
+                counter = self.metrics.small_model_answers.labels(
+                    arm.value, version, _SMALL_ROLE[scored_by]
+                )
+            else:
+                return
+            self._counters[key] = counter
+        counter.inc()
 
     def after_answer(self, result: ScoreResult) -> None:
         """Hands the result's shadow job (if any) to the shadow workers; call it once the
@@ -500,6 +565,11 @@ class Pipeline:
         if job is not None and queue is not None:
             queue.submit(job)
 
+
+_SHADOWED = frozenset({ScoredBy.MODEL, ScoredBy.FIRST_STAGE})
+"""Answers a shadow version scores too: the models' (a fallback's would compare nothing)."""
+
+_SMALL_ROLE = {ScoredBy.FIRST_STAGE: "first_stage", ScoredBy.SMALL_MODEL: "fallback"}
 
 _REASON_TEXT = {
     "breaker_open": "circuit breaker open",

@@ -145,12 +145,34 @@ class Rollout:
             live = current.live
             if live_version is not None:
                 incomplete = True
+        table = self._table(current, live, canary, buckets, shadow, state.generation)
+        self.pipeline.routes = table
+        self._retry_at = time.monotonic() + self._retry_s if incomplete else None
+        self.metrics.routing_generation.set(state.generation)
+        self.metrics.canary_percent.set(buckets / 100 if canary is not None else 0)
+        if _describe(current) != _describe(table):
+            log.info(
+                "routing changed",
+                extra={"generation": state.generation, "routes": _describe(table)},
+            )
+
+    def _table(
+        self,
+        current: RouteTable,
+        live: ModelRoute,
+        canary: ModelRoute | None,
+        buckets: int,
+        shadow: ModelRoute | None,
+        generation: int,
+    ) -> RouteTable:
+        """The route table of these versions; a canary that keeps running keeps its breaker
+        and its watch."""
         same_canary = (
             canary is not None
             and current.canary is not None
             and current.canary.version == canary.version
         )
-        table = RouteTable(
+        return RouteTable(
             live=live,
             canary=canary,
             canary_buckets=buckets if canary is not None else 0,
@@ -169,17 +191,8 @@ class Rollout:
                 )
             ),
             shadow=shadow,
-            generation=state.generation,
+            generation=generation,
         )
-        self.pipeline.routes = table
-        self._retry_at = time.monotonic() + self._retry_s if incomplete else None
-        self.metrics.routing_generation.set(state.generation)
-        self.metrics.canary_percent.set(buckets / 100 if canary is not None else 0)
-        if _describe(current) != _describe(table):
-            log.info(
-                "routing changed",
-                extra={"generation": state.generation, "routes": _describe(table)},
-            )
 
     async def _prepare(self, version: str) -> ModelRoute | None:
         """Metadata, a loaded and warmed client for ``version``; None (logged) if not ready."""
@@ -191,10 +204,12 @@ class Rollout:
         except FileNotFoundError:
             log.exception("cannot read a routed model version", extra={"version": version})
             return None
-        if tuple(metadata.feature_order) != tuple(featurespec.MODEL_FEATURES):
+        try:
+            featurespec.input_positions(metadata.feature_order)
+        except featurespec.UnservableFeatures as error:
             log.error(
-                "routed model version expects other features; not routing to it",
-                extra={"version": version, "features": metadata.feature_order},
+                "routed model version needs features nobody produces; not routing to it",
+                extra={"version": version, "unservable": error.names, "reason": str(error)},
             )
             return None
         started = time.perf_counter()
@@ -203,14 +218,7 @@ class Rollout:
         except Exception:
             log.exception("cannot make a routed model version ready", extra={"version": version})
             return None
-        vector = featurespec.model_vector(
-            {},
-            amount_minor=1000,
-            currency="EUR",
-            timestamp_s=time.time(),
-            card_not_present=False,
-            defaults=metadata.default_features,
-        )
+        vector = ModelRoute(metadata, client).warm_up_vector()
         for _ in range(self._warmup_calls):
             try:
                 await client.score(vector, 1.0)

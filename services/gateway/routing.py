@@ -13,6 +13,8 @@ only adds cards to the canary.
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -33,7 +35,11 @@ def card_bucket(card_id: str) -> int:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ModelRoute:
-    """One servable version: what the gateway needs to score and decide with it."""
+    """One servable version: what the gateway needs to score and decide with it.
+
+    Its input follows its own ``feature_order``: any selection of the features the mesh can
+    produce (``featurespec.SERVABLE_FEATURES``); building a route for a version that names
+    another raises ``featurespec.UnservableFeatures`` naming it."""
 
     metadata: ModelMetadata
     client: ModelClient
@@ -41,6 +47,11 @@ class ModelRoute:
     """The version's small model, loaded here (None: the version has none, or it could not
     be loaded): the cascade's first stage and the first fallback."""
     order: tuple[str, ...] = field(init=False)
+    positions: tuple[int, ...] | None = field(init=False)
+    """Where each input of ``order`` sits in ``SERVABLE_FEATURES``; None for the code's own
+    ``MODEL_FEATURES`` order, whose vector is used as computed (no copy)."""
+    helpers: bool = field(init=False)
+    """Whether the version takes one of the store's helper features as an input."""
     defaults: Mapping[str, float] = field(init=False)
     clear_approve: float = field(init=False)
     """Below this small-model score the cascade approves (0 without a small model)."""
@@ -48,8 +59,18 @@ class ModelRoute:
     """The small model's own thresholds, for when it answers alone."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "order", tuple(self.metadata.feature_order))
-        object.__setattr__(self, "defaults", dict(self.metadata.default_features))
+        order = tuple(self.metadata.feature_order)
+        positions = featurespec.input_positions(order)
+        helpers = positions is not None and max(positions, default=0) >= _MODEL_WIDTH
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "helpers", helpers)
+        # A feature the version does not take is still computed for the rules; without a
+        # default of the version's it is unknown (NaN: no comparison on it holds).
+        computed = featurespec.SERVABLE_FEATURES if helpers else featurespec.MODEL_FEATURES
+        own = self.metadata.default_features
+        defaults = {name: own.get(name, math.nan) for name in computed}
+        object.__setattr__(self, "defaults", defaults)
         info = self.metadata.small_model if self.small is not None else None
         object.__setattr__(self, "clear_approve", info.clear_approve if info else 0.0)
         object.__setattr__(self, "small_thresholds", info.thresholds if info else None)
@@ -64,17 +85,39 @@ class ModelRoute:
         """Its decision thresholds."""
         return self.metadata.thresholds
 
-    def vector(self, tx: Transaction, store: Mapping[str, float | None]) -> list[float]:
-        """This version's input for ``tx``: the store's features (its defaults for the missing
-        ones) and the request-time features."""
-        return featurespec.model_vector(
+    def inputs(
+        self, tx: Transaction, store: Mapping[str, float | None]
+    ) -> tuple[list[float], list[float]]:
+        """Every computed feature for ``tx`` (``SERVABLE_FEATURES`` order, helpers only when
+        the version takes one) and, from them, this version's input in its own order: the
+        same list when its order is ``MODEL_FEATURES``."""
+        computed = featurespec.model_vector(
             store,
             amount_minor=tx.amount_minor,
             currency=tx.currency,
             timestamp_s=tx.timestamp_s,
             card_not_present=tx.card_not_present,
             defaults=self.defaults,
+            helpers=self.helpers,
         )
+        positions = self.positions
+        if positions is None:
+            return computed, computed
+        return computed, [computed[i] for i in positions]
+
+    def vector(self, tx: Transaction, store: Mapping[str, float | None]) -> list[float]:
+        """This version's input for ``tx``, in its own feature order: the store's features
+        (its defaults for the missing ones) and the request-time features."""
+        return self.inputs(tx, store)[1]
+
+    def warm_up_vector(self) -> list[float]:
+        """An input of this version for warm-up calls: a payment of a card the store does
+        not know."""
+        tx = Transaction("warmup", "", "", 1000, "EUR", time.time(), "", False)
+        return self.vector(tx, {})
+
+
+_MODEL_WIDTH = len(featurespec.MODEL_FEATURES)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

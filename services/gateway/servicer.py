@@ -4,10 +4,8 @@ pipeline, ScoreResponse out, decision event after the answer) and OutcomeService
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
@@ -17,10 +15,11 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common import telemetry
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.gateway.budget import Budget, BudgetPolicy
-from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, Journaled, set_time
+from services.gateway.events import REPORTERS, VERDICTS, EventEmitter, set_time
+from services.gateway.followup import Followup, span_attributes
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Decision, Pipeline, ScoredBy, ScoreResult, Source
-from services.gateway.validate import Limits, validate, validate_outcome
+from services.gateway.validate import Limits, Transaction, validate, validate_outcome
 
 _DECISION = {
     Decision.APPROVE: pb.DECISION_APPROVE,
@@ -40,26 +39,10 @@ _SOURCE = {
 }
 
 
-def _span_attributes(result: ScoreResult, budget: Budget, elapsed_s: float) -> dict[str, Any]:
-    """The project's attributes of a traced Score: how it was answered, and the budget's
-    slices in milliseconds."""
-    policy = budget.policy
-    return {
-        "fraudmesh.decision": result.decision.value,
-        "fraudmesh.scored_by": result.scored_by.value,
-        "fraudmesh.feature_source": result.feature_source.value,
-        "fraudmesh.model_version": result.model_version,
-        "fraudmesh.score": result.score,
-        "fraudmesh.budget.total_ms": budget.total_s * 1000,
-        "fraudmesh.budget.features_cap_ms": policy.features_cap_s * 1000,
-        "fraudmesh.budget.scorer_cap_ms": policy.scorer_cap_s * 1000,
-        "fraudmesh.budget.reserve_ms": policy.reserve_s * 1000,
-        "fraudmesh.elapsed_ms": elapsed_s * 1000,
-    }
-
-
 class FraudScoringServicer(pb_grpc.FraudScoringServicer):
-    """Thin adapter between the public proto API and the scoring pipeline."""
+    """Thin adapter between the public proto API and the scoring pipeline: sheds what it
+    cannot take, converts the request, asks the pipeline, converts its result; what follows
+    the answer is ``followup.Followup``'s."""
 
     def __init__(
         self,
@@ -73,7 +56,7 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         # The servicer is registered before the gateway starts (the server reports
         # NOT_SERVING meanwhile); the pipeline exists once the start has built and warmed it.
         self._pipeline = pipeline
-        self._emitter = emitter
+        self._followup = Followup(metrics, emitter)
         self._policy = policy
         self._limits = limits
         self._metrics = metrics
@@ -85,6 +68,30 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext
     ) -> pb.ScoreResponse:
         budget = Budget(self._policy, context.time_remaining())
+        pipeline = self._admit()
+        self._in_flight += 1
+        try:
+            tx = self._transaction(request)
+            result = await pipeline.score(tx, budget)
+            elapsed = budget.elapsed()
+            # The server span is the transport's: its id and attributes are taken here.
+            trace_id = telemetry.trace_id()
+            self._followup.observe(result, elapsed, trace_id)
+            if trace_id is not None:
+                telemetry.annotate(span_attributes(result, budget, elapsed))
+            response = _response(tx, result, elapsed)
+            done = await self._followup.before_answer(
+                request, tx.card_not_present, result, response, budget, pipeline
+            )
+        finally:
+            self._in_flight -= 1
+        if done is not None:
+            # Runs once the answer's final batch has completed: the caller never waits on it.
+            context.add_done_callback(done)
+        return response
+
+    def _admit(self) -> Pipeline:
+        """The pipeline, when the gateway has started and is below its concurrency limit."""
         pipeline = self._pipeline()
         if pipeline is None:
             raise Unavailable("gateway is still starting")
@@ -93,33 +100,12 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
             # make every call late.
             self._metrics.shed.inc()
             raise ResourceExhausted("gateway at its concurrency limit; retry with backoff")
-        self._in_flight += 1
-        try:
-            response, emit, journaled = await self._score(request, pipeline, budget, context)
-            # Group commit: the answer waits for the fsync that covers its decision, but
-            # never past the budget (the event is in the page cache meanwhile).
-            if (
-                journaled is not None
-                and journaled.needs_sync
-                and not await journaled.durable(budget.remaining())
-            ):
-                self._metrics.journal_sync_late.inc()
-        finally:
-            self._in_flight -= 1
-        if emit is not None:
-            # Runs once the answer's final batch has completed: the caller never waits on it.
-            context.add_done_callback(emit)
-        return response
+        return pipeline
 
-    async def _score(
-        self,
-        request: pb.ScoreRequest,
-        pipeline: Pipeline,
-        budget: Budget,
-        context: grpc.aio.ServicerContext,
-    ) -> tuple[pb.ScoreResponse, Callable[..., None] | None, Journaled | None]:
+    def _transaction(self, request: pb.ScoreRequest) -> Transaction:
+        """The request as a validated transaction (INVALID_ARGUMENT naming the field)."""
         try:
-            tx = validate(
+            return validate(
                 transaction_id=request.transaction_id,
                 card_id=request.card_id,
                 merchant_id=request.merchant_id,
@@ -138,55 +124,20 @@ class FraudScoringServicer(pb_grpc.FraudScoringServicer):
         except InvalidArgument as error:
             self._metrics.invalid.labels(error.field).inc()
             raise
-        result = await pipeline.score(tx, budget)
-        elapsed = budget.elapsed()
-        m = self._metrics
-        trace_id = telemetry.trace_id()
-        if trace_id is None:
-            m.latency.observe(elapsed)
-        else:
-            m.latency.observe(elapsed, exemplar={"trace_id": trace_id})
-            telemetry.annotate(_span_attributes(result, budget, elapsed))
-        m.decisions.labels(
-            result.decision.value, result.scored_by.value, result.feature_source.value
-        ).inc()
-        m.scores.labels(result.scored_by.value).observe(result.score)
-        response = pb.ScoreResponse(
-            transaction_id=tx.transaction_id,
-            decision=_DECISION[result.decision],
-            score=result.score,
-            reasons=result.reasons,
-            model_version=result.model_version,
-            scored_by=_SCORED_BY[result.scored_by],
-            feature_source=_SOURCE[result.feature_source],
-            elapsed_ms=elapsed * 1000.0,
-        )
-        emitter = self._emitter
-        emit: Callable[..., None] | None = None
-        journaled: Journaled | None = None
-        decided_at = time.time()
-        if emitter is not None and emitter.journaled:
-            journaled = emitter.before_answer(
-                request, tx.card_not_present, result, response, decided_at
-            )
-            if journaled is not None and result.shadow is not None:
-                emit = journaled.complete
-        elif emitter is not None and emitter.enabled:
-            emit = functools.partial(
-                emitter.decision, request, tx.card_not_present, result, response, decided_at
-            )
-        shadow = result.shadow
-        if shadow is None:
-            return response, emit, journaled
 
-        def after_answer(_context: object = None) -> None:
-            # Shadow scoring starts once the answer has been sent, never before; the decision
-            # event waits for the shadow's score (or its end without one) to carry it.
-            pipeline.after_answer(result)
-            if emit is not None:
-                shadow.when_done(emit)
 
-        return response, after_answer, journaled
+def _response(tx: Transaction, result: ScoreResult, elapsed_s: float) -> pb.ScoreResponse:
+    """The answer on the wire."""
+    return pb.ScoreResponse(
+        transaction_id=tx.transaction_id,
+        decision=_DECISION[result.decision],
+        score=result.score,
+        reasons=result.reasons,
+        model_version=result.model_version,
+        scored_by=_SCORED_BY[result.scored_by],
+        feature_source=_SOURCE[result.feature_source],
+        elapsed_ms=elapsed_s * 1000.0,
+    )
 
 
 class OutcomeServicer(outcomes_pb2_grpc.OutcomeServiceServicer):

@@ -11,7 +11,8 @@ never back up into the request path. Whatever happens to it, a job ends with a r
 None, and the answer it shadows has long been sent.
 
 The shadow sees each transaction the way live does: with the cascade on, the shadow
-version's small model approves its clear cases first and only the rest go to its model.
+version's small model approves its clear cases first and only the rest go to its model
+(never on default features, where live's first stage passes too).
 """
 
 from __future__ import annotations
@@ -65,7 +66,15 @@ class ShadowResult:
 class ShadowJob:
     """One answered transaction for the shadow version to score; resolves to its result."""
 
-    __slots__ = ("_future", "answer_decision", "answer_score", "route", "store", "tx")
+    __slots__ = (
+        "_future",
+        "answer_decision",
+        "answer_score",
+        "defaulted",
+        "route",
+        "store",
+        "tx",
+    )
 
     def __init__(
         self,
@@ -74,10 +83,13 @@ class ShadowJob:
         store: Mapping[str, float | None],
         answer_score: float,
         answer_decision: Decision,
+        defaulted: bool = False,
     ) -> None:
         self.route = route
         self.tx = tx
         self.store = store
+        self.defaulted = defaulted
+        """The answer was given on default features: the shadow's first stage passes too."""
         self.answer_score = answer_score
         self.answer_decision = answer_decision
         self._future: asyncio.Future[ShadowResult | None] = (
@@ -207,6 +219,10 @@ class ShadowScorer:
         if self.cascade and small is not None:
             rest = []
             for i, vector in enumerate(vectors):
+                if jobs[i].defaulted:
+                    # As live: no clear approval on default features.
+                    rest.append(i)
+                    continue
                 started = time.perf_counter()
                 try:
                     score = small.score(vector)

@@ -303,20 +303,7 @@ class _Lane(Generic[Item, Result]):
             items = [item]
             waiters = [waiter]
             if max_batch > 1 and outbox:
-                key = codec.key(item)
-                kept: deque[tuple[Item, _Waiter]] = deque()
-                while outbox and len(items) < max_batch:
-                    other, other_waiter = outbox.popleft()
-                    if other_waiter.future.done():
-                        continue
-                    if codec.key(other) == key:
-                        items.append(other)
-                        waiters.append(other_waiter)
-                    else:
-                        kept.append((other, other_waiter))
-                kept.extend(outbox)
-                outbox.clear()
-                outbox.extend(kept)
+                self._gather(items, waiters, max_batch)
             request_id = pool.next_id()
             now = time.monotonic()
             for w in waiters:
@@ -334,6 +321,24 @@ class _Lane(Generic[Item, Result]):
                     traceparents if any(traceparents) else (),
                 )
             )
+
+    def _gather(self, items: list[Item], waiters: list[_Waiter], max_batch: int) -> None:
+        """Moves waiting requests of the first item's key into its batch; others keep order."""
+        outbox, key_of = self.outbox, self.pool.codec.key
+        key = key_of(items[0])
+        kept: deque[tuple[Item, _Waiter]] = deque()
+        while outbox and len(items) < max_batch:
+            other, other_waiter = outbox.popleft()
+            if other_waiter.future.done():
+                continue
+            if key_of(other) == key:
+                items.append(other)
+                waiters.append(other_waiter)
+            else:
+                kept.append((other, other_waiter))
+        kept.extend(outbox)
+        outbox.clear()
+        outbox.extend(kept)
 
     def _resolve(self, reply: Any) -> None:
         pool = self.pool

@@ -9,7 +9,9 @@ anything is published: the files exist, the features are the spec's, the thresho
 (0, 1) with review at or below decline, each model loads, takes float32 [batch, features] and
 gives [batch, 2] probabilities, and answers a warm-up row of the defaults with probabilities
 in [0, 1]. A problem raises ``ImportProblem`` naming the file and the field; nothing is
-written then.
+written then. A version folder that ``fraudmesh train`` published imports as it is: the spec
+accepts every field the trainer writes (its version, window and parity are set again here),
+and still refuses any other field, or a malformed one, by name.
 
 A small model's clear-approve threshold is always chosen on the store's validation period by
 the rule training uses (``small.clear_approve_threshold``), against the imported model's own
@@ -71,6 +73,12 @@ class ImportThresholds(BaseModel):
     decline: float
 
 
+class ImportWindow(repository.TrainingWindow):
+    """``training_window`` as ``fraudmesh train`` writes it; nothing else inside."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class ImportSmallModel(BaseModel):
     """``small_model`` in ``metadata.json``: how the folder's ``small.onnx`` was made."""
 
@@ -86,6 +94,24 @@ class ImportSmallModel(BaseModel):
         None,
         description="Its own review and decline thresholds, for when it answers alone; "
         "default: chosen on the validation period as training chooses them.",
+    )
+    # What ``fraudmesh train`` also writes about its small model: accepted so that a version
+    # folder it published imports as it is, checked for shape, and chosen again here on this
+    # store's validation period (the cascade's loss bound holds for the pair as served here).
+    clear_approve: float | None = Field(
+        None, ge=0.0, le=1.0, description="Its clear-approve threshold where it was trained."
+    )
+    max_fraud_loss: float | None = Field(
+        None, ge=0.0, le=1.0, description="The loss budget it was chosen with there."
+    )
+    loss_confidence: float | None = Field(
+        None, ge=0.0, le=1.0, description="The confidence of that loss bound there."
+    )
+    parity_max_abs_diff: float | None = Field(
+        None, ge=0.0, description="Its LightGBM vs ONNX Runtime difference there."
+    )
+    candidates: list[dict[str, str | float]] = Field(
+        default_factory=list, description="The small models compared there (kept as given)."
     )
 
 
@@ -112,6 +138,21 @@ class ImportSpec(BaseModel):
     small_model: ImportSmallModel | None = Field(
         None, description="The folder's small model (small.onnx); None: no cascade."
     )
+    # The rest of what ``fraudmesh train`` writes in a published version's metadata.json, so
+    # that its folder imports as published. The version, window and parity are this
+    # repository's own and are set again on import; the library versions are kept.
+    name: str | None = Field(None, description="The model's name where it was published.")
+    version: str | None = Field(None, description="Its version there (a new one is assigned).")
+    training_window: ImportWindow | None = Field(
+        None, description="Its training window there (recomputed on this store's data)."
+    )
+    parity_max_abs_diff: float | None = Field(
+        None, ge=0.0, description="Its LightGBM vs ONNX Runtime difference there."
+    )
+    created_at: datetime | None = Field(None, description="When it was trained (UTC).")
+    lightgbm_version: str | None = Field(None, description="LightGBM that trained it.")
+    onnxmltools_version: str | None = Field(None, description="onnxmltools that exported it.")
+    onnxruntime_version: str | None = Field(None, description="ONNX Runtime it was checked on.")
 
 
 @dataclass(frozen=True)
@@ -289,8 +330,8 @@ def _metadata(
         or repository.TrainingWindow(start=epoch, end=epoch, holdout_start=epoch),
         parity_max_abs_diff=0.0,
         created_at=created_at,
-        lightgbm_version="",
-        onnxmltools_version="",
+        lightgbm_version=spec.lightgbm_version or "",
+        onnxmltools_version=spec.onnxmltools_version or "",
         onnxruntime_version=ort.__version__,
         params={**spec.params, "imported": True},
     )

@@ -377,3 +377,85 @@ def test_a_route_without_a_small_model_has_no_cascade() -> None:
     route = ModelRoute(LIVE, Model(0.1), Small(0.1))
     assert route.clear_approve == 0.05
     assert route.small_thresholds == repository.Thresholds(review=0.2, decline=0.6)
+
+
+class NoFeatures:
+    """A feature service that knows nothing of the card or merchant: every feature missing."""
+
+    async def get(
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
+    ) -> Mapping[str, float | None]:
+        return dict.fromkeys(featurespec.STORE_FEATURES)
+
+
+class DownFeatures(NoFeatures):
+    """A feature service that fails every call (the breaker's default features)."""
+
+    async def get(
+        self,
+        card_id: str,
+        merchant_id: str,
+        as_of_s: float,
+        timeout_s: float,
+        terminal_id: str = "",
+    ) -> Mapping[str, float | None]:
+        raise DependencyError("features", "unavailable")
+
+
+@pytest.mark.parametrize("features", [NoFeatures(), DownFeatures()])
+async def test_on_default_features_the_first_stage_never_approves(features: NoFeatures) -> None:
+    # The small model would clear-approve (0.01 < 0.05); the full model reviews on the same
+    # defaulted input. The answer is the full path's, not the first stage's.
+    model, small = Model(0.7), Small(0.01)
+    pipeline = _pipeline(model, small)
+    pipeline.features = features
+    before = _small_answers(pipeline, "first_stage")
+    result = await pipeline.score(_tx(), Budget(POLICY, None))
+    assert result.feature_source.value == "default"
+    assert result.scored_by is ScoredBy.MODEL and result.decision is Decision.REVIEW
+    assert model.calls == 1 and small.calls == 0
+    assert _small_answers(pipeline, "first_stage") == before
+    # The same payment on online features is a clear case: the rule is about defaults only.
+    online = _pipeline(Model(0.7), Small(0.01))
+    assert (await online.score(_tx(), Budget(POLICY, None))).scored_by is ScoredBy.FIRST_STAGE
+
+
+async def test_on_default_features_a_failing_model_falls_to_the_small_models_own_thresholds() -> (
+    None
+):
+    # Without the model, the small model answers alone with its own thresholds (review at
+    # 0.2 here), never with the clear approval: 0.3 is a review, not an approval.
+    model, small = Model(None), Small(0.3)
+    pipeline = _pipeline(model, small)
+    pipeline.features = NoFeatures()
+    result = await pipeline.score(_tx(), Budget(POLICY, None))
+    assert result.scored_by is ScoredBy.SMALL_MODEL and result.decision is Decision.REVIEW
+    assert small.calls == 1
+
+
+async def test_on_default_features_the_shadow_skips_its_first_stage_too() -> None:
+    shadow_model, shadow_small = Model(0.7), Small(0.001)
+    pipeline = _pipeline(Model(0.7), Small(0.01))
+    pipeline.features = NoFeatures()
+    canary_route = ModelRoute(CANARY, shadow_model, shadow_small)
+    pipeline.routes = RouteTable(live=pipeline.routes.live, shadow=canary_route)
+    pipeline.shadow_queue = _NullQueue()  # type: ignore[assignment]
+    result = await pipeline.score(_tx(), Budget(POLICY, None))
+    assert result.shadow is not None and result.shadow.defaulted
+    registry = CollectorRegistry()
+    await ShadowScorer(GatewayMetrics(registry), cascade=True).score([result.shadow])
+    shadowed = result.shadow.result()
+    assert shadowed is not None and not shadowed.first_stage
+    assert shadowed.score == 0.7 and shadow_small.calls == 0 and shadow_model.calls == 1
+
+
+class _NullQueue:
+    """Stands for the shadow queue: the test scores the job itself."""
+
+    def submit(self, job: ShadowJob) -> bool:
+        return True

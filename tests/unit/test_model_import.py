@@ -175,3 +175,91 @@ def test_a_small_model_comes_with_its_description_and_is_checked_like_the_model(
     (tmp_path / "kind").mkdir()
     unknown = _with_small(tmp_path / "kind", model_file, kind="teacher")
     assert _problem(unknown).startswith("metadata.json small_model.kind")
+
+
+def _published(tmp_path: Path, model_file: Path, **changes: object) -> Path:
+    """A folder as ``fraudmesh train`` publishes it: the repository's metadata, every field."""
+    order = list(MODEL_FEATURES)
+    metadata = repository.ModelMetadata(
+        version="7",
+        feature_order=order,
+        input_name="input",
+        output_name="probabilities",
+        thresholds=repository.Thresholds(review=0.3, decline=0.8),
+        default_features=dict.fromkeys(order, 0.0),
+        metrics={"pr_auc": 0.5},
+        training_window=repository.TrainingWindow(
+            start="2026-01-01T00:00:00Z",
+            end="2026-02-01T00:00:00Z",
+            holdout_start="2026-01-25T00:00:00Z",
+            train_end="2026-01-25T00:00:00Z",
+            validation_start="2026-01-20T00:00:00Z",
+        ),
+        parity_max_abs_diff=1e-7,
+        created_at="2026-02-01T00:00:00Z",
+        lightgbm_version="4.6.0",
+        onnxmltools_version="1.14.0",
+        onnxruntime_version="1.22.0",
+        params={"seed": 7},
+        small_model=repository.SmallModel(
+            kind="distilled",
+            trees=20,
+            num_leaves=7,
+            max_depth=3,
+            clear_approve=0.01,
+            max_fraud_loss=0.005,
+            loss_confidence=0.9,
+            thresholds=repository.Thresholds(review=0.2, decline=0.7),
+            parity_max_abs_diff=1e-7,
+            candidates=[{"kind": "distilled", "average_precision": 0.4}],
+        ),
+    )
+    folder = tmp_path / "published"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.onnx").write_bytes(model_file.read_bytes())
+    (folder / repository.SMALL_MODEL_FILE).write_bytes(model_file.read_bytes())
+    spec = json.loads(metadata.model_dump_json())
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        target = spec
+        for part in parents:
+            target = target[part]
+        target[last] = value
+    (folder / "metadata.json").write_text(json.dumps(spec))
+    return folder
+
+
+def test_a_folder_published_by_training_imports_as_it_is(tmp_path: Path, model_file: Path) -> None:
+    checked = importing.validate(_published(tmp_path, model_file))
+    assert checked.small is not None
+    assert checked.spec.small_model is not None
+    assert checked.spec.small_model.clear_approve == 0.01
+    # The trainer's library versions come along; its version number does not.
+    assert checked.model.metadata.lightgbm_version == "4.6.0"
+    assert checked.model.metadata.version == "0"
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "expected"),
+    [
+        ("shoe_size", 42, "metadata.json shoe_size: Extra inputs are not permitted"),
+        (
+            "small_model.teacher",
+            "x",
+            "metadata.json small_model.teacher: Extra inputs are not permitted",
+        ),
+        (
+            "training_window.shoe_size",
+            1,
+            "metadata.json training_window.shoe_size: Extra inputs are not permitted",
+        ),
+        ("small_model.clear_approve", 1.5, "metadata.json small_model.clear_approve: Input"),
+        ("created_at", "yesterday", "metadata.json created_at: Input"),
+        ("parity_max_abs_diff", -1, "metadata.json parity_max_abs_diff: Input"),
+        ("training_window.start", "soon", "metadata.json training_window.start: Input"),
+    ],
+)
+def test_a_published_folder_with_an_unknown_or_malformed_field_is_refused_by_name(
+    tmp_path: Path, model_file: Path, change: str, value: object, expected: str
+) -> None:
+    assert _problem(_published(tmp_path, model_file, **{change: value})).startswith(expected)

@@ -1,14 +1,18 @@
-"""Canary routing by card and the canary watch (pure logic)."""
+"""Canary routing by card, the canary watch, and each version's input in its own feature
+order (pure logic)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
+from services.domain import featurespec
 from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.ports import Arm
 from services.gateway.routing import ModelRoute, RouteTable, card_bucket
+from services.gateway.validate import Transaction
 from services.models.lifecycle import CANARY_BUCKETS, Canary
 
 from .tiny_models import metadata
@@ -161,3 +165,78 @@ def test_old_calls_leave_the_window() -> None:
     clock.now = 61.0
     assert watch.figures()[Arm.CANARY].calls == 0
     assert watch.breach() is None
+
+
+def _store() -> dict[str, float | None]:
+    # Distinct values, so a value read from the wrong column shows.
+    store: dict[str, float | None] = {
+        name: float(i + 2) for i, name in enumerate(featurespec.STORE_FEATURES)
+    }
+    store["card_last_txn_s"] = 1_799_990_000.0
+    store["merchant_country"] = 250.0
+    store["card_amount_mean_30d"] = None
+    return store
+
+
+def test_each_version_gets_its_input_in_its_own_feature_order() -> None:
+    tx = Transaction("t", "c", "m", 12_345, "EUR", 1_800_000_000.0, "", True)
+    defaults = {name: -float(i + 1) for i, name in enumerate(featurespec.SERVABLE_FEATURES)}
+    plain = ModelRoute(metadata(default_features=defaults), _Client())
+    assert plain.positions is None and not plain.helpers
+    computed, vector = plain.inputs(tx, _store())
+    assert vector is computed and len(vector) == len(featurespec.MODEL_FEATURES)
+    by_name = dict(zip(featurespec.MODEL_FEATURES, vector, strict=True))
+
+    order = [*reversed(featurespec.MODEL_FEATURES[3:]), "merchant_country", "card_home_country"]
+    own = ModelRoute(metadata(feature_order=order, default_features=defaults), _Client())
+    assert own.helpers and own.order == tuple(order)
+    computed, vector = own.inputs(tx, _store())
+    assert len(vector) == len(order)
+    expected = {
+        **by_name,
+        "merchant_country": 250.0,
+        "card_home_country": _store()["card_home_country"],
+    }
+    assert vector == [expected[name] for name in order]
+    # A missing value takes the version's own default, in its own place.
+    assert vector[order.index("card_amount_mean_30d")] == defaults["card_amount_mean_30d"]
+    # Every computed feature is still there for the rules, the ones the version skips too.
+    assert computed[: len(featurespec.MODEL_FEATURES)] == vector_of(plain, tx)
+
+
+def vector_of(route: ModelRoute, tx: Transaction) -> list[float]:
+    """The route's input for ``tx`` on the test store."""
+    return route.vector(tx, _store())
+
+
+def test_a_version_that_skips_a_feature_leaves_the_rules_an_unknown_value() -> None:
+    tx = Transaction("t", "c", "m", 12_345, "EUR", 1_800_000_000.0, "", True)
+    order = list(featurespec.MODEL_FEATURES[1:])
+    defaults = dict.fromkeys(order, 0.0)
+    route = ModelRoute(metadata(feature_order=order, default_features=defaults), _Client())
+    computed, vector = route.inputs(tx, {})
+    assert len(vector) == len(order) and vector == computed[1:]
+    # The skipped feature has no default of this version: unknown, so no rule fires on it.
+    assert math.isnan(computed[0])
+
+
+def test_a_version_that_needs_a_feature_nobody_produces_is_refused_by_name() -> None:
+    order = [*featurespec.MODEL_FEATURES, "shoe_size", "moon_phase"]
+    defaults = dict.fromkeys(order, 0.0)
+    with pytest.raises(featurespec.UnservableFeatures) as caught:
+        ModelRoute(metadata(feature_order=order, default_features=defaults), _Client())
+    assert caught.value.names == ["shoe_size", "moon_phase"]
+    assert "'shoe_size', 'moon_phase'" in str(caught.value)
+
+
+def test_missing_inputs_are_named_in_the_versions_own_order() -> None:
+    store = _store()
+    order = ["merchant_country", "card_amount_mean_30d", "amount_eur", "card_home_country"]
+    positions = featurespec.input_positions(order)
+    assert positions is not None
+    store["card_home_country"] = None
+    # card_amount_mean_30d is missing in the store, card_home_country too; amount_eur never.
+    assert featurespec.missing_inputs(positions, store, 10.0) == [1, 3]
+    assert featurespec.missing_inputs(None, store, 10.0) == featurespec.missing_features(
+        store, 10.0
+    )

@@ -1,0 +1,250 @@
+"""Versions in their own feature order, and versions trained in another state folder, taken
+through the monitor's staged rollout under steady traffic through Envoy. As in
+``test_rollout.py`` the gateway reads the store and runs the versions in process: over the
+scorer's hop, a shared machine's pauses time out shadow and canary calls (the rollout judges
+those against their allowances, this module asserts none failed).
+
+A version folder ``fraudmesh train`` published in the session's state folder imports into
+this module's own as it is, and goes live there. Then a candidate takes one feature more
+than the serving version (``merchant_country``: the feature service serves it, the default
+model does not take it) in another order: it goes through shadow, canary and promotion and
+is rolled back, while every call is answered. Its model is the live one behind a column
+selection, so every score it gives equals live's only when the gateway sends each value in
+the candidate's own order: a wrong order disagrees in the shadow gate and at every canary
+step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from onnx import helper, numpy_helper
+
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from loadtest import faultwindow
+from services.domain import featurespec
+from services.featurestore import layout
+from services.mesh import Mesh, MeshConfig
+from services.models import reference, repository
+from services.models.lifecycle import ModelLifecycle, VersionState
+from services.models.rollout import RolloutEnd
+from tests.timeouts import register_logs
+
+from .conftest import Known, first_full_quality, first_of, score_request
+from .test_rollout import SHADOW_DECISIONS, STEP_DECISIONS, Traffic, World, _finished, _fraudmesh
+
+pytestmark = pytest.mark.integration
+
+ADDED = "merchant_country"
+"""The feature the candidate takes besides the serving version's."""
+
+
+@pytest.fixture(scope="module")
+def world(
+    prepared_env: Any,
+    known: Known,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[World]:
+    logs = register_logs(request, tmp_path_factory.mktemp("feature-order-logs"))
+    config = MeshConfig.on_free_ports(
+        var_dir=prepared_env.var_dir,
+        log_dir=logs,
+        extra_env={
+            "FRAUD_MONITOR_SLICE_S": "1",
+            "FRAUD_MONITOR_ROLLOUT_INTERVAL_S": "0.5",
+            "FRAUD_MONITOR_CHECKPOINT_INTERVAL_S": "1",
+            # The controller's verdicts count late answers beyond noise; the gateway's own
+            # p99 watch over one or two calls would judge the machine's pauses instead.
+            "FRAUD_GATEWAY_CANARY_P99_SLACK_MS": "25",
+            # The shadow gate's share scored in time would judge the machine's pauses too;
+            # this module judges the order by the shadow's agreement with live.
+            "FRAUD_GATEWAY_SHADOW_TIMEOUT_MS": "250",
+        },
+        gateway_in_process=True,
+    )
+    mesh = Mesh(config)
+    mesh.start(timeout_s=180)
+    tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
+    recent = tx[tx["timestamp"] >= tx["timestamp"].max() - pd.Timedelta(days=3)]
+    traffic = Traffic(config.envoy_target, recent.sample(frac=1.0, random_state=5))
+    sender = threading.Thread(target=traffic.run, name="steady-traffic", daemon=True)
+    try:
+        first_full_quality(config.envoy_target, known)
+        sender.start()
+        yield World(mesh, prepared_env.var_dir, prepared_env.model_version, traffic)
+    finally:
+        traffic.stop.set()
+        sender.join(timeout=30)
+        mesh.stop()
+
+
+def _selecting(onnx_bytes: bytes, input_name: str, columns: list[int], width: int) -> bytes:
+    """The same model behind a column selection: it takes ``width`` columns and reads its
+    own j-th input from column ``columns[j]``."""
+    model = onnx.load_from_string(onnx_bytes)
+    graph = model.graph
+    (declared,) = [i for i in graph.input if i.name == input_name]
+    inner = f"{input_name}_selected"
+    for node in graph.node:
+        node.input[:] = [inner if name == input_name else name for name in node.input]
+    graph.initializer.append(
+        numpy_helper.from_array(np.asarray(columns, dtype=np.int64), "selected_columns")
+    )
+    gather = helper.make_node("Gather", [input_name, "selected_columns"], [inner], axis=1)
+    graph.node.insert(0, gather)
+    declared.type.tensor_type.shape.dim[1].dim_value = width
+    return model.SerializeToString()
+
+
+def _reordered_candidate(world: World, work: Path) -> str:
+    """Publishes the live version's models behind a selection from a wider input in another
+    order (``ADDED`` among them) as a candidate; returns its version."""
+    metadata, folder = repository.load(world.var_dir / "models", version=world.live)
+    order = list(reversed(metadata.feature_order))
+    order.insert(len(order) // 2, ADDED)
+    columns = [order.index(name) for name in metadata.feature_order]
+    work.mkdir(parents=True)
+    files = {reference.REFERENCE_FILE: folder / reference.REFERENCE_FILE}
+    for name in (repository.MODEL_FILE, repository.SMALL_MODEL_FILE):
+        if (folder / name).is_file():
+            data = _selecting(
+                (folder / name).read_bytes(), metadata.input_name, columns, len(order)
+            )
+            (work / name).write_bytes(data)
+            files[name] = work / name
+    candidate = metadata.model_copy(
+        update={
+            "feature_order": order,
+            "default_features": {**metadata.default_features, ADDED: 0.0},
+            "params": {**metadata.params, "added_feature": ADDED},
+        }
+    )
+    published, _, _ = ModelLifecycle(world.var_dir / "models").publish_candidate(
+        candidate, files, None, "test: a version in its own feature order"
+    )
+    return published.version
+
+
+def _rollout(world: World, version: str) -> None:
+    _fraudmesh(
+        "model", "rollout", version, "--var-dir", str(world.var_dir),
+        "--steps", "50,100", "--shadow-min-decisions", str(SHADOW_DECISIONS),
+        "--step-min-decisions", str(STEP_DECISIONS), "--step-max-seconds", "120",
+    )  # fmt: skip
+    plan = _finished(world, 300)
+    for result in plan.results:
+        print(f"{result.step}: {result.summary()}")
+    assert plan.outcome is RolloutEnd.PROMOTED, plan.reason
+    assert [r.step for r in plan.results] == ["shadow", "canary 50%"]
+    for result in plan.results[1:]:
+        (errors,) = [c for c in result.comparisons if c.name == "errors and timeouts"]
+        assert errors.candidate == 0.0, result.summary()
+    assert world.lifecycle.read().routing.live == version
+
+
+def _answered_by(world: World, known: Known, version: str) -> None:
+    """Waits until the gateway answers by ``version``'s model (the routing has reached it)."""
+    deadline = time.monotonic() + 30
+    with grpc.insecure_channel(world.mesh.config.envoy_target) as channel:
+        stub = pb_grpc.FraudScoringStub(channel)
+        while True:
+            answer = first_of(
+                lambda: stub.Score(score_request(known, amount_minor=900_000), timeout=2.0),
+                lambda a: a.model_version == version,
+            )
+            if answer.model_version == version:
+                return
+            assert time.monotonic() < deadline, f"still answered by {answer.model_version}"
+            time.sleep(0.5)
+
+
+def _no_call_failed(world: World, before: tuple[int, int, int]) -> None:
+    """Calls since ``before`` (answered, failed, latencies seen) failed or were late no more
+    than the same run's calls before them did (``loadtest.faultwindow``)."""
+    _, failed, seen = before
+    baseline = world.traffic.elapsed_ms[:seen]
+    during = world.traffic.elapsed_ms[seen:]
+    failed_during = sum(world.traffic.failed.values()) - failed
+    budget = faultwindow.BUDGET_MS
+    verdict = faultwindow.judge(
+        faultwindow.Tally(len(baseline) + failed, failed + sum(e > budget for e in baseline)),
+        faultwindow.Tally(
+            len(during) + failed_during, failed_during + sum(e > budget for e in during)
+        ),
+    )
+    print(
+        f"{len(during)} answered, {failed_during} failed at the client "
+        f"(by code, since the start: {world.traffic.failed}): {verdict}"
+    )
+    assert verdict.ok, verdict
+
+
+def _mark(world: World) -> tuple[int, int, int]:
+    traffic = world.traffic
+    return traffic.answered, sum(traffic.failed.values()), len(traffic.elapsed_ms)
+
+
+def test_a_version_trained_in_another_state_folder_imports_as_published_and_goes_live(
+    world: World, prepared_state: Any, known: Known
+) -> None:
+    published = prepared_state.model_root / repository.DEFAULT_MODEL_NAME
+    folder = published / prepared_state.model_version
+    trained, _ = repository.load(prepared_state.model_root, version=prepared_state.model_version)
+    assert trained.small_model is not None, "training published no small model"
+    before = set(repository.published_versions(world.var_dir / "models"))
+    out = _fraudmesh("model", "import", str(folder), "--var-dir", str(world.var_dir)).stdout
+    print(out)
+    # The calls so far, the import's busy minute among them, are the baseline of the rollout.
+    mark = _mark(world)
+    (version,) = set(repository.published_versions(world.var_dir / "models")) - before
+    record = world.lifecycle.read().versions[version]
+    assert record.state is VersionState.CANDIDATE and record.gates is not None
+    assert record.gates.passed, record.gates
+    imported, imported_folder = repository.load(world.var_dir / "models", version=version)
+    # As published: the same model file, feature order and thresholds; the library versions
+    # kept; a small model along, its clear-approve threshold chosen again here.
+    assert (imported_folder / repository.MODEL_FILE).read_bytes() == (
+        folder / repository.MODEL_FILE
+    ).read_bytes()
+    assert imported.feature_order == trained.feature_order
+    assert imported.thresholds == trained.thresholds
+    assert imported.lightgbm_version == trained.lightgbm_version != ""
+    assert imported.small_model is not None
+    _rollout(world, version)
+    _answered_by(world, known, version)
+    _no_call_failed(world, mark)
+    world.live = version
+
+
+def test_a_version_with_its_own_feature_order_rolls_out_and_back(
+    world: World, known: Known, tmp_path: Path
+) -> None:
+    serving = world.live
+    version = _reordered_candidate(world, tmp_path / "reordered")
+    metadata, _ = repository.load(world.var_dir / "models", version=version)
+    assert ADDED in metadata.feature_order and ADDED not in featurespec.MODEL_FEATURES
+    assert metadata.feature_order[: len(featurespec.MODEL_FEATURES)] != list(
+        featurespec.MODEL_FEATURES
+    )
+    mark = _mark(world)
+    _rollout(world, version)
+    state = world.lifecycle.read()
+    mine = [t.reason for t in state.history if t.version == version]
+    assert any(r.startswith("shadow gate passed: decision agreement") for r in mine), mine
+    _answered_by(world, known, version)
+    _fraudmesh("model", "rollback", "--var-dir", str(world.var_dir), "--reason", "test")
+    state = world.lifecycle.read()
+    assert state.routing.live == serving
+    assert state.versions[version].state is VersionState.RETIRED
+    _answered_by(world, known, serving)
+    _no_call_failed(world, mark)
