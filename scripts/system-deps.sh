@@ -5,7 +5,8 @@
 # gRPC library sends, in the hostile-input test), promtool (the alert rules' unit tests),
 # Chromium (the web console's browser tests, driven by Playwright without downloading a
 # browser of its own), npm (the console's pinned assets), Prometheus (the observability
-# processes of `fraudmesh up`; the console's overview is checked against it). Missing
+# processes of `fraudmesh up`; the console's overview is checked against it), bubblewrap
+# (the pod test runs each container under a read-only root with only its mounts writable). Missing
 # ones are installed from Debian's packages when running as root with apt-get; otherwise
 # this says exactly what to install and fails.
 set -euo pipefail
@@ -21,6 +22,7 @@ declare -A wanted=(
   [npm]=npm
   [prometheus]=prometheus
   [promtool]=prometheus
+  [bwrap]=bubblewrap
 )
 
 missing=()
