@@ -691,3 +691,21 @@ def test_envoys_stats_reach_a_scraper_in_the_cluster(built: Built, tmp_path: Pat
             assert _page(scraped + path)[0] == 404, path
     finally:
         process.stop(10)
+
+
+def test_every_project_container_runs_the_image_its_overlay_names(built: Built) -> None:
+    # An overlay's `images:` entry must match the name the base already gave the image,
+    # or kustomize ignores it without a word and every pod pulls the base's name.
+    kustomization = yaml.safe_load((OVERLAYS_DIR / built.name / "kustomization.yaml").read_text())
+    (wanted,) = kustomization["images"]
+    image = f"{wanted['newName']}:{wanted['newTag']}"
+    found = set()
+    for kind in ("Deployment", "StatefulSet", "Job", "CronJob"):
+        for workload in built.all(kind):
+            spec = workload["spec"]
+            template = (spec["jobTemplate"]["spec"] if kind == "CronJob" else spec)["template"]
+            pod = template["spec"]
+            for c in pod.get("initContainers", []) + pod["containers"]:
+                if c["image"].split("@")[0].rsplit(":", 1)[0].endswith("fraudmesh"):
+                    found.add(c["image"])
+    assert found == {image}
