@@ -26,7 +26,7 @@ die() { echo "k8s-check: $*" >&2; exit 1; }
 
 # The edge as the cluster runs it: listening on the pod's addresses, the gateway found
 # through its headless Service.
-render() { "$PY" -m services.common.envoy --listen-address 0.0.0.0 --gateway-dns gateway -o "$1"; }
+render() { "$PY" -m services.common.envoy --listen-address 0.0.0.0 --gateway-dns gateway --stats-port 9902 -o "$1"; }
 
 if [ "${1:-}" = render ]; then
   render "$BOOTSTRAP"

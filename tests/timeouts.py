@@ -80,6 +80,9 @@ LIMITS_S: dict[str, int] = {
     "test_envoy_edge.py": 720,
     # A wheel built and installed (300 s each), manifests built with kustomize.
     "test_k8s.py": 720,
+    # Every container of both overlays under bubblewrap, each overlay's pods started at once:
+    # 5-7 min an overlay at a load average of 12-15 on 2 cores (five Feast imports at once).
+    "test_k8s_pods.py": 1800,
     # Load for minutes: hostile requests, the runner's rate steps, faults under traffic.
     "test_hostile_input.py": 480,
     "test_loadtest_smoke.py": 480,

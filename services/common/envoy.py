@@ -118,6 +118,59 @@ class EnvoyTracing:
         )
 
 
+STATS_PATH = "/stats/prometheus"
+"""The admin interface's Prometheus page: the only admin path the stats listener serves."""
+
+
+def _stats_blocks(stats_port: int | None, listen_address: str, admin_port: int) -> tuple[str, str]:
+    """The stats listener and its cluster (the loopback admin port), or two empty blocks."""
+    if stats_port is None:
+        return "", ""
+    listener = "\n".join(
+        (
+            "    # Prometheus in a cluster cannot reach the loopback admin port: this listener",
+            "    # passes it the one read-only admin page it needs, and nothing else.",
+            "    - name: stats",
+            "      address:",
+            f"        socket_address: {{ address: {listen_address}, port_value: {stats_port} }}",
+            "      filter_chains:",
+            "        - filters:",
+            "            - name: envoy.filters.network.http_connection_manager",
+            "              typed_config:",
+            '                "@type": type.googleapis.com/envoy.extensions.filters.network.'
+            "http_connection_manager.v3.HttpConnectionManager",
+            "                stat_prefix: stats",
+            "                normalize_path: true",
+            "                route_config:",
+            "                  virtual_hosts:",
+            "                    - name: stats",
+            '                      domains: ["*"]',
+            "                      routes:",
+            f'                        - match: {{ path: "{STATS_PATH}" }}',
+            "                          route: { cluster: admin }",
+            "                http_filters:",
+            "                  - name: envoy.filters.http.router",
+            "                    typed_config:",
+            '                      "@type": type.googleapis.com/envoy.extensions.filters.http.'
+            "router.v3.Router",
+        )
+    )
+    cluster = "\n".join(
+        (
+            "    - name: admin",
+            "      type: STATIC",
+            "      connect_timeout: 0.25s",
+            "      load_assignment:",
+            "        cluster_name: admin",
+            "        endpoints:",
+            "          - lb_endpoints:",
+            "              - endpoint: { address: { socket_address: "
+            f"{{ address: 127.0.0.1, port_value: {admin_port} }} }} }}",
+        )
+    )
+    return listener, cluster
+
+
 def render_config(
     *,
     listen_port: int,
@@ -130,6 +183,7 @@ def render_config(
     listen_address: str = "127.0.0.1",
     gateway_dns: str | None = None,
     tracing: EnvoyTracing | None = None,
+    stats_port: int | None = None,
 ) -> str:
     """Fills the edge bootstrap template and returns the YAML text.
 
@@ -143,6 +197,8 @@ def render_config(
     Service, whose every address is a gateway replica: the cluster becomes strict DNS,
     re-resolved every ``DNS_REFRESH_S`` seconds, each address health-checked on its own.
     ``tracing`` puts Envoy in the mesh's traces (W3C ``traceparent`` to the gateway).
+    ``stats_port`` adds a listener on ``listen_address`` serving only ``STATS_PATH`` of the
+    admin interface (a pod's scraper cannot reach the loopback admin port).
     """
     _check_arguments(
         listen_port=listen_port,
@@ -154,6 +210,13 @@ def render_config(
         listen_address=listen_address,
         gateway_dns=gateway_dns,
     )
+    if stats_port is not None:
+        _check_port("stats_port", stats_port)
+        if stats_port in (listen_port, admin_port):
+            raise ValueError(
+                f"stats_port must differ from the listen and admin ports: {stats_port}"
+            )
+    stats_listener, stats_cluster = _stats_blocks(stats_port, listen_address, admin_port)
     text = _read_template(template or TEMPLATE)
     # A JSON string is a valid YAML double-quoted scalar, whatever the path contains.
     log_path = json.dumps(access_log_path or STDOUT)
@@ -179,6 +242,8 @@ def render_config(
         access_log_path=log_path,
         tracing=tracing.hcm_block() if tracing else "",
         tracing_cluster=tracing.cluster_block() if tracing else "",
+        stats_listener=stats_listener,
+        stats_cluster=stats_cluster,
     )
 
 
@@ -325,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--gateway-dns", help="DNS name of every gateway replica (a headless Service)"
     )
     parser.add_argument("--rate-limit-rps", type=int, default=1000, help="edge token bucket")
+    parser.add_argument(
+        "--stats-port", type=int, help="serve /stats/prometheus on the listener's address"
+    )
     parser.add_argument("--access-log-path", help="default: Envoy's standard output")
     parser.add_argument("-o", "--out", type=Path, help="file to write (default: stdout)")
     options = parser.parse_args(argv)
@@ -336,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log_path=options.access_log_path,
         listen_address=options.listen_address,
         gateway_dns=options.gateway_dns,
+        stats_port=options.stats_port,
     )
     # The same hardening the local mesh gets (size limits; TLS and JWT when FRAUD_EDGE_* ask).
     text = edge_security.apply(text, edge_security.EdgeSettings())

@@ -79,6 +79,42 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port and an IPv6 address's brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class AllowedHosts:
+    """Answers only requests addressed to one of the console's own names: a page served
+    from another name that resolves to the console (DNS rebinding) is same-origin to the
+    browser, so the CSRF check alone would let it act as the console. The probe path is
+    exempt (the kubelet addresses the pod by its IP)."""
+
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or "*" in self.allowed or path == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        name = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if name in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        response = PlainTextResponse(
+            f"421: this console does not answer for host {name[:100]!r}; reach it by one of "
+            "its own names (FRAUD_CONSOLE_ALLOWED_HOSTS)\n",
+            status_code=421,
+        )
+        await response(scope, receive, send)
+
+
 class RequireToken:
     """With ``FRAUD_EDGE_AUTH=jwt``: every request but the public paths needs a token the edge
     would accept; its subject is the request's principal."""
@@ -186,7 +222,10 @@ def create(
         yield
         await reporter.close()
 
-    middleware = [Middleware(SecurityHeaders)]
+    middleware = [
+        Middleware(SecurityHeaders),
+        Middleware(AllowedHosts, allowed=settings.allowed_host_names),
+    ]
     if verifier is not None:
         middleware.append(Middleware(RequireToken, verifier=verifier))
     return Starlette(routes=pages.routes(console), middleware=middleware, lifespan=lifespan)

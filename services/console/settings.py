@@ -108,7 +108,24 @@ class ConsoleSettings(BaseSettings):
         description="Key of the CSRF tokens; unset: a random key per start (forms opened "
         "before a restart must be reloaded). Set the same value on every replica.",
     )
+    allowed_hosts: str = Field(
+        "127.0.0.1,localhost,::1",
+        description="Comma-separated names (and addresses) the console answers to, as the "
+        "browser's Host header carries them without the port. A request for any other host "
+        "is refused with 421, so a page on another name that resolves to the console (DNS "
+        "rebinding) cannot read it or act as it. Add the names analysts reach it by (its "
+        "Ingress host, its Service name); '*' turns the check off.",
+    )
     log_level: str = Field("INFO", description="Python logging level name.")
+
+    @property
+    def allowed_host_names(self) -> frozenset[str]:
+        """``allowed_hosts`` as lower-case names, and the address the console binds to
+        unless it is a wildcard (a browser may address it by that)."""
+        names = {h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()}
+        if self.host not in ("0.0.0.0", "::", ""):
+            names.add(self.host.lower())
+        return frozenset(names)
 
     @property
     def decisions_path(self) -> Path:

@@ -155,9 +155,10 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         "write",
         description="Where a decision event goes before the answer is sent. 'write': into "
         "this gateway's journal on local disk (services/eventlog/journal.py), so a killed "
-        "gateway loses no answered decision; 'fsync': also wait (within the budget) for the "
-        "fsync that covers it, so it survives a power loss, at a group commit's latency per "
-        "Score; 'off': to memory after the answer, where a kill loses the last ~linger_ms "
+        "gateway loses no answered decision; 'fsync': also wait for the fsync that covers it, "
+        "so it survives a power loss, at a group commit's latency per Score, but never past "
+        "the budget: an answer sent first (fraudmesh_journal_sync_late_total) is covered as "
+        "with 'write' until the next sync ends; 'off': to memory after the answer, where a kill loses the last ~linger_ms "
         "of decisions (docs/reliability.md).",
     )
     outcome_delivery_timeout_s: float = Field(

@@ -11,6 +11,7 @@ also saved there (``docs/console/`` holds the README's).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import io
 import json
@@ -583,3 +584,21 @@ def test_without_prometheus_or_the_monitor_the_pages_say_so(
         process.terminate()
         process.wait(15)
         log.close()
+
+
+def test_a_request_for_a_foreign_host_is_refused(console_mesh: Mesh) -> None:
+    # A DNS-rebinding page: the browser connects to the console's address but names its own
+    # host. The console refuses it; addressed by its own name, the same request is answered.
+    config = console_mesh.config
+    answers = {}
+    for host in ("rebound.attacker.example", f"{config.host}:{config.console_port}"):
+        connection = http.client.HTTPConnection(config.host, config.console_port, timeout=10)
+        try:
+            connection.request("GET", "/", headers={"Host": host})
+            reply = connection.getresponse()
+            answers[host] = (reply.status, reply.read().decode())
+        finally:
+            connection.close()
+    status, body = answers["rebound.attacker.example"]
+    assert status == 421 and "does not answer for host" in body
+    assert answers[f"{config.host}:{config.console_port}"][0] == 200

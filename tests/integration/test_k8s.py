@@ -16,10 +16,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -38,6 +41,7 @@ from services.eventlog import EventLogSettings
 from services.features.settings import FeaturesSettings
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
+from services.mesh import Process, free_port, http_ok
 from services.monitor.settings import MonitorSettings
 from services.pipelines.simulate import SimulatorSettings
 from services.scorer.settings import ScorerSettings
@@ -617,3 +621,91 @@ def test_shutdown_fits_in_the_grace_period(built: Built) -> None:
         sink.pod["terminationGracePeriodSeconds"]
         > d.drain_seconds + d.grace_seconds + d.close_timeout_s
     )
+
+
+def _page(url: str) -> tuple[int, str]:
+    """Status and text of one GET (an error status is an answer too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _histograms(page: str) -> set[str]:
+    return {line.split()[2] for line in page.splitlines() if line.endswith(" histogram")}
+
+
+def test_envoys_stats_reach_a_scraper_in_the_cluster(built: Built, tmp_path: Path) -> None:
+    # The pod's scrape annotations name the bootstrap's stats listener, which the pod
+    # declares and the scrape policy admits.
+    pod = built.get("Deployment", "envoy")["spec"]["template"]
+    annotations = pod["metadata"]["annotations"]
+    port = int(annotations["prometheus.io/port"])
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == envoy.STATS_PATH
+    assert port in {p["containerPort"] for c in pod["spec"]["containers"] for p in c["ports"]}
+    bootstrap = next(
+        d for d in built.all("ConfigMap") if d["metadata"]["name"].startswith("envoy-bootstrap")
+    )
+    listeners = yaml.safe_load(bootstrap["data"]["envoy-bootstrap.yaml"])["static_resources"]
+    stats = next(x for x in listeners["listeners"] if x["name"] == "stats")
+    assert stats["address"]["socket_address"]["port_value"] == port
+    scrape = built.get("NetworkPolicy", "metrics-scrape")["spec"]
+    assert "envoy" in scrape["podSelector"]["matchExpressions"][0]["values"]
+    assert port in {p["port"] for rule in scrape["ingress"] for p in rule["ports"]}
+    # A real Envoy on the same rendering serves on that listener the page `fraudmesh up`
+    # scrapes from the admin port, with the same histograms, and no other admin path.
+    ports = {name: free_port() for name in ("listen", "admin", "stats")}
+    config = tmp_path / "envoy.yaml"
+    config.write_text(
+        envoy.render_config(
+            listen_port=ports["listen"],
+            admin_port=ports["admin"],
+            gateway_port=50051,
+            gateway_dns="gateway",
+            stats_port=ports["stats"],
+        )
+    )
+    admin = f"http://127.0.0.1:{ports['admin']}"
+    scraped = f"http://127.0.0.1:{ports['stats']}"
+    process = Process(
+        "envoy",
+        envoy.envoy_command(config),
+        ready=lambda: http_ok(scraped + envoy.STATS_PATH),
+        log_path=tmp_path / "envoy.log",
+    )
+    process.start()
+    try:
+        process.wait_ready(120)
+        # One call through the edge (no gateway behind it) records the edge's histograms.
+        edge = f"127.0.0.1:{ports['listen']}"
+        with grpc.insecure_channel(edge) as channel, contextlib.suppress(grpc.RpcError):
+            channel.unary_unary("/fraud.v1.FraudScoring/Score")(b"", timeout=5)
+        from_admin = _page(admin + envoy.STATS_PATH)
+        from_listener = _page(scraped + envoy.STATS_PATH)
+        assert from_admin[0] == from_listener[0] == 200
+        assert "envoy_http_downstream_rq_time_bucket" in from_listener[1]
+        assert _histograms(from_listener[1]) == _histograms(from_admin[1])
+        for path in ("/quitquitquit", "/config_dump", "/stats", "/clusters"):
+            assert _page(scraped + path)[0] == 404, path
+    finally:
+        process.stop(10)
+
+
+def test_every_project_container_runs_the_image_its_overlay_names(built: Built) -> None:
+    # An overlay's `images:` entry must match the name the base already gave the image,
+    # or kustomize ignores it without a word and every pod pulls the base's name.
+    kustomization = yaml.safe_load((OVERLAYS_DIR / built.name / "kustomization.yaml").read_text())
+    (wanted,) = kustomization["images"]
+    image = f"{wanted['newName']}:{wanted['newTag']}"
+    found = set()
+    for kind in ("Deployment", "StatefulSet", "Job", "CronJob"):
+        for workload in built.all(kind):
+            spec = workload["spec"]
+            template = (spec["jobTemplate"]["spec"] if kind == "CronJob" else spec)["template"]
+            pod = template["spec"]
+            for c in pod.get("initContainers", []) + pod["containers"]:
+                if c["image"].split("@")[0].rsplit(":", 1)[0].endswith("fraudmesh"):
+                    found.add(c["image"])
+    assert found == {image}

@@ -8,6 +8,7 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -16,10 +17,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from fraud.v1 import outcomes_pb2, scoring_pb2
 from services.cli import certs
 from services.common import metric_catalogue as catalogue
-from services.common.edge_security import DEV_FILES
+from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.console import csrf, identity, overview, pages
+from services.console.app import create
 from services.console.models import read_models
 from services.console.reviews import DecisionLogView, QueueFilter
+from services.console.settings import ConsoleSettings
 from services.console.sources import (
     Interval,
     PrometheusMonitor,
@@ -477,3 +480,60 @@ def test_the_models_page_shows_each_rollout_step_with_its_figures(tmp_path: Path
     rollouts.path.write_text("{not json")
     broken = read_models(tmp_path, "fraud-lgbm")
     assert broken.rollout is None and broken.problem and "not a rollout file" in broken.problem
+
+
+def _get(app: Any, host: str, path: str = "/") -> tuple[int, str]:
+    """One GET through the whole ASGI application, as the server hands it a request."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", host.encode())],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8090),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body.decode()
+
+
+@pytest.mark.parametrize(
+    ("allowed", "host", "answered"),
+    [
+        ("127.0.0.1,localhost,::1", "127.0.0.1:8090", True),
+        ("127.0.0.1,localhost,::1", "LOCALHOST:8090", True),
+        ("127.0.0.1,localhost,::1", "[::1]:8090", True),
+        ("127.0.0.1,localhost,::1", "attacker.example:8090", False),
+        ("127.0.0.1,localhost,::1", "attacker.example", False),
+        ("console.fraudmesh.svc", "console.fraudmesh.svc:8090", True),
+        ("console.fraudmesh.svc", "127.0.0.1.attacker.example", False),
+        ("*", "anything.example", True),
+    ],
+)
+def test_the_console_answers_only_its_own_hosts(
+    tmp_path: Path, allowed: str, host: str, answered: bool
+) -> None:
+    settings = ConsoleSettings(var_dir=tmp_path, prometheus_url=None, allowed_hosts=allowed)
+    app = create(settings, EdgeSettings(var_dir=tmp_path))
+    status, body = _get(app, host)
+    if answered:
+        assert status == 200, body
+    else:
+        assert status == 421
+        assert "does not answer for host" in body and "FRAUD_CONSOLE_ALLOWED_HOSTS" in body
+    # The probe answers whatever the Host (the kubelet addresses the pod by its IP).
+    assert _get(app, host, "/healthz")[0] == 200

@@ -250,3 +250,24 @@ def test_every_table_of_measurements_names_its_source(doc: str, line: int, heade
         f"{doc}:{line}: the table {header[:60]!r} quotes measurements, but its section names "
         f"no file of loadtest/results/ and does not say '{NO_RESULTS_FILE}'"
     )
+
+
+FAILURES = ("container crash", "pod deletion", "node loss", "power loss")
+"""The failures whose cost to the gateway's journal both Kubernetes docs state, row by row."""
+FAILURE_TABLE = "| failure | kept | may be lost | held by |"
+STATED_BOUND = "stated bound"
+
+
+@pytest.mark.parametrize("doc", ["docs/kubernetes.md", "docs/reliability.md"])
+def test_every_failure_in_a_pod_is_held_by_a_test_or_a_stated_bound(doc: str) -> None:
+    lines = (ROOT / doc).read_text().splitlines()
+    start = lines.index(FAILURE_TABLE)
+    table = lines[start + 2 : start + 2 + len(FAILURES)]
+    assert [r.split("|")[1].strip().split(" (")[0] for r in table] == list(FAILURES)
+    for row in table:
+        held_by = row.split("|")[4]
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", held_by)
+        assert named or STATED_BOUND in held_by, f"{doc}: {row[:60]!r} is held by nothing"
+        for path, test in named:
+            source = (ROOT / path).read_text()
+            assert f"def {test}(" in source, f"{doc}: {path} has no {test}"

@@ -16,11 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from fraud.v1 import events_pb2
+from services.common.metric_catalogue import JOURNAL_SYNC_LATE
 from services.eventlog import BackendUnavailable, EventLogMetrics, EventLogSettings, KeyValue
 from services.eventlog import journal as journal_mod
 from services.eventlog.events import event_id_of
 from services.eventlog.journal import JournalProducer
 from services.eventlog.journal_file import HEADER_SIZE, JournalFile
+from services.gateway.settings import GatewaySettings
 
 
 class ReadableLog:
@@ -290,6 +292,46 @@ def test_fsync_mode_wakes_every_caller_its_sync_covered(settings: EventLogSettin
     assert p.flush(10)
     p.close()
     assert log.ids() == ids(20)
+
+
+def test_fsync_mode_never_waits_past_the_budget_and_the_docs_say_so(
+    settings: EventLogSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A disk whose flush takes longer than the answer's budget: the sync is held open.
+    release = threading.Event()
+    real_sync = JournalFile.sync
+
+    def slow_sync(self: JournalFile) -> None:
+        release.wait(30)
+        real_sync(self)
+
+    monkeypatch.setattr(JournalFile, "sync", slow_sync)
+    p = producer(settings, ReadableLog(), sync="fsync")
+    written = p.append(decision(0))
+    # The caller gets False once its budget is spent, and answers without the sync.
+    assert not asyncio.run(p.durable(written, 0.05))
+    release.set()
+    assert asyncio.run(p.durable(written, 30.0)), "the sync covers it once it ends"
+    p.close()
+    # The docs state that bound, naming the counter of such answers, wherever they speak of
+    # fsync and power loss: if the code waited for the sync, or the text promised every
+    # answer survives, the two would part.
+    late = JOURNAL_SYNC_LATE.name
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    fsync_row = next(
+        line
+        for line in (docs / "reliability.md").read_text().splitlines()
+        if line.startswith("| `fsync` |")
+    )
+    assert "never past the answer's budget" in fsync_row and late in fsync_row
+    assert "stated bound" in fsync_row
+    power_row = next(
+        line
+        for line in (docs / "liveloop.md").read_text().splitlines()
+        if line.startswith("| power loss |")
+    )
+    assert "budget" in power_row and late in power_row
+    assert late in GatewaySettings.model_fields["journal"].description  # type: ignore[operator]
 
 
 def test_write_mode_is_durable_at_once(settings: EventLogSettings) -> None:

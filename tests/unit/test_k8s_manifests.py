@@ -210,6 +210,12 @@ def test_the_envoy_bootstrap_is_the_template_rendered_for_cluster_dns() -> None:
         gateway_port=int(_base_settings()["FRAUD_GATEWAY_PORT"]),
         listen_address="0.0.0.0",
         gateway_dns="gateway",
+        # The stats listener the pod's scrape annotation names.
+        stats_port=int(
+            _object("Deployment", "envoy")["spec"]["template"]["metadata"]["annotations"][
+                "prometheus.io/port"
+            ]
+        ),
     )
     rendered = edge_security.apply(rendered, edge_security.EdgeSettings())
     assert committed == rendered, "stale: run `make k8s-envoy`"
