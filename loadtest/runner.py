@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from loadtest import data, ghz, report
+from loadtest import data, ghz, provenance, report
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
 from services.common import metric_catalogue as catalogue
@@ -396,11 +396,13 @@ def write_report(
             + f" (target ≤ 400 MB per service: {verdict})"
         )
     md = out / f"{name}.md"
-    md.write_text("\n".join(lines) + "\n")
+    prov = provenance.record()
+    md.write_text(provenance.markdown("\n".join(lines) + "\n", prov))
     summary = out / f"{name}.json"
     summary.write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "started": started.isoformat(),
                 "store": cfg.store,
                 "step_s": cfg.step_s,

@@ -75,3 +75,20 @@ def test_a_plot_or_a_profile_is_vouched_for_by_the_report_of_its_run(tmp_path: P
     assert provenance.carrier(tmp_path / "scale.png") == tmp_path / "scale.md"
     assert provenance.carrier(tmp_path / "profile-gateway.txt") == tmp_path / "profile.md"
     assert provenance.carrier(tmp_path / "lone.png") == tmp_path / "lone.png"
+
+
+def test_every_writer_of_results_files_stamps_its_record() -> None:
+    # A module that writes into loadtest/results/ must build the record there, so a new
+    # writer without one fails here rather than in the docs' checks months later.
+    folder = Path(provenance.__file__).parent
+    writers = [
+        source
+        for source in sorted(folder.glob("*.py"))
+        if re.search(r"RESULTS|loadtest/results", source.read_text())
+        and re.search(r"write_text\(|provenance\.write\(", source.read_text())
+    ]
+    assert len(writers) >= 10, [w.name for w in writers]
+    for source in writers:
+        assert "provenance.record(" in source.read_text(), (
+            f"{source.name} writes results files without a provenance record"
+        )
