@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from decimal import Decimal
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from loadtest import provenance
+from loadtest.bench import BENCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -350,3 +353,41 @@ def test_every_table_quoting_a_results_file_shows_its_commit_and_date(
         assert Path(file).stem in stems, (
             f"{doc}:{line} quotes {file}, but the line under it omits it"
         )
+
+
+def _figures_commands() -> list[list[str]]:
+    """The commands ``make figures`` runs (``make -n``: printed, not run), split as a shell would."""
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", "figures"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [shlex.split(line) for line in out.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _written_by(command: list[str]) -> set[str]:
+    """The results files (base names) one command writes: its ``--name``, or for
+    ``loadtest.bench`` ``bench-<each of --only>``."""
+    options = dict(zip(command, [*command[1:], ""], strict=True))
+    if "--name" in options:
+        return {options["--name"]}
+    if "loadtest.bench" in command:
+        return {f"bench-{b}" for b in options.get("--only", ",".join(BENCHES)).split(",")}
+    return set()
+
+
+def test_make_figures_reruns_every_results_file_the_readme_quotes() -> None:
+    written = set().union(*(_written_by(c) for c in _figures_commands()))
+    assert "make figures" in (ROOT / "README.md").read_text()
+    readme = {
+        provenance.carrier(RESULTS / name).stem
+        for doc, name in _quoted_results()
+        if doc == "README.md"
+    }
+    assert readme, "README.md quotes no results file"
+    assert not readme - written, (
+        f"README.md quotes {sorted(readme - written)}, which no command of `make figures` writes"
+    )
