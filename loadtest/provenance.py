@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout whose commit a run records."""
 PREFIX = "Provenance: "
 """How the first line of a Markdown results file starts."""
 LINE = re.compile(
@@ -54,7 +55,8 @@ class Provenance:
         return asdict(self)
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """The short hash of this checkout's HEAD, or ``unknown`` outside a git checkout."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -102,7 +104,7 @@ def record(command: str | None = None, now: datetime | None = None) -> Provenanc
     """The provenance of a run ending now: this checkout's commit, the UTC time, this machine."""
     when = now or datetime.now(UTC)
     return Provenance(
-        commit=_git_commit(),
+        commit=git_commit(),
         date=f"{when:%Y-%m-%d %H:%M} UTC",
         machine=machine(),
         command=command or command_line(),

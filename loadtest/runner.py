@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -284,27 +283,12 @@ def run_schedule(
     return steps
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ghz.REPO_ROOT,
-            timeout=5,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def machine_line() -> str:
     """CPU count, load average and Python: the conditions a number was measured in."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"{os.cpu_count()} CPUs, load average {load} at the end, {platform.python_implementation()} "
-        f"{platform.python_version()}, commit {_git_commit()}"
+        f"{platform.python_version()}, commit {provenance.git_commit()}"
     )
 
 
