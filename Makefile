@@ -122,6 +122,28 @@ bench-loop: data tools ## Live loop on vs off side by side (CPU per Score, p99);
 bench-monitor: data tools ## The mesh with the monitor vs without, side by side (monitor CPU per decision, p99)
 	$(PY) -m loadtest.monitor --var-dir $(VAR) $(BENCH_ARGS)
 
+# Every results file README.md quotes, measured again (several hours on two cores; run it on a
+# machine doing nothing else). Each line writes the files named by its --name, loadtest.bench
+# writes bench-<each of --only>; every file records its commit, date, machine and command.
+FIGURES_STREAM_WAIT := --compare nowait:FRAUD_GATEWAY_STREAM_MAX_QUEUE_DELAY_US=0 \
+	--compare wait1ms:FRAUD_GATEWAY_STREAM_MAX_QUEUE_DELAY_US=1000 \
+	--compare wait2ms:FRAUD_GATEWAY_STREAM_MAX_QUEUE_DELAY_US=2000
+FIGURES_TRANSPORT := --compare unary:FRAUD_GATEWAY_TRANSPORT=unary --compare stream:FRAUD_GATEWAY_TRANSPORT=stream
+FIGURES_CASCADE := --compare cascade:FRAUD_GATEWAY_CASCADE=true --compare full:FRAUD_GATEWAY_CASCADE=false
+
+.PHONY: figures
+figures: data tools $(MLSERVER_VENV)/.installed ## Re-run every measurement README.md quotes (hours); results in loadtest/results/
+	GOBIN=$(GOBIN) go install fortio.org/fortio@v1.66.5
+	$(PY) -m loadtest.bench --var-dir $(VAR) --mlserver-venv $(MLSERVER_VENV) --only floor,scorer,features
+	$(FRAUDMESH) loadtest --var-dir $(VAR) --store redis --rates 400,550,700 --step-seconds 10 --rounds 3 \
+		$(FIGURES_STREAM_WAIT) --name compare-redis-nowait-vs-wait1ms-vs-wait2ms
+	$(FRAUDMESH) loadtest --var-dir $(VAR) --store sqlite --rates 200,400,550,700 --step-seconds 10 --rounds 3 \
+		$(FIGURES_TRANSPORT) --name compare-sqlite-unary-vs-stream
+	$(FRAUDMESH) loadtest --var-dir $(VAR) --store redis --rates 100,150,200 --step-seconds 15 --rounds 3 \
+		--saturated-steps 3 $(FIGURES_CASCADE) --name compare-redis-cascade-vs-full
+	$(FRAUDMESH) loadtest --var-dir $(VAR) --store redis --gateway-in-process --name loadtest-redis-in-process
+	$(PY) -m loadtest.monitor --var-dir $(VAR) --store sqlite --rates 100 --rounds 3 --run-s 20 --name monitor-sqlite
+
 .PHONY: k8s-envoy
 k8s-envoy: install ## Render deploy/k8s/base/envoy-bootstrap.yaml from the Envoy template
 	bash scripts/k8s-check.sh render

@@ -29,7 +29,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from loadtest import data
+from loadtest import data, provenance
 from services.cli.up import METRICS_PROCESSES
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
@@ -202,13 +202,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(table)
     options.out.parent.mkdir(parents=True, exist_ok=True)
+    prov = provenance.record()
     options.out.with_suffix(".md").write_text(
-        f"The degraded-answers alert end to end (`python -m loadtest.alerting`), started "
-        f"{started}: the feature service frozen under 20 Scores a second.\n\n{table}\n"
+        provenance.markdown(
+            f"The degraded-answers alert end to end (`python -m loadtest.alerting`), started "
+            f"{started}: the feature service frozen under 20 Scores a second.\n\n{table}\n",
+            prov,
+        )
     )
     options.out.with_suffix(".json").write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "started": started,
                 "alert": ALERT,
                 "fire_limit_s": FIRE_LIMIT_S,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from loadtest import data, fortio, ghz, noop, report, runner
+from loadtest import data, fortio, ghz, noop, provenance, report, runner
 from loadtest.priority import normal_priority
 from services.domain import featurespec
 from services.featurestore import admin as store_admin
@@ -268,10 +268,11 @@ def _write(
     lines += [f"![latency percentiles vs rate]({png.name})", "", "## Verdict", ""]
     lines += [f"- {v}" for v in verdicts]
     md = out_dir / f"bench-{name}.md"
-    md.write_text("\n".join(lines) + "\n")
+    prov = provenance.record()
+    md.write_text(provenance.markdown("\n".join(lines) + "\n", prov))
     (out_dir / f"bench-{name}.json").write_text(
         json.dumps(
-            {s.label: [st.to_dict() for st in s.steps] for s in sides},
+            provenance.attach({s.label: [st.to_dict() for st in s.steps] for s in sides}, prov),
             indent=2,
         )
     )

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest import provenance
+
 RESULTS = Path(__file__).with_name("results")
 MAX_RECALL_LOSS = 0.005
 """The cascade's recall at review and decline may be this share below the model's."""
@@ -231,9 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         for r in runs
     ]
-    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
     text = markdown(runs)
-    args.out.with_suffix(".md").write_text(text)
+    provenance.write(args.out, summary, text, provenance.record())
     print(text)
     return 0
 

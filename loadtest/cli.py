@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from loadtest import provenance
+
 if TYPE_CHECKING:
     from loadtest.compare import Variant
     from loadtest.runner import LoadtestConfig
@@ -204,7 +206,8 @@ def chaos_command(
         result = Chaos(var_dir, var_dir / "logs" / "chaos", plan).run(selected)
     report = markdown(result, plan)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
+    prov = provenance.record(" ".join(["fraudmesh", *sys.argv[1:]]))
+    out.write_text(provenance.markdown(report, prov))
     console.print(report, highlight=False)
     if not all(row.passed() for row in result):
         raise typer.Exit(1)
@@ -267,12 +270,13 @@ def crash_command(
     target = out or Path("loadtest/results") / f"crash-{store}.md"
     target.parent.mkdir(parents=True, exist_ok=True)
     machine = f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, load average {os.getloadavg()[0]:.1f} at the end."
-    target.write_text(f"{report}\n{machine}\n")
-    figures = summary(rows, plan) | {
-        "command": " ".join(["fraudmesh", *sys.argv[1:]]),
-        "machine": machine,
-    }
-    target.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    command = " ".join(["fraudmesh", *sys.argv[1:]])
+    prov = provenance.record(command)
+    target.write_text(provenance.markdown(f"{report}\n{machine}\n", prov))
+    figures = summary(rows, plan) | {"command": command, "machine": machine}
+    target.with_suffix(".json").write_text(
+        json.dumps(provenance.attach(figures, prov), indent=2) + "\n"
+    )
     console.print(report, markup=False, highlight=False)
     if not all(row.passed() for row in rows):
         raise typer.Exit(1)

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from loadtest import data, report, runner
+from loadtest import data, provenance, report, runner
 from services.common.settings import from_mapping
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog.settings import EventLogSettings
@@ -564,11 +564,13 @@ def write_report(cfg: CompareConfig, runs: Sequence[Run], started: datetime) -> 
         },
     )
     md = out / f"{name}.md"
-    md.write_text(markdown(cfg, summary, started, png))
+    prov = provenance.record(cfg.command)
+    md.write_text(provenance.markdown(markdown(cfg, summary, started, png), prov))
     summary_path = out / f"{name}.json"
     summary_path.write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "command": cfg.command,
                 "started": started.isoformat(),
                 "machine": runner.machine_line(),

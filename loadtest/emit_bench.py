@@ -41,7 +41,7 @@ import grpc
 import psutil
 
 from fraud.v1 import scoring_pb2, scoring_pb2_grpc
-from loadtest import ghz
+from loadtest import ghz, provenance
 from loadtest.data import write_data_file
 from loadtest.priority import normal_priority
 from loadtest.runner import RESULTS_DIR, machine_line
@@ -292,10 +292,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "emit-strategies" + (f"-extra{args.extra_us:g}us" if args.extra_us else "")
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.md").write_text(report)
+    prov = provenance.record(command)
+    (args.out / f"{name}.md").write_text(provenance.markdown(report, prov))
     (args.out / f"{name}.json").write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "command": command,
                 "finished": datetime.now(UTC).isoformat(),
                 "machine": machine_line(),

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loadtest import cascade_quality
+from loadtest import cascade_quality, provenance
 from services.domain import metrics
 
 RESULTS = Path(__file__).with_name("results")
@@ -458,8 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["seeds"].append(run_seed(seed, Path(tmp), versions, args.history))
             results["summary"] = summary(results["seeds"])
             # Written after every seed: a long run that stops keeps the seeds it finished.
-            args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
-            args.out.with_suffix(".md").write_text(markdown(results))
+            provenance.write(args.out, results, markdown(results), provenance.record())
     print(markdown(results))
     return 0
 

@@ -45,7 +45,7 @@ import grpc
 from fraud.v1 import features_pb2, features_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
-from loadtest import data, ghz
+from loadtest import data, ghz, provenance
 from loadtest.liveloop import requests_file
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
@@ -416,10 +416,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     report = markdown(runs, command.strip(), args.seconds, args.target_ms, args.gateway_in_process)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.md").write_text(report)
+    prov = provenance.record(command.strip())
+    (args.out / f"{args.name}.md").write_text(provenance.markdown(report, prov))
     (args.out / f"{args.name}.json").write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "command": command.strip(),
                 "finished": datetime.now(UTC).isoformat(),
                 "machine": machine_line(),

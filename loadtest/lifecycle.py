@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from loadtest import data, ghz
+from loadtest import data, ghz, provenance
 from loadtest.runner import RESULTS_DIR, start_mesh
 from services.common import metric_catalogue as catalogue
 from services.common import scrape
@@ -400,10 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not shadow:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lifecycle.json").write_text(
-        json.dumps({"shadow": shadow, "transitions": moves}, indent=2, default=str)
+    provenance.write(
+        args.out / "lifecycle",
+        {"shadow": shadow, "transitions": moves},
+        markdown(shadow, moves, command.strip()),
+        provenance.record(command.strip()),
     )
-    (args.out / "lifecycle.md").write_text(markdown(shadow, moves, command.strip()))
     print(f"wrote {args.out / 'lifecycle.md'}")
     return 0
 

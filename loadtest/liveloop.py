@@ -53,7 +53,7 @@ from typing import Any
 
 import psutil
 
-from loadtest import data, ghz
+from loadtest import data, ghz, provenance
 from loadtest.runner import (
     RESULTS_DIR,
     check_state,
@@ -603,10 +603,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.name or f"liveloop-{args.store}"
     args.out.mkdir(parents=True, exist_ok=True)
     report = markdown(runs, summary, counts, command, args.store, eventlog, args.run_s)
-    (args.out / f"{name}.md").write_text(report)
+    prov = provenance.record(command)
+    (args.out / f"{name}.md").write_text(provenance.markdown(report, prov))
     (args.out / f"{name}.json").write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "command": command,
                 "finished": datetime.now(UTC).isoformat(),
                 "machine": machine_line(),

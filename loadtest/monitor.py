@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from loadtest import data, ghz
+from loadtest import data, ghz, provenance
 from loadtest.liveloop import Side, measure, requests_file
 from loadtest.runner import RESULTS_DIR, check_state, copy_state, machine_line, start_mesh
 from services.common import metric_catalogue as catalogue
@@ -224,10 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(runs, rates)
     name = args.name or f"monitor-{args.store}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.md").write_text(markdown(summary, command, args.store, args.run_s))
+    prov = provenance.record(command)
+    text = markdown(summary, command, args.store, args.run_s)
+    (args.out / f"{name}.md").write_text(provenance.markdown(text, prov))
     (args.out / f"{name}.json").write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "command": command,
                 "finished": datetime.now(UTC).isoformat(),
                 "machine": machine_line(),

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadtest import data, ghz, runner
+from loadtest import data, ghz, provenance, runner
 
 SERVICES = ("gateway", "features", "scorer")
 
@@ -161,7 +161,7 @@ def profile(
         lines += ["", "| self | frame |", "|---:|---|"]
         lines += [f"| {share:.1%} | `{frame}` |" for frame, share in selfs]
     md = out_dir / "profile.md"
-    md.write_text("\n".join(lines) + "\n")
+    md.write_text(provenance.markdown("\n".join(lines) + "\n", provenance.record()))
     shutil.rmtree(work, ignore_errors=True)
     return md
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from loadtest import provenance
 from services.domain import metrics
 from services.featurestore import layout
 from services.models import repository
@@ -446,9 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fraudmesh-quality-", dir=args.work) as tmp:
         results = run(args.before.resolve(), Path(tmp), args.end)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     table = markdown(results)
-    args.out.with_suffix(".md").write_text(table)
+    provenance.write(args.out, results, table, provenance.record())
     print(table)
     return 0
 

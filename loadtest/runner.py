@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from loadtest import data, ghz, report
+from loadtest import data, ghz, provenance, report
 from loadtest.priority import normal_priority
 from loadtest.rss import RssSampler
 from services.common import metric_catalogue as catalogue
@@ -284,27 +283,12 @@ def run_schedule(
     return steps
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ghz.REPO_ROOT,
-            timeout=5,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def machine_line() -> str:
     """CPU count, load average and Python: the conditions a number was measured in."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"{os.cpu_count()} CPUs, load average {load} at the end, {platform.python_implementation()} "
-        f"{platform.python_version()}, commit {_git_commit()}"
+        f"{platform.python_version()}, commit {provenance.git_commit()}"
     )
 
 
@@ -396,11 +380,13 @@ def write_report(
             + f" (target ≤ 400 MB per service: {verdict})"
         )
     md = out / f"{name}.md"
-    md.write_text("\n".join(lines) + "\n")
+    prov = provenance.record()
+    md.write_text(provenance.markdown("\n".join(lines) + "\n", prov))
     summary = out / f"{name}.json"
     summary.write_text(
         json.dumps(
             {
+                "provenance": prov.as_json(),
                 "started": started.isoformat(),
                 "store": cfg.store,
                 "step_s": cfg.step_s,

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from loadtest import provenance
 from services.featurestore import layout
 from services.models import repository
 from services.pipelines import simulate
@@ -283,9 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [asdict(r) | {"total_s": r.total_s, "peak_rss_mb": r.peak_rss_mb} for r in runs],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     table = markdown(runs)
-    args.out.with_suffix(".md").write_text(table)
+    provenance.write(args.out, report, table, provenance.record())
     plot(runs, args.out.with_suffix(".png"))
     print(table)
     largest = max(runs, key=lambda r: r.rows)

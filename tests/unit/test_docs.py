@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
+import subprocess
 import tomllib
 from collections.abc import Iterator
 from decimal import Decimal
@@ -14,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from loadtest import provenance
+from loadtest.bench import BENCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -271,3 +276,139 @@ def test_every_failure_in_a_pod_is_held_by_a_test_or_a_stated_bound(doc: str) ->
         for path, test in named:
             source = (ROOT / path).read_text()
             assert f"def {test}(" in source, f"{doc}: {path} has no {test}"
+
+
+# When and where: every quoted results file records its run, every quoting table shows it.
+
+
+def _results_named(text: str) -> list[Path]:
+    """The results files ``text`` names (by path or by name), in the order it names them."""
+    tokens = [m.group(1).rstrip(".,;:") for m in re.finditer(r"loadtest/results/(\S+)", text)]
+    tokens += [m.group(1) for m in RESULT_NAME.finditer(text)]
+    found: list[Path] = []
+    for token in tokens:
+        name = _glob(token.strip("`()").split("/")[0])
+        for path in sorted(RESULTS.glob(name)) if name else []:
+            if path.is_file() and path not in found:
+                found.append(path)
+    return found
+
+
+def _quoted_results() -> list[tuple[str, str]]:
+    cases = {(_doc_id(doc), p.name) for doc in DOCS for p in _results_named(doc.read_text())}
+    cases |= {(f["doc"], Path(f["file"]).name) for f in _figures()}
+    return sorted(cases)
+
+
+@pytest.mark.parametrize(("doc", "name"), _quoted_results())
+def test_every_quoted_results_file_records_commit_date_and_machine(doc: str, name: str) -> None:
+    path = RESULTS / name
+    holder = provenance.carrier(path)
+    record = provenance.read(holder) if holder.suffix in {".json", ".md"} else None
+    assert record is not None, (
+        f"{doc} quotes {name}, but {holder.name} records no provenance (a JSON 'provenance' "
+        f"object or a Markdown first line '{provenance.PREFIX}commit …')"
+    )
+    assert re.fullmatch(r"[0-9a-f]{7,40}", record.commit), (
+        f"{holder.name}: commit {record.commit!r}"
+    )
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2} UTC)?", record.date), (
+        f"{holder.name}: date {record.date!r}"
+    )
+    assert record.machine.strip() and record.command.strip(), f"{holder.name}: {record}"
+
+
+SOURCE_LINE = re.compile(
+    r"loadtest/results/([\w.-]+), commit ([0-9a-f]{7,40}), (\d{4}-\d{2}-\d{2})"
+)
+"""One source in the line under a table: the file, the commit and day of its run."""
+
+
+def _quoting_tables() -> Iterator[tuple[str, int, str, list[str]]]:
+    """Every table that quotes results: one holding a figure of ``docs/figures.toml``, one of
+    measurements whose section names a results file, or one right after a paragraph that names
+    one (a list of the files themselves, ``| file | …``, quotes nothing). Yields the doc, the
+    table's line, the text after it and the files its figures come from."""
+    figures = _figures()
+    for doc in DOCS:
+        text = doc.read_text()
+        for match in re.finditer(r"(?:^\|.*\|\n){3,}", text, re.MULTILINE):
+            table, header = match.group(0), match.group(0).splitlines()[0]
+            section = _section(text, match.start())
+            before = text[text.index(section) : match.start()].rstrip("\n").split("\n\n")[-1]
+            quoted = [
+                f["file"] for f in figures if f["doc"] == _doc_id(doc) and f["quote"] in table
+            ]
+            measured = MEASURED_HEADER.search(header) and _results_named(section)
+            introduced = _results_named(before) and not header.startswith("| file ")
+            if quoted or measured or introduced:
+                line = text[: match.start()].count("\n") + 1
+                yield _doc_id(doc), line, text[match.end() :], sorted(set(quoted))
+
+
+@pytest.mark.parametrize(
+    ("doc", "line", "after", "quoted"),
+    list(_quoting_tables()),
+    ids=[f"{doc}:{line}" for doc, line, _, _ in _quoting_tables()],
+)
+def test_every_table_quoting_a_results_file_shows_its_commit_and_date(
+    doc: str, line: int, after: str, quoted: list[str]
+) -> None:
+    source = after.lstrip("\n").split("\n", 1)[0]
+    assert source.startswith("From loadtest/results/"), (
+        f"{doc}:{line}: the table quotes measurements; the line under it must say where they come "
+        "from: 'From loadtest/results/<file>, commit <hash>, <YYYY-MM-DD>, <cores>.'"
+    )
+    named = SOURCE_LINE.findall(source)
+    assert named, f"{doc}:{line}: {source!r} names no file with its commit and date"
+    for name, commit, day in named:
+        holder = provenance.carrier(RESULTS / name)
+        record = provenance.read(holder) if holder.is_file() else None
+        assert record is not None, f"{doc}:{line}: {name} records no provenance"
+        assert (commit, day) == (record.commit, record.date[:10]), (
+            f"{doc}:{line} says {name} is from commit {commit}, {day}; "
+            f"{holder.name} records commit {record.commit}, {record.date}"
+        )
+    stems = {Path(name).stem for name, _, _ in named}
+    for file in quoted:
+        assert Path(file).stem in stems, (
+            f"{doc}:{line} quotes {file}, but the line under it omits it"
+        )
+
+
+def _figures_commands() -> list[list[str]]:
+    """The commands ``make figures`` runs (``make -n``: printed, not run), split as a shell would."""
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", "figures"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [shlex.split(line) for line in out.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _written_by(command: list[str]) -> set[str]:
+    """The results files (base names) one command writes: its ``--name``, or for
+    ``loadtest.bench`` ``bench-<each of --only>``."""
+    options = dict(zip(command, [*command[1:], ""], strict=True))
+    if "--name" in options:
+        return {options["--name"]}
+    if "loadtest.bench" in command:
+        return {f"bench-{b}" for b in options.get("--only", ",".join(BENCHES)).split(",")}
+    return set()
+
+
+def test_make_figures_reruns_every_results_file_the_readme_quotes() -> None:
+    written = set().union(*(_written_by(c) for c in _figures_commands()))
+    assert "make figures" in (ROOT / "README.md").read_text()
+    readme = {
+        provenance.carrier(RESULTS / name).stem
+        for doc, name in _quoted_results()
+        if doc == "README.md"
+    }
+    assert readme, "README.md quotes no results file"
+    assert not readme - written, (
+        f"README.md quotes {sorted(readme - written)}, which no command of `make figures` writes"
+    )
