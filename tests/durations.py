@@ -1,26 +1,25 @@
 """Every test's duration, kept as a results file of the run: where a CI run's time goes.
 
-``--durations-file PATH`` (``make test`` names one per group of modules it runs) writes, at
-the end of the session, each test's setup, call and teardown seconds with its outcome, the
-totals per module, and the conditions of the run (commit, date, cores, CPU model, load
-average, command). Under pytest-xdist the controller writes it from the reports its workers
+``--durations-file PATH`` (``make test`` names one per lane it runs) writes, at the end of
+the session, each test's setup, call and teardown seconds with its outcome, the totals per
+module, and the run's provenance (commit, date, machine, command; ``loadtest/provenance.py``). Under pytest-xdist the controller writes it from the reports its workers
 send back, so one file covers the whole session. Loaded by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from loadtest import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,40 +71,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_START] = time.time()
 
 
-def _git(*args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", *args], capture_output=True, text=True, cwd=REPO, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def conditions(command: list[str]) -> dict[str, Any]:
-    """Commit, date, machine and command of a run: what every results file records."""
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "commit": _git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""),
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "cores": os.cpu_count(),
-            "cpu": _cpu_model(),
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(),
-        },
-        "command": " ".join(command),
-    }
+    """Commit, date, machine and command of a run: the record every results file carries
+    (``loadtest/provenance.py``), with a mark on the commit when the tree had changes."""
+    found = provenance.record(" ".join(command))
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=10,
+    ).stdout.strip()
+    if dirty:
+        found = dataclasses.replace(found, commit=f"{found.commit}+changes")
+    return {"provenance": found.as_json()}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

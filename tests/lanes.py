@@ -32,6 +32,7 @@ TIMING: tuple[str, ...] = (
     "test_cascade.py",
     "test_supervisor.py",
     "test_loadtest_smoke.py",
+    "test_feature_order.py",
 )
 """Integration modules (paths under tests/integration) that judge latency or late calls."""
 

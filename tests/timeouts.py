@@ -73,6 +73,9 @@ LIMITS_S: dict[str, int] = {
     "test_tail_sampling.py": 120,
     # A mesh with the monitor, steady traffic, three model imports and three rollouts.
     "test_rollout.py": 900,
+    # A version folder imported, then a candidate in its own feature order through shadow,
+    # canary, promotion and rollback under steady traffic.
+    "test_feature_order.py": 900,
     "test_train_from_decisions.py": 420,
     # A Go client built in the test or its module (bounded at 300 s, 600 s cold in envoy_edge).
     "test_mesh.py": 600,
