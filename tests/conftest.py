@@ -21,12 +21,6 @@ import subprocess
 # seconds alone can take minutes. Waiting threads sleep in the tests (set before LightGBM
 # loads its OpenMP runtime, here and in every child process).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# pytest-xdist's workers are handed the controller's terminal size as COLUMNS and LINES: a
-# rich Console created at import would keep that width for good, not the one a test's
-# CliRunner sets for its command. The CLI's consoles read the size when they print.
-for _size in ("COLUMNS", "LINES"):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        os.environ.pop(_size, None)
 
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +34,13 @@ from services.featurestore import admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.models import repository
 from services.pipelines import dataset, simulate, train
+
+# pytest-xdist's workers are handed the controller's terminal size as COLUMNS and LINES: a
+# rich Console created at import would keep that width for good, not the one a test's
+# CliRunner sets for its command. The CLI's consoles read the size when they print.
+for _size in ("COLUMNS", "LINES"):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop(_size, None)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DIR_ENV = "FRAUD_TEST_SHARED_DIR"
