@@ -1,17 +1,16 @@
 """Which lane of ``make test`` each test module runs in, and why.
 
 Two cores run the whole suite. What costs its time is mostly waiting (meshes starting,
-brokers, browsers, builds), so the modules run side by side, in lanes:
+brokers, browsers, builds), so most modules run side by side, in lanes:
 
+- ``rest``: every test module that does not judge time, unit and integration, spread over
+  pytest-xdist workers (whole modules to a worker, so a module's mesh is started once).
+- ``static``: lint, type checks, generated-code and manifest checks, ``go test``, beside it.
 - ``timing``: the modules that judge time, a fault window's late calls against the same
-  run's baseline or a load step's answers against the budget. They run one after another, at
-  the machine's normal priority, so that what the other lanes do cannot be what makes a
-  call late.
-- ``rest``: every other test module, unit and integration, spread over pytest-xdist workers
-  (whole modules to a worker, so a module's mesh is started once), at a lower priority
-  (``nice``): on a contended core the timing lane's processes come first.
-- ``static``: lint, type checks, generated-code and manifest checks, ``go test``, also at the
-  lower priority.
+  run's baseline or a load step's answers against the budget. They run one after another
+  once the other lanes have ended, alone on the machine: run beside the ``rest`` lane, even
+  at a lower priority for the rest (nice 10), a restart's or a fault's late calls rose past
+  their bound (the chaos matrix's SIGTERM row, the crash matrix, the lifecycle's canary).
 
 ``tests/unit/test_lanes.py`` holds that every integration module is in exactly one lane.
 """

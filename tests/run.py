@@ -50,6 +50,8 @@ class Lane:
     commands: list[list[str]]
     niceness: int
     durations: Path | None = None
+    after: tuple[str, ...] = ()
+    """Lanes that must have ended before this one starts."""
     log: Path = field(init=False)
     began: float = 0.0
     ended: float | None = None
@@ -146,7 +148,7 @@ def plan(workers: int, wanted: set[str]) -> list[Lane]:
     lanes_: list[Lane] = []
     if "timing" in wanted:
         argv, durations = _pytest("timing", lanes.timing_modules(), [])
-        lanes_.append(Lane("timing", [argv], 0, durations))
+        lanes_.append(Lane("timing", [argv], 0, durations, after=("rest", "static")))
     if "rest" in wanted:
         targets = _order_by_last_run([lanes.TESTS / "unit", *lanes.rest_modules()])
         xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
@@ -189,6 +191,19 @@ def merge_durations(lanes_: list[Lane], wall_s: float) -> Path:
     return target
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout where it is inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _report(lane: Lane) -> None:
+    """Prints a lane's verdict and its whole output."""
+    verdict = "passed" if lane.ok else f"FAILED (exit codes {lane.codes})"
+    print(f"\n===== lane {lane.name} {verdict} in {lane.seconds:.0f} s =====", flush=True)
+    sys.stdout.write(lane.log.read_text(errors="replace"))
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the lanes; exit status 0 only when every command of every lane passed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -200,22 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     shared = Path(tempfile.mkdtemp(prefix="fraudmesh-tests-"))
     env = {**os.environ, "FRAUD_TEST_SHARED_DIR": str(shared)}
     todo = plan(args.workers, set(args.lane or ("timing", "rest", "static")))
+    names = {lane.name for lane in todo}
     began = time.monotonic()
-    for lane in todo:
-        lane.start(env)
-        print(f"lane {lane.name} started: {lane.log.relative_to(REPO)}", flush=True)
     try:
-        running = list(todo)
-        while running:
+        waiting, running, ended = list(todo), [], set()
+        while waiting or running:
+            for lane in [w for w in waiting if not (set(w.after) & names) - ended]:
+                waiting.remove(lane)
+                running.append(lane)
+                lane.start(env)
+                print(f"lane {lane.name} started: {_shown(lane.log)}", flush=True)
             time.sleep(1.0)
             for lane in [lane for lane in running if lane.poll()]:
                 running.remove(lane)
-                verdict = "passed" if lane.ok else f"FAILED (exit codes {lane.codes})"
-                print(
-                    f"\n===== lane {lane.name} {verdict} in {lane.seconds:.0f} s =====", flush=True
-                )
-                sys.stdout.write(lane.log.read_text(errors="replace"))
-                sys.stdout.flush()
+                ended.add(lane.name)
+                _report(lane)
     except KeyboardInterrupt:
         for lane in todo:
             lane.stop()
@@ -224,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(shared, ignore_errors=True)
     wall = time.monotonic() - began
     results = merge_durations(todo, wall)
-    print(f"\ndurations of every test: {results.relative_to(REPO)}")
+    print(f"\ndurations of every test: {_shown(results)}")
     for lane in todo:
         print(f"  lane {lane.name}: {'passed' if lane.ok else 'FAILED'} in {lane.seconds:.0f} s")
     print(f"  all lanes: {wall:.0f} s")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +34,12 @@ def test_every_module_that_counts_late_calls_is_in_the_timing_lane() -> None:
             assert path in timing, f"{path.name} judges time but runs in the rest lane"
 
 
-def test_a_run_plans_three_lanes_and_only_the_timing_one_at_normal_priority() -> None:
+def test_a_run_plans_three_lanes_and_the_timing_one_runs_alone_after_the_others() -> None:
     planned = {lane.name: lane for lane in run.plan(3, {"timing", "rest", "static"})}
     assert set(planned) == {"timing", "rest", "static"}
     assert planned["timing"].niceness == 0
+    assert set(planned["timing"].after) == {"rest", "static"}
+    assert not planned["rest"].after and not planned["static"].after
     assert planned["rest"].niceness > 0 and planned["static"].niceness > 0
     rest_argv = planned["rest"].commands[0]
     assert rest_argv[rest_argv.index("-n") + 1] == "3"
@@ -88,3 +92,36 @@ def test_the_conditions_name_commit_date_machine_and_command() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", found["date"])
     assert found["command"] == "pytest x"
     assert "cores" in found["machine"]
+
+
+def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stamps = tmp_path / "stamps"
+    stamp = "import sys, time; open(sys.argv[1], 'a').write(f'{sys.argv[2]} {time.time()}\\n')"
+
+    def lane(name: str, after: tuple[str, ...], seconds: float) -> run.Lane:
+        argv = [sys.executable, "-c", f"{stamp}; time.sleep({seconds})", str(stamps)]
+        return run.Lane(name, [[*argv, f"{name}-start"]], 0, None, after=after)
+
+    monkeypatch.setattr(run, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(
+        run,
+        "plan",
+        lambda workers, wanted: [
+            lane("timing", ("rest", "static"), 0.0),
+            lane("rest", (), 1.5),
+            lane("static", (), 0.2),
+        ],
+    )
+    monkeypatch.setattr(
+        run.Lane, "__post_init__", lambda self: setattr(self, "log", run.LOGS / f"{self.name}.log")
+    )
+    assert run.main([]) == 0
+    started = {
+        line.split()[0].removesuffix("-start"): float(line.split()[1])
+        for line in stamps.read_text().splitlines()
+    }
+    assert started["timing"] >= started["rest"] + 1.5
+    assert abs(started["rest"] - started["static"]) < 1.0
