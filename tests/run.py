@@ -207,7 +207,7 @@ def _report(lane: Lane) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the lanes; exit status 0 only when every command of every lane passed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 3)))
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 2)))
     parser.add_argument("--lane", action="append", choices=("timing", "rest", "static"))
     args = parser.parse_args(argv)
     LOGS.mkdir(parents=True, exist_ok=True)
