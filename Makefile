@@ -161,9 +161,9 @@ test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tes
 	bash scripts/test-brokers.sh
 
 # Every check runs in one of three lanes (tests/lanes.py says which and why): every test
-# module that does not judge time over pytest-xdist workers and the static checks (check-gen,
-# lint, k8s-check, go test) side by side, then the modules that judge time one after another,
-# alone. Durations of every test: build/test-results/durations.json.
+# module that does not judge time (over TEST_WORKERS pytest-xdist workers; one by default) and
+# the static checks (check-gen, lint, k8s-check, go test) side by side, then the modules that
+# judge time one after another, alone. Durations of every test: build/test-results/durations.json.
 .PHONY: test
 test: system install tools test-brokers ## Set up and run every test
 	$(PY) -m tests.run

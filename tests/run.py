@@ -29,7 +29,7 @@ REPO = lanes.TESTS.parent
 LOGS = REPO / "build" / "test-logs"
 RESULTS = REPO / "build" / "test-results"
 COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
-"""A run's durations kept in the repository: the order of a fresh clone's first run."""
+"""A whole run's durations, kept in the repository: where a CI run's time goes."""
 BACKGROUND_NICENESS = 10
 """Niceness of every lane but ``timing``: a nice-10 process gets about a tenth of a core that
 a nice-0 one wants as well."""
@@ -123,8 +123,6 @@ def _order_by_last_run(modules: list[Path]) -> list[Path]:
     out modules in the order given, and a long one started last ends the run late."""
     known: dict[str, float] = {}
     last = RESULTS / "durations.json"
-    if not last.exists():
-        last = COMMITTED_DURATIONS
     if last.exists():
         try:
             known = json.loads(last.read_text()).get("modules", {})
@@ -207,7 +205,7 @@ def _report(lane: Lane) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the lanes; exit status 0 only when every command of every lane passed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 2)))
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 1)))
     parser.add_argument("--lane", action="append", choices=("timing", "rest", "static"))
     args = parser.parse_args(argv)
     LOGS.mkdir(parents=True, exist_ok=True)

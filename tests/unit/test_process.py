@@ -55,7 +55,9 @@ def test_child_keeps_its_pid_and_gets_normal_priority_once_ready(tmp_path: Path)
         # The launch tools exec into the child: the PID we hold becomes the service itself.
         assert _execs_into(child.pid, sys.executable.encode(), timeout_s=10)
         parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, child.pid) == parent_nice + STARTUP_NICENESS
+        # Niceness stops at 19: a test run that is itself niced (make test's lanes) sees less.
+        starting = min(parent_nice + STARTUP_NICENESS, 19)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == starting
 
         flag.touch()
         child.wait_ready(timeout_s=5)
