@@ -135,7 +135,7 @@ def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str]
     durations = RESULTS / f"durations-{name}.json"
     argv = [
         sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider",
-        f"--durations-file={durations}", *extra,
+        f"--durations-file={_shown(durations)}", *extra,
         *[str(t.relative_to(REPO)) for t in targets],
     ]  # fmt: skip
     return argv, durations
@@ -169,7 +169,10 @@ def _counts(lanes_: list[Lane]) -> dict[str, int]:
 
 def merge_durations(lanes_: list[Lane], wall_s: float) -> Path:
     """One results file for the run: every lane's tests, modules and seconds."""
-    merged: dict[str, object] = conditions(sys.argv) | {"wall_s": round(wall_s, 1), "lanes": {}}
+    merged: dict[str, object] = conditions(["python", "-m", "tests.run", *sys.argv[1:]]) | {
+        "wall_s": round(wall_s, 1),
+        "lanes": {},
+    }
     modules: dict[str, float] = {}
     tests: dict[str, object] = {}
     for lane in lanes_:
