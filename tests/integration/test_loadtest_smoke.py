@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,9 @@ def test_compare_runs_each_variant_on_its_own_mesh(
 
     assert result.markdown.name == "compare-sqlite-no-loop-wide-vs-narrow.md"
     text = result.markdown.read_text()
-    assert "| 30 | wide | 1/1 |" in text and "| 30 | narrow | 1/1 |" in text
+    # A median with degraded answers is marked with a dagger; a run on a busy machine may have them.
+    for name in ("wide", "narrow"):
+        assert re.search(rf"\| 30 \| {name}( †)? \| 1/1 \|", text), text
     assert "`FRAUD_GATEWAY_MAX_IN_FLIGHT=32`" in text
     assert result.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads(result.json.read_text())
