@@ -87,13 +87,32 @@ READINESS_INTERVAL_S = 0.25
 """How often the runtime asks a ``Readiness`` service whether it is ready."""
 
 
+class HealthServicer(health.aio.HealthServicer):
+    """grpcio's asyncio health servicer, with ``List`` answered on the event loop.
+
+    The stock class inherits a synchronous ``List`` that says UNIMPLEMENTED; an asyncio server
+    runs such a handler on a thread, and one call of it left ``server.stop`` waiting for that
+    thread. Here ``List`` is a coroutine that answers every status the servicer holds."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthListResponse:
+        """Every service's status, as Check would answer it."""
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in self._server_status.items()
+            }
+        )
+
+
 class Runtime:
     """One running server: its health servicer, bound port and shutdown event."""
 
     def __init__(self, settings: ServerSettings, service: Service) -> None:
         self.settings = settings
         self.service = service
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         # Outermost first: the observer sees the status the error interceptor settles on.
         observer = [rpc_observer.RpcObserver()] if settings.observe_rpcs else []
         self.server = grpc.aio.server(

@@ -235,9 +235,18 @@ async def test_reflection_resolves_the_method_symbol(channel: grpc.aio.Channel) 
 
 
 async def test_a_method_the_servicer_does_not_implement(channel: grpc.aio.Channel) -> None:
-    # grpcio's asyncio health servicer inherits a synchronous List that says UNIMPLEMENTED.
-    error = await _raw(channel, "/grpc.health.v1.Health/List", b"")
+    error = await _raw(channel, "/fraud.v1.FraudScoring/Explain", b"")
     assert error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_health_list_answers_every_status_and_refuses_bad_bytes(
+    channel: grpc.aio.Channel,
+) -> None:
+    # grpcio's stock List is synchronous: called once, it kept the server from stopping.
+    reply = await health_pb2_grpc.HealthStub(channel).List(
+        health_pb2.HealthListRequest(), timeout=5
+    )
+    assert reply.statuses["fraud.v1.FraudScoring"].status == health_pb2.HealthCheckResponse.SERVING
     error = await _raw(channel, "/grpc.health.v1.Health/List", b"\x00")
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
