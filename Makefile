@@ -160,10 +160,11 @@ images: data ## Build the container image with buildah (no Docker engine) and sm
 test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tests run (build/kafka)
 	bash scripts/test-brokers.sh
 
-# Every check runs in one of three lanes (tests/lanes.py says which and why): every test
-# module that does not judge time (over TEST_WORKERS pytest-xdist workers; one by default) and
-# the static checks (check-gen, lint, k8s-check, go test) side by side, then the modules that
-# judge time one after another, alone. Durations of every test: build/test-results/durations.json.
+# Every check runs in one of four lanes, in two phases (tests/lanes.py says which and why): the
+# modules that judge time one after another beside the unit tests and static checks (check-gen,
+# lint, k8s-check, go test) at idle priority; then the other integration modules over
+# TEST_WORKERS pytest-xdist workers (two by default) beside the image build.
+# Durations of every test: build/test-results/durations.json.
 .PHONY: test
 test: system install tools test-brokers ## Set up and run every test
 	$(PY) -m tests.run

@@ -1,18 +1,20 @@
 """Which lane of ``make test`` each test module runs in, and why.
 
-- ``rest``: every test module that does not judge time, unit and integration, in one pytest
-  process by default; ``TEST_WORKERS=N`` spreads it over N pytest-xdist workers (whole modules
-  to a worker, so a module's mesh is started once). On two cores the suite is bound by CPU, not
-  by waiting: with two workers the lane took 1,665 s of wall time for 2,970 s of test time
-  (``loadtest/results/test-durations-rest-2workers.json``, at a load average of 3 to 6), while
-  the landed suite took 35 min one module after another, the timing modules included.
-- ``static``: lint, type checks, generated-code and manifest checks, ``go test``, beside it at
-  a lower priority.
-- ``timing``: the modules that judge time, a fault window's late calls against the same
-  run's baseline or a load step's answers against the budget. They run one after another
-  once the other lanes have ended, alone on the machine: run beside the ``rest`` lane, even
-  at a lower priority for the rest (nice 10), a restart's or a fault's late calls rose past
-  their bound (the chaos matrix's SIGTERM row, the crash matrix, the lifecycle's canary).
+A run has two phases, because on two cores the suite is bound by CPU and the modules that
+judge time cannot share the machine with a busy neighbour of equal priority:
+
+1. ``timing`` (the modules that judge time: a fault window's late calls against the same
+   run's baseline, a load step's answers against the budget), one after another at normal
+   priority, beside ``quick``: the unit tests, then the static checks (generated code, lint,
+   types, manifests, ``go test``), all under ``SCHED_IDLE``. An idle-class process runs only
+   on a core that nothing else wants and is preempted the moment a normal one wakes, so the
+   timing modules keep the machine's time while its pauses do the quick work. Run beside the
+   integration tests at nice 10 instead, the chaos matrix's SIGTERM row, the crash matrix and
+   the lifecycle's canary saw late calls past their bound (load average 9 to 15).
+2. ``rest`` (every other integration module) over ``TEST_WORKERS`` pytest-xdist workers, two by
+   default, whole modules to a worker, beside ``images`` (the image build, mostly download and
+   copying, at nice 10). In one process the integration and unit modules took 2,137 s of a CI
+   run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``).
 
 ``tests/unit/test_lanes.py`` holds that every integration module is in exactly one lane.
 """
@@ -48,7 +50,16 @@ def integration_modules() -> list[Path]:
     return sorted(INTEGRATION.rglob("test_*.py"))
 
 
+IMAGES: tuple[str, ...] = ("test_images.py",)
+"""Integration modules of the ``images`` lane: builds that mostly wait on downloads and disks."""
+
+
+def images_modules() -> list[Path]:
+    """The ``images`` lane's modules."""
+    return [INTEGRATION / name for name in IMAGES]
+
+
 def rest_modules() -> list[Path]:
     """The integration modules of the ``rest`` lane."""
-    timing = set(timing_modules())
-    return [path for path in integration_modules() if path not in timing]
+    elsewhere = set(timing_modules()) | set(images_modules())
+    return [path for path in integration_modules() if path not in elsewhere]

@@ -1,11 +1,11 @@
-"""``make test``: every check, in lanes side by side (``tests/lanes.py`` says which and why).
+"""``make test``: every check, in lanes in two phases (``tests/lanes.py`` says which and why).
 
 Each lane writes its output to ``build/test-logs/<lane>.log`` and, for pytest, every test's
 durations to ``build/test-results/durations-<lane>.json`` (``tests/durations.py``); the run
 merges them into ``build/test-results/durations.json``. A lane's output is printed whole
 when it ends, so lanes never interleave; the last line counts the tests of every lane.
 
-    python -m tests.run [--workers N] [--lane timing|rest|static ...]
+    python -m tests.run [--workers N] [--lane timing|quick|rest|images ...]
 """
 
 from __future__ import annotations
@@ -30,16 +30,25 @@ LOGS = REPO / "build" / "test-logs"
 RESULTS = REPO / "build" / "test-results"
 COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
 """A whole run's durations, kept in the repository: where a CI run's time goes."""
+IDLE = "idle"
+"""A lane's priority: ``SCHED_IDLE``, run only on a core nothing else wants."""
 BACKGROUND_NICENESS = 10
-"""Niceness of every lane but ``timing``: a nice-10 process gets about a tenth of a core that
-a nice-0 one wants as well."""
+"""Niceness of the ``images`` lane beside ``rest``: a nice-10 process gets about a tenth of a
+core that a nice-0 one wants as well."""
+DEFAULT_WORKERS = 2
+"""pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise."""
 STATIC: tuple[tuple[str, list[str]], ...] = (
     ("check-gen", ["make", "--no-print-directory", "check-gen"]),
     ("lint", ["make", "--no-print-directory", "lint"]),
     ("k8s-check", ["make", "--no-print-directory", "k8s-check"]),
     ("go-test", ["go", "test", "./..."]),
 )
-"""The checks that are not pytest, run one after another in the ``static`` lane."""
+"""The checks that are not pytest, run one after another in the ``quick`` lane after the unit
+tests."""
+
+
+LANES = ("timing", "quick", "rest", "images")
+"""Every lane, in the order the plan lists them."""
 
 
 @dataclass
@@ -48,7 +57,8 @@ class Lane:
 
     name: str
     commands: list[list[str]]
-    niceness: int
+    priority: int | str
+    """A niceness, or ``IDLE`` for ``SCHED_IDLE``."""
     durations: Path | None = None
     after: tuple[str, ...] = ()
     """Lanes that must have ended before this one starts."""
@@ -76,7 +86,7 @@ class Lane:
         self._out.write(f"$ {' '.join(argv)}\n".encode())
         self._out.flush()
         self._process = subprocess.Popen(
-            ["nice", "-n", str(self.niceness), *argv],
+            [*self.prefix, *argv],
             cwd=REPO,
             env=self._env,
             stdout=self._out,
@@ -106,6 +116,13 @@ class Lane:
         """Ends what runs now (an interrupted run)."""
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
+
+    @property
+    def prefix(self) -> list[str]:
+        """What each command runs under: ``chrt --idle 0`` or ``nice -n N``."""
+        if self.priority == IDLE:
+            return ["chrt", "--idle", "0"]
+        return ["nice", "-n", str(self.priority)]
 
     @property
     def ok(self) -> bool:
@@ -142,18 +159,24 @@ def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str]
 
 
 def plan(workers: int, wanted: set[str]) -> list[Lane]:
-    """The lanes of a run."""
+    """The lanes of a run: ``timing`` beside ``quick``, then ``rest`` beside ``images``."""
     lanes_: list[Lane] = []
     if "timing" in wanted:
         argv, durations = _pytest("timing", lanes.timing_modules(), [])
-        lanes_.append(Lane("timing", [argv], 0, durations, after=("rest", "static")))
+        lanes_.append(Lane("timing", [argv], 0, durations))
+    if "quick" in wanted:
+        argv, durations = _pytest("quick", [lanes.TESTS / "unit"], [])
+        static = [argv for _, argv in STATIC]
+        lanes_.append(Lane("quick", [argv, *static], IDLE, durations))
+    later = tuple(n for n in ("timing",) if n in wanted)
     if "rest" in wanted:
-        targets = _order_by_last_run([lanes.TESTS / "unit", *lanes.rest_modules()])
+        targets = _order_by_last_run(lanes.rest_modules())
         xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
         argv, durations = _pytest("rest", targets, xdist)
-        lanes_.append(Lane("rest", [argv], BACKGROUND_NICENESS, durations))
-    if "static" in wanted:
-        lanes_.append(Lane("static", [argv for _, argv in STATIC], BACKGROUND_NICENESS))
+        lanes_.append(Lane("rest", [argv], 0, durations, after=later))
+    if "images" in wanted:
+        argv, durations = _pytest("images", lanes.images_modules(), [])
+        lanes_.append(Lane("images", [argv], BACKGROUND_NICENESS, durations, after=later))
     return lanes_
 
 
@@ -208,18 +231,19 @@ def _report(lane: Lane) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the lanes; exit status 0 only when every command of every lane passed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS", 1)))
-    parser.add_argument("--lane", action="append", choices=("timing", "rest", "static"))
+    workers = int(os.environ.get("TEST_WORKERS", DEFAULT_WORKERS))
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--lane", action="append", choices=LANES)
     args = parser.parse_args(argv)
     LOGS.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     shared = Path(tempfile.mkdtemp(prefix="fraudmesh-tests-"))
     env = {**os.environ, "FRAUD_TEST_SHARED_DIR": str(shared)}
-    todo = plan(args.workers, set(args.lane or ("timing", "rest", "static")))
+    todo = plan(args.workers, set(args.lane or LANES))
     names = {lane.name for lane in todo}
     began = time.monotonic()
     try:
-        waiting, running, ended = list(todo), [], set()
+        waiting, running, ended = list(todo), list[Lane](), set[str]()
         while waiting or running:
             for lane in [w for w in waiting if not (set(w.after) & names) - ended]:
                 waiting.remove(lane)

@@ -1,4 +1,5 @@
-"""make test's lanes: every module runs in exactly one, the time-judging ones alone."""
+"""make test's lanes: every module runs in exactly one, the time-judging ones beside nothing
+but idle-class work."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ pytest_plugins = ("pytester",)
 
 
 def test_every_integration_module_is_in_exactly_one_lane() -> None:
-    timing, rest = lanes.timing_modules(), lanes.rest_modules()
-    assert all(path.exists() for path in timing), "a timing module that does not exist"
-    assert not set(timing) & set(rest)
-    assert sorted(timing + rest) == lanes.integration_modules()
+    timing, rest, images = lanes.timing_modules(), lanes.rest_modules(), lanes.images_modules()
+    assert all(path.exists() for path in timing + images), "a module that does not exist"
+    assert not set(timing) & set(rest) and not set(images) & set(rest + timing)
+    assert sorted(timing + rest + images) == lanes.integration_modules()
     assert len(set(timing)) == len(timing)
 
 
@@ -34,24 +35,33 @@ def test_every_module_that_counts_late_calls_is_in_the_timing_lane() -> None:
             assert path in timing, f"{path.name} judges time but runs in the rest lane"
 
 
-def test_a_run_plans_three_lanes_and_the_timing_one_runs_alone_after_the_others() -> None:
-    planned = {lane.name: lane for lane in run.plan(3, {"timing", "rest", "static"})}
-    assert set(planned) == {"timing", "rest", "static"}
-    assert planned["timing"].niceness == 0
-    assert set(planned["timing"].after) == {"rest", "static"}
-    assert not planned["rest"].after and not planned["static"].after
-    assert planned["rest"].niceness > 0 and planned["static"].niceness > 0
+def test_a_run_plans_timing_beside_idle_quick_work_then_the_rest() -> None:
+    planned = {lane.name: lane for lane in run.plan(3, set(run.LANES))}
+    assert set(planned) == {"timing", "quick", "rest", "images"}
+    # Beside the timing lane only idle-class work: it runs on no core a timing module wants.
+    assert planned["timing"].priority == 0 and not planned["timing"].after
+    assert planned["quick"].priority == run.IDLE and not planned["quick"].after
+    assert planned["quick"].prefix == ["chrt", "--idle", "0"]
+    assert planned["rest"].after == ("timing",) and planned["images"].after == ("timing",)
+    assert planned["images"].prefix == ["nice", "-n", str(run.BACKGROUND_NICENESS)]
     rest_argv = planned["rest"].commands[0]
     assert rest_argv[rest_argv.index("-n") + 1] == "3"
-    assert "tests/unit" in rest_argv
+    assert "tests/unit" not in rest_argv
     timing_argv = planned["timing"].commands[0]
     assert "-n" not in timing_argv
     assert [arg for arg in timing_argv if arg.startswith("tests/")] == [
         str(p.relative_to(run.REPO)) for p in lanes.timing_modules()
     ]
-    static = [" ".join(argv) for argv in planned["static"].commands]
-    assert any("check-gen" in c for c in static) and any("lint" in c for c in static)
-    assert any("k8s-check" in c for c in static) and any("go test" in c for c in static)
+    quick = [" ".join(argv) for argv in planned["quick"].commands]
+    assert "tests/unit" in quick[0]
+    assert any("check-gen" in c for c in quick) and any("lint" in c for c in quick)
+    assert any("k8s-check" in c for c in quick) and any("go test" in c for c in quick)
+    assert "tests/integration/test_images.py" in planned["images"].commands[0]
+
+
+def test_one_worker_runs_the_rest_in_one_process() -> None:
+    [rest] = run.plan(1, {"rest"})
+    assert "-n" not in rest.commands[0] and not rest.after
 
 
 def test_the_durations_file_records_each_test_and_the_run(
@@ -110,9 +120,9 @@ def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
         run,
         "plan",
         lambda workers, wanted: [
-            lane("timing", ("rest", "static"), 0.0),
-            lane("rest", (), 1.5),
-            lane("static", (), 0.2),
+            lane("timing", (), 1.5),
+            lane("quick", (), 0.2),
+            lane("rest", ("timing",), 0.0),
         ],
     )
     monkeypatch.setattr(
@@ -123,5 +133,5 @@ def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
         line.split()[0].removesuffix("-start"): float(line.split()[1])
         for line in stamps.read_text().splitlines()
     }
-    assert started["timing"] >= started["rest"] + 1.5
-    assert abs(started["rest"] - started["static"]) < 1.0
+    assert started["rest"] >= started["timing"] + 1.5
+    assert abs(started["timing"] - started["quick"]) < 1.0
