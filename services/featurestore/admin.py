@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from feast import FeatureStore, RepoConfig
-from feast.errors import FeatureViewNotFoundException
+from feast import FeatureService, FeatureStore, RepoConfig
+from feast.errors import FeatureServiceNotFoundException, FeatureViewNotFoundException
 
 from services.common.errors import FailedPrecondition
 from services.featurestore import layout, offline
@@ -128,6 +128,14 @@ def feature_store(
             settings.model_copy(update={"redis_connection": connection}), skip_dedup
         )
     return FeatureStore(config=config)
+
+
+def feature_service(fs: FeatureStore, name: str) -> FeatureService | None:
+    """The registered feature service ``name``; None when it is not registered."""
+    try:
+        return fs.get_feature_service(name)
+    except FeatureServiceNotFoundException:
+        return None
 
 
 def apply(settings: FeatureStoreSettings) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pyarrow.parquet as pq
-from feast.errors import FeatureServiceNotFoundException
 
 from services.domain import featurespec
 from services.featurestore import admin, layout
@@ -27,13 +26,12 @@ def training_frame(settings: FeatureStoreSettings) -> pd.DataFrame:
     # Time order, so that periods are contiguous and scores come out in time order.
     tx = tx.sort_values("timestamp", kind="stable").reset_index(drop=True)
     fs = admin.feature_store(settings)
-    try:
-        service = fs.get_feature_service(definitions.FEATURE_SERVICE)
-    except FeatureServiceNotFoundException as error:
+    service = admin.feature_service(fs, definitions.FEATURE_SERVICE)
+    if service is None:
         raise TrainingDataError(
             f"feature service {definitions.FEATURE_SERVICE!r} is not registered: "
             "run `fraudmesh features apply`"
-        ) from error
+        )
     entity_df = pd.DataFrame(
         {
             "card_id": tx["card_id"],
