@@ -161,10 +161,10 @@ test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tes
 	bash scripts/test-brokers.sh
 
 # Every check runs in one of four lanes, in two phases (tests/lanes.py says which and why): the
-# modules that judge time one after another beside the unit tests and static checks (check-gen,
-# lint, k8s-check, go test) at idle priority; then the other integration modules over
-# TEST_WORKERS pytest-xdist workers (two by default) beside the image build.
-# Durations of every test: build/test-results/durations.json.
+# modules that judge time one after another, alone; then every other module over TEST_WORKERS
+# pytest-xdist workers (two by default) beside the static checks (check-gen, lint, k8s-check,
+# go test) and the image build at nice 10. Durations of every test:
+# build/test-results/durations.json.
 .PHONY: test
 test: system install tools test-brokers ## Set up and run every test
 	$(PY) -m tests.run

@@ -1,20 +1,20 @@
 """Which lane of ``make test`` each test module runs in, and why.
 
 A run has two phases, because on two cores the suite is bound by CPU and the modules that
-judge time cannot share the machine with a busy neighbour of equal priority:
+judge time cannot share the machine:
 
-1. ``timing`` (the modules that judge time: a fault window's late calls against the same
-   run's baseline, a load step's answers against the budget), one after another at normal
-   priority, beside ``quick``: the unit tests, then the static checks (generated code, lint,
-   types, manifests, ``go test``), all under ``SCHED_IDLE``. An idle-class process runs only
-   on a core that nothing else wants and is preempted the moment a normal one wakes, so the
-   timing modules keep the machine's time while its pauses do the quick work. Run beside the
-   integration tests at nice 10 instead, the chaos matrix's SIGTERM row, the crash matrix and
-   the lifecycle's canary saw late calls past their bound (load average 9 to 15).
-2. ``rest`` (every other integration module) over ``TEST_WORKERS`` pytest-xdist workers, two by
-   default, whole modules to a worker, beside ``images`` (the image build, mostly download and
-   copying, at nice 10). In one process the integration and unit modules took 2,137 s of a CI
-   run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``).
+1. ``timing`` alone: the modules that judge time (a fault window's late calls against the same
+   run's baseline, a load step's answers against the budget), one after another. Nothing runs
+   beside them, not even at idle priority. Beside the integration tests at nice 10, the chaos
+   matrix's SIGTERM row, the crash matrix and the lifecycle's canary saw late calls past their
+   bound (load average 9 to 15); beside ``SCHED_IDLE`` work (a mesh test and two trainings),
+   five chaos rows, the crash matrix and a lifecycle test failed as well. A neighbour that
+   comes and goes between a baseline and its fault window makes them incomparable.
+2. ``rest``, every other module, unit and integration, over ``TEST_WORKERS`` pytest-xdist
+   workers (two by default, whole modules to a worker), beside ``static`` (generated code,
+   lint, types, manifests, ``go test``) and ``images`` (the image build, mostly download and
+   copying), both at nice 10. In one process the rest took 2,137 s of a CI run; over two
+   workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``).
 
 ``tests/unit/test_lanes.py`` holds that every integration module is in exactly one lane.
 """

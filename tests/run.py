@@ -5,7 +5,7 @@ durations to ``build/test-results/durations-<lane>.json`` (``tests/durations.py`
 merges them into ``build/test-results/durations.json``. A lane's output is printed whole
 when it ends, so lanes never interleave; the last line counts the tests of every lane.
 
-    python -m tests.run [--workers N] [--lane timing|quick|rest|images ...]
+    python -m tests.run [--workers N] [--lane timing|rest|static|images ...]
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ LOGS = REPO / "build" / "test-logs"
 RESULTS = REPO / "build" / "test-results"
 COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
 """A whole run's durations, kept in the repository: where a CI run's time goes."""
-IDLE = "idle"
-"""A lane's priority: ``SCHED_IDLE``, run only on a core nothing else wants."""
 BACKGROUND_NICENESS = 10
-"""Niceness of the ``images`` lane beside ``rest``: a nice-10 process gets about a tenth of a
-core that a nice-0 one wants as well."""
+"""Niceness of the ``static`` and ``images`` lanes beside ``rest``: a nice-10 process gets
+about a tenth of a core that a nice-0 one wants as well."""
 DEFAULT_WORKERS = 2
 """pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise."""
 STATIC: tuple[tuple[str, list[str]], ...] = (
@@ -43,11 +41,10 @@ STATIC: tuple[tuple[str, list[str]], ...] = (
     ("k8s-check", ["make", "--no-print-directory", "k8s-check"]),
     ("go-test", ["go", "test", "./..."]),
 )
-"""The checks that are not pytest, run one after another in the ``quick`` lane after the unit
-tests."""
+"""The checks that are not pytest, run one after another in the ``static`` lane."""
 
 
-LANES = ("timing", "quick", "rest", "images")
+LANES = ("timing", "rest", "static", "images")
 """Every lane, in the order the plan lists them."""
 
 
@@ -57,8 +54,7 @@ class Lane:
 
     name: str
     commands: list[list[str]]
-    priority: int | str
-    """A niceness, or ``IDLE`` for ``SCHED_IDLE``."""
+    niceness: int
     durations: Path | None = None
     after: tuple[str, ...] = ()
     """Lanes that must have ended before this one starts."""
@@ -86,7 +82,7 @@ class Lane:
         self._out.write(f"$ {' '.join(argv)}\n".encode())
         self._out.flush()
         self._process = subprocess.Popen(
-            [*self.prefix, *argv],
+            ["nice", "-n", str(self.niceness), *argv],
             cwd=REPO,
             env=self._env,
             stdout=self._out,
@@ -116,13 +112,6 @@ class Lane:
         """Ends what runs now (an interrupted run)."""
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
-
-    @property
-    def prefix(self) -> list[str]:
-        """What each command runs under: ``chrt --idle 0`` or ``nice -n N``."""
-        if self.priority == IDLE:
-            return ["chrt", "--idle", "0"]
-        return ["nice", "-n", str(self.priority)]
 
     @property
     def ok(self) -> bool:
@@ -159,21 +148,20 @@ def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str]
 
 
 def plan(workers: int, wanted: set[str]) -> list[Lane]:
-    """The lanes of a run: ``timing`` beside ``quick``, then ``rest`` beside ``images``."""
+    """The lanes of a run: ``timing`` alone, then ``rest`` beside ``static`` and ``images``."""
     lanes_: list[Lane] = []
     if "timing" in wanted:
         argv, durations = _pytest("timing", lanes.timing_modules(), [])
         lanes_.append(Lane("timing", [argv], 0, durations))
-    if "quick" in wanted:
-        argv, durations = _pytest("quick", [lanes.TESTS / "unit"], [])
-        static = [argv for _, argv in STATIC]
-        lanes_.append(Lane("quick", [argv, *static], IDLE, durations))
     later = tuple(n for n in ("timing",) if n in wanted)
     if "rest" in wanted:
-        targets = _order_by_last_run(lanes.rest_modules())
+        targets = _order_by_last_run([lanes.TESTS / "unit", *lanes.rest_modules()])
         xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
         argv, durations = _pytest("rest", targets, xdist)
         lanes_.append(Lane("rest", [argv], 0, durations, after=later))
+    if "static" in wanted:
+        static = [argv for _, argv in STATIC]
+        lanes_.append(Lane("static", static, BACKGROUND_NICENESS, after=later))
     if "images" in wanted:
         argv, durations = _pytest("images", lanes.images_modules(), [])
         lanes_.append(Lane("images", [argv], BACKGROUND_NICENESS, durations, after=later))

@@ -1,5 +1,4 @@
-"""make test's lanes: every module runs in exactly one, the time-judging ones beside nothing
-but idle-class work."""
+"""make test's lanes: every module runs in exactly one, the time-judging ones alone."""
 
 from __future__ import annotations
 
@@ -35,27 +34,25 @@ def test_every_module_that_counts_late_calls_is_in_the_timing_lane() -> None:
             assert path in timing, f"{path.name} judges time but runs in the rest lane"
 
 
-def test_a_run_plans_timing_beside_idle_quick_work_then_the_rest() -> None:
+def test_a_run_plans_the_timing_lane_alone_then_the_others_side_by_side() -> None:
     planned = {lane.name: lane for lane in run.plan(3, set(run.LANES))}
-    assert set(planned) == {"timing", "quick", "rest", "images"}
-    # Beside the timing lane only idle-class work: it runs on no core a timing module wants.
-    assert planned["timing"].priority == 0 and not planned["timing"].after
-    assert planned["quick"].priority == run.IDLE and not planned["quick"].after
-    assert planned["quick"].prefix == ["chrt", "--idle", "0"]
-    assert planned["rest"].after == ("timing",) and planned["images"].after == ("timing",)
-    assert planned["images"].prefix == ["nice", "-n", str(run.BACKGROUND_NICENESS)]
+    assert set(planned) == {"timing", "rest", "static", "images"}
+    assert planned["timing"].niceness == 0 and not planned["timing"].after
+    for name in ("rest", "static", "images"):
+        assert planned[name].after == ("timing",), name
+    assert planned["rest"].niceness == 0
+    assert planned["static"].niceness > 0 and planned["images"].niceness > 0
     rest_argv = planned["rest"].commands[0]
     assert rest_argv[rest_argv.index("-n") + 1] == "3"
-    assert "tests/unit" not in rest_argv
+    assert "tests/unit" in rest_argv and "tests/integration/test_images.py" not in rest_argv
     timing_argv = planned["timing"].commands[0]
     assert "-n" not in timing_argv
     assert [arg for arg in timing_argv if arg.startswith("tests/")] == [
         str(p.relative_to(run.REPO)) for p in lanes.timing_modules()
     ]
-    quick = [" ".join(argv) for argv in planned["quick"].commands]
-    assert "tests/unit" in quick[0]
-    assert any("check-gen" in c for c in quick) and any("lint" in c for c in quick)
-    assert any("k8s-check" in c for c in quick) and any("go test" in c for c in quick)
+    static = [" ".join(argv) for argv in planned["static"].commands]
+    assert any("check-gen" in c for c in static) and any("lint" in c for c in static)
+    assert any("k8s-check" in c for c in static) and any("go test" in c for c in static)
     assert "tests/integration/test_images.py" in planned["images"].commands[0]
 
 
@@ -121,8 +118,8 @@ def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
         "plan",
         lambda workers, wanted: [
             lane("timing", (), 1.5),
-            lane("quick", (), 0.2),
-            lane("rest", ("timing",), 0.0),
+            lane("rest", ("timing",), 0.2),
+            lane("static", ("timing",), 0.0),
         ],
     )
     monkeypatch.setattr(
@@ -134,4 +131,4 @@ def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
         for line in stamps.read_text().splitlines()
     }
     assert started["rest"] >= started["timing"] + 1.5
-    assert abs(started["timing"] - started["quick"]) < 1.0
+    assert abs(started["rest"] - started["static"]) < 1.0
