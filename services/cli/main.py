@@ -30,6 +30,7 @@ from services.cli import exits
 from services.cli import features as features_cli
 from services.cli import model as model_cli
 from services.cli import monitor as monitor_cli
+from services.cli import rules as rules_cli
 from services.cli import train as train_cli
 from services.cli import up as up_cli
 
@@ -54,6 +55,11 @@ app.add_typer(
     monitor_cli.app,
     name="monitor",
     help="Drift, decision rates and live quality of each model version.",
+)
+app.add_typer(
+    rules_cli.app,
+    name="rules",
+    help="Check, publish, promote and roll back the fraud team's policy (docs/controls.md).",
 )
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command

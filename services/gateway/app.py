@@ -28,6 +28,7 @@ from services.eventlog import EventLogSettings, open_producer
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
+from services.gateway.controls import PolicyControl, PolicyFollower
 from services.gateway.dependencies import (
     GrpcFeatureClient,
     GrpcModelProvider,
@@ -45,6 +46,7 @@ from services.gateway.streams import StreamFeatureClient, StreamPool, stream_poo
 from services.gateway.validate import Transaction
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
+from services.models.policies import POLICY_DIR, PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class GatewayApp:
         metadata = self._live_metadata(lifecycle)
         # The rules see every feature the gateway computes, whichever version answers.
         rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, featurespec.MODEL_FEATURES)
+        policy = self._policy()
         features, provider = await self._dependencies()
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
@@ -130,6 +133,7 @@ class GatewayApp:
             shadow_queue=self._shadow,
             small=live_small,
             cascade=s.cascade,
+            controls=(policy.control,),
         )
         self.rollout = Rollout(
             lifecycle,
@@ -148,7 +152,19 @@ class GatewayApp:
         self._shadow.start()
         self.pipeline = pipeline
         self._tasks.append(asyncio.create_task(self.rollout.follow()))
+        self._tasks.append(asyncio.create_task(policy.follow()))
         self._log_ready(pipeline)
+
+    def _policy(self) -> PolicyFollower:
+        """The fraud team's live policy, read now and followed once serving."""
+        s = self.settings
+        follower = PolicyFollower(
+            PolicyStore(s.policy_dir or s.var_dir / POLICY_DIR),
+            PolicyControl(),
+            s.lifecycle_poll_ms / 1000,
+        )
+        follower.load()
+        return follower
 
     def _log_ready(self, pipeline: Pipeline) -> None:
         """Says what answers now."""

@@ -9,7 +9,8 @@ version that answers brings its own feature order, defaults and thresholds. A ca
 the features once, builds one ``Call`` (request, budget, route, features, answers so far)
 and hands it down the ladder; each rung answers or passes on:
 
-    controls     the fraud team's lists and rules that decide outright (none yet)
+    controls     the fraud team's rules that decide outright (``controls.py``; none
+                 until a policy is live)
     first stage  the small model's clear approval (cascade on), without the model call
     model        the routed version (a canary first, with its own breaker and a shorter
                  slice; when it cannot answer the call goes on with live from the first
@@ -154,6 +155,8 @@ class ScoreResult:
     feature_positions: tuple[int, ...] | None = None
     """Where each of ``features`` sits in ``featurespec.SERVABLE_FEATURES``; None for the
     ``MODEL_FEATURES`` order (``featurespec.missing_inputs``)."""
+    shadow_rules: tuple[str, ...] = ()
+    """``name=action`` of the fraud team's shadow rules that fired on this call."""
 
     @property
     def shadow_version(self) -> str:
@@ -197,6 +200,8 @@ class Call:
     """Why the model did not answer, for the fallback's reason."""
     canary_failed: str = ""
     canary_timed_out: bool = False
+    shadow_rules: tuple[str, ...] = ()
+    """``name=action`` of the fraud team's shadow rules that fired (recorded, never acted on)."""
 
     def go_live(self) -> None:
         """The canary could not answer: the call goes on with the live version."""
@@ -534,6 +539,7 @@ class Pipeline:
             route.order,
             call.store,
             route.positions,
+            call.shadow_rules,
         )
         shadow = call.table.shadow
         if shadow is not None and self.shadow_queue is not None and scored_by in _SHADOWED:
