@@ -145,6 +145,13 @@ def test_too_many_rules_are_refused() -> None:
     assert raised.value.field == "rules"
 
 
+def test_too_many_values_in_one_list_are_refused() -> None:
+    values = ", ".join(f"m{i}" for i in range(P.MAX_VALUES + 1))
+    with pytest.raises(P.PolicyError) as raised:
+        P.parse(f"rules: [{{name: a, action: decline, when: {{merchant: [{values}]}}}}]")
+    assert (raised.value.rule, raised.value.field) == ("a", "when.merchant")
+
+
 def test_a_valid_policy_parses_with_defaults() -> None:
     spec = P.parse(CNP)
     (rule,) = spec.rules
