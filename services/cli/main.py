@@ -28,6 +28,7 @@ from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
 from services.cli import exits
 from services.cli import features as features_cli
+from services.cli import lists as lists_cli
 from services.cli import model as model_cli
 from services.cli import monitor as monitor_cli
 from services.cli import rules as rules_cli
@@ -55,6 +56,11 @@ app.add_typer(
     monitor_cli.app,
     name="monitor",
     help="Drift, decision rates and live quality of each model version.",
+)
+app.add_typer(
+    lists_cli.app,
+    name="lists",
+    help="Block and allow lists of cards, card prefixes, merchants, terminals (docs/controls.md).",
 )
 app.add_typer(
     rules_cli.app,

@@ -1,4 +1,10 @@
-"""The fraud team's policy as a control of the ladder's first rung, followed at run time.
+"""The fraud team's lists and policy as controls of the ladder's first rung, followed at run
+time.
+
+``ListControl`` declines a payment whose card, card prefix, merchant or terminal is on the
+block list, and approves one on the allow list, from an in-memory index; ``ListFollower``
+polls the lists' generation in the online store and reads the entries again only when it
+moved. Both followers keep what they hold when a read fails.
 
 ``PolicyControl`` holds the compiled live policy (or none) and decides a call by its first
 live rule that fires; it also notes, on every call, the shadow rules that fire, for the
@@ -11,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 from services.common.errors import FailedPrecondition
 from services.domain import featurespec, money
+from services.domain.lists import ListIndex, ListName
 from services.domain.policy import ACTION_SCORE, Action, Payment, Policy, PolicyError
+from services.featurestore.lists import ListStore
 from services.gateway.decision import Decision
 from services.gateway.pipeline import Call, Outright
 from services.models.lifecycle import FileKey
@@ -118,3 +127,69 @@ class PolicyFollower:
             log.info("policy changed", extra={"policy": policy.version if policy else None})
         # Only once applied: a file that could not be read is read again at the next poll.
         self._key = key
+
+
+_LIST_DECISION = {ListName.BLOCK: Decision.DECLINE, ListName.ALLOW: Decision.APPROVE}
+_LIST_SCORE = {ListName.BLOCK: 1.0, ListName.ALLOW: 0.0}
+
+
+class ListControl:
+    """Decides a call whose card, card prefix, merchant or terminal is on a list."""
+
+    def __init__(
+        self, index: ListIndex | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.index = index
+        """Every entry; None (or empty) answers nothing."""
+        self._clock = clock
+
+    def decide(self, call: Call) -> Outright | None:
+        """A live block entry declines, else a live allow entry approves, else None."""
+        index = self.index
+        if index is None:
+            return None
+        tx = call.tx
+        entry = index.match(tx.card_id, tx.merchant_id, tx.terminal_id, self._clock())
+        if entry is None:
+            return None
+        return Outright(
+            _LIST_DECISION[entry.list],
+            _LIST_SCORE[entry.list],
+            f"{entry.list.value} list: {entry.kind.value} {entry.value}: {entry.reason}",
+            f"lists-{index.generation}",
+        )
+
+
+class ListFollower:
+    """Keeps a ``ListControl`` in step with the lists in the online store."""
+
+    def __init__(self, store: ListStore, control: ListControl, poll_s: float) -> None:
+        self.store = store
+        self.control = control
+        self._poll_s = poll_s
+
+    def load(self) -> None:
+        """Reads every entry now."""
+        generation, entries = self.store.entries()
+        self.control.index = ListIndex(entries, generation)
+
+    async def follow(self) -> None:
+        """Polls the lists' generation until cancelled."""
+        while True:
+            await asyncio.sleep(self._poll_s)
+            try:
+                await self.check()
+            except Exception:
+                # The entries read before keep answering; the next poll tries again.
+                log.exception("cannot follow the lists")
+
+    async def check(self) -> None:
+        """One poll: reads the entries again when their generation moved."""
+        loop = asyncio.get_running_loop()
+        generation = await loop.run_in_executor(None, self.store.generation)
+        current = self.control.index
+        if current is not None and current.generation == generation:
+            return
+        generation, entries = await loop.run_in_executor(None, self.store.entries)
+        self.control.index = ListIndex(entries, generation)
+        log.info("lists changed", extra={"generation": generation, "entries": len(entries)})
