@@ -15,7 +15,7 @@ import enum
 import math
 import operator
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -119,13 +119,25 @@ class RuleSpec(_Strict):
     when: When = When()
 
 
+_Probability = Annotated[float, Field(ge=0.0, le=1.0, strict=True)]
+
+
+class MerchantThresholds(_Strict):
+    """Review and decline thresholds of the model's score for some merchants."""
+
+    merchants: list[_TEXT] = Field(min_length=1, max_length=MAX_VALUES)
+    review: _Probability
+    decline: _Probability
+
+
 class PolicySpec(_Strict):
     """A policy document as written."""
 
     format: Literal[1] = 1
     """The format version (``FORMAT``); a later format gets a new number."""
     description: Annotated[str, Field(max_length=500)] = ""
-    rules: list[RuleSpec] = Field(max_length=MAX_RULES)
+    rules: list[RuleSpec] = Field(default_factory=list, max_length=MAX_RULES)
+    thresholds: list[MerchantThresholds] = Field(default_factory=list, max_length=MAX_RULES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +187,8 @@ class Policy:
     version: str
     live: tuple[CompiledRule, ...]
     shadow: tuple[CompiledRule, ...]
+    merchant_thresholds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Merchant → (review, decline) of the model's score, where the policy sets them."""
 
     @property
     def uses_features(self) -> bool:
@@ -256,8 +270,23 @@ def parse(text: str) -> PolicySpec:
     return spec
 
 
+def _check_thresholds(spec: PolicySpec) -> None:
+    """Review at most decline, and each merchant in one entry only."""
+    seen: set[str] = set()
+    for i, entry in enumerate(spec.thresholds):
+        if entry.review > entry.decline:
+            raise PolicyError("", f"thresholds.{i}.review", "must not be above decline")
+        for merchant in entry.merchants:
+            if merchant in seen:
+                raise PolicyError(
+                    "", f"thresholds.{i}.merchants", f"{merchant[:64]!r} has thresholds already"
+                )
+            seen.add(merchant)
+
+
 def _check_meaning(spec: PolicySpec) -> None:
     """What the models cannot say alone: unique names, known features, usable bounds."""
+    _check_thresholds(spec)
     known = set(featurespec.SERVABLE_FEATURES)
     seen: set[str] = set()
     for rule in spec.rules:
@@ -352,6 +381,7 @@ def compile_policy(spec: PolicySpec, version: str) -> Policy:
         version,
         tuple(r for r in compiled if r.mode is Mode.LIVE),
         tuple(r for r in compiled if r.mode is Mode.SHADOW),
+        {m: (t.review, t.decline) for t in spec.thresholds for m in t.merchants},
     )
 
 

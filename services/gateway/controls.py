@@ -26,7 +26,7 @@ from services.domain.lists import ListIndex, ListName
 from services.domain.policy import ACTION_SCORE, Action, Payment, Policy, PolicyError
 from services.featurestore.lists import ListStore
 from services.gateway.decision import Decision
-from services.gateway.pipeline import Call, Outright
+from services.gateway.pipeline import Call, Outright, ThresholdOverride
 from services.models.lifecycle import FileKey
 from services.models.policies import PolicyStore
 
@@ -60,6 +60,9 @@ class PolicyControl:
         if policy is None:
             return None
         tx = call.tx
+        own = policy.merchant_thresholds.get(tx.merchant_id) if policy.merchant_thresholds else None
+        if own is not None:
+            call.thresholds = ThresholdOverride(own[0], own[1], policy_version(policy))
         payment = Payment(
             tx.card_id,
             tx.merchant_id,

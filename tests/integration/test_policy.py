@@ -24,8 +24,12 @@ import pytest
 from fraud.v1 import events_pb2
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from loadtest.brokers import RedisServer
 from services.common.settings import to_env
+from services.domain.lists import ListEntry, ListKind, ListName
 from services.eventlog import EventLogSettings, open_consumer
+from services.featurestore.lists import open_lists
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig
 from services.models.policies import PolicyStore
 
@@ -133,10 +137,13 @@ def _answer(target: str, req: pb.ScoreRequest) -> pb.ScoreResponse:
 
 
 def _until_all(
-    mesh: Mesh, req: Callable[[], pb.ScoreRequest], wanted: Callable[[pb.ScoreResponse], bool]
+    mesh: Mesh,
+    req: Callable[[], pb.ScoreRequest],
+    wanted: Callable[[pb.ScoreResponse], bool],
+    timeout_s: float = FOLLOW_S,
 ) -> dict[str, pb.ScoreResponse]:
     """Each target's first wanted answer; fails naming the targets that gave none in time."""
-    deadline = time.monotonic() + FOLLOW_S
+    deadline = time.monotonic() + timeout_s
     found: dict[str, pb.ScoreResponse] = {}
     last: dict[str, object] = {}
     while len(found) < len(_targets(mesh)):
@@ -153,7 +160,7 @@ def _until_all(
             last[name] = answer
         if time.monotonic() > deadline:
             missing = {n: last.get(n) for n in _targets(mesh) if n not in found}
-            pytest.fail(f"no wanted answer in {FOLLOW_S} s from {missing}")
+            pytest.fail(f"no wanted answer in {timeout_s} s from {missing}")
         time.sleep(0.1)
     return found
 
@@ -264,3 +271,63 @@ def _wait_for_events(mesh: Mesh, ids: set[str]) -> list[events_pb2.DecisionEvent
                     found[event.transaction_id] = event
     assert set(found) == ids
     return list(found.values())
+
+
+def _lists(var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "lists", *args, "--var-dir", str(var_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
+    policy_mesh: Mesh, known: Known
+) -> None:
+    var_dir = policy_mesh.config.var_dir
+    reason = f"block list: card {known.card_id}: confirmed fraud"
+
+    def pay() -> pb.ScoreRequest:
+        return score_request(known)
+
+    _until_all(policy_mesh, pay, _by_model)
+    added = _lists(var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud")
+    assert added.returncode == 0, added.stderr
+    again = _lists(var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud")
+    assert again.returncode == 0 and "unchanged" in again.stdout
+    declined = _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
+    assert all(a.decision == pb.DECISION_DECLINE for a in declined.values())
+    assert all(a.model_version.startswith("lists-") for a in declined.values())
+    removed = _lists(var_dir, "remove", "card", known.card_id)
+    assert removed.returncode == 0, removed.stderr
+    _until_all(policy_mesh, pay, _by_model)
+    # An entry that expires: declined while it lasts, the model's answer once it has gone.
+    expiring = _lists(
+        var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud", "--expires-in-s", "15"
+    )
+    assert expiring.returncode == 0, expiring.stderr
+    _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
+    _until_all(policy_mesh, pay, _by_model, timeout_s=30.0)
+
+
+def test_the_lists_in_a_redis_online_store(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        settings = FeatureStoreSettings(
+            var_dir=tmp_path, store="redis", redis_connection=f"{server.host}:{server.port}"
+        )
+        store = open_lists(settings)
+        assert store is not None and store.entries() == (0, [])
+        entry = ListEntry(ListKind.CARD_PREFIX, "411111", ListName.BLOCK, "bin", None, 1.0, "a")
+        assert store.add(entry) and not store.add(entry)
+        assert store.entries() == (1, [entry])
+        assert store.remove(ListName.BLOCK, ListKind.CARD_PREFIX, "411111")
+        assert not store.remove(ListName.BLOCK, ListKind.CARD_PREFIX, "411111")
+        generation, entries = store.entries()
+        assert generation == store.generation() >= 2 and entries == []
+        store.close()
+    finally:
+        server.stop()

@@ -20,6 +20,9 @@ from services.gateway.pipeline import Decision, Pipeline, ScoredBy, ScoreResult
 from services.gateway.validate import Transaction
 from services.models.policies import PolicyStore
 
+from .test_cascade import Model as CascadeModel
+from .test_cascade import Small, _tx
+from .test_cascade import _pipeline as cascade_pipeline
 from .test_pipeline import NOW, POLICY, TX, Features, Model, _pipeline, _store
 
 CNP = """
@@ -143,3 +146,69 @@ async def test_an_unreadable_change_keeps_the_live_policy(tmp_path: Path) -> Non
     assert control.policy is not None and control.policy.version == "1"
     with pytest.raises(FailedPrecondition):
         PolicyFollower(store, PolicyControl(), poll_s=0.01).load()
+
+
+THRESHOLDS = """
+thresholds:
+  - merchants: [m]
+    review: 0.1
+    decline: 0.4
+"""
+
+
+@pytest.mark.parametrize(
+    ("score", "own", "default"),
+    [
+        (0.05, Decision.APPROVE, Decision.APPROVE),
+        (0.2, Decision.REVIEW, Decision.APPROVE),
+        (0.5, Decision.DECLINE, Decision.REVIEW),
+        (0.9, Decision.DECLINE, Decision.DECLINE),
+    ],
+)
+async def test_a_merchants_thresholds_change_that_merchants_decisions_only(
+    score: float, own: Decision, default: Decision
+) -> None:
+    control = PolicyControl(P.load(THRESHOLDS, "5"))
+    mine = await _with(control, Model(score)).score(TX, Budget(POLICY, None))
+    other = replace(TX, merchant_id="another")
+    theirs = await _with(control, Model(score)).score(other, Budget(POLICY, None))
+    assert (mine.decision, theirs.decision) == (own, default)
+    assert mine.scored_by is ScoredBy.MODEL and mine.model_version == "3"
+    assert "the merchant's own thresholds (policy-5)" in mine.reasons
+    assert not any("own thresholds" in r for r in theirs.reasons)
+
+
+def test_threshold_errors_name_the_field() -> None:
+    cases = {
+        "thresholds: [{merchants: [m], review: 0.7, decline: 0.6}]": "thresholds.0.review",
+        "thresholds: [{merchants: [m], review: 0.1, decline: 1.5}]": "thresholds.0.decline",
+        "thresholds: [{merchants: [m], review: '0.1', decline: 0.5}]": "thresholds.0.review",
+        "thresholds: [{merchants: [], review: 0.1, decline: 0.5}]": "thresholds.0.merchants",
+        "thresholds: [{merchants: [m], review: 0.1, decline: 0.5, colour: 1}]": "thresholds.0.colour",
+        (
+            "thresholds: [{merchants: [m], review: 0.1, decline: 0.6},"
+            " {merchants: [n, m], review: 0.1, decline: 0.2}]"
+        ): "thresholds.1.merchants",
+    }
+    for text, field in cases.items():
+        with pytest.raises(P.PolicyError) as raised:
+            P.parse(text)
+        assert raised.value.field == field, text
+
+
+async def test_a_merchant_held_below_clear_approve_skips_the_first_stage() -> None:
+
+    # The live version's small model clear-approves below 0.05.
+    strict = PolicyControl(
+        P.load("thresholds: [{merchants: [m], review: 0.02, decline: 0.5}]", "6")
+    )
+    loose = PolicyControl(P.load("thresholds: [{merchants: [m], review: 0.2, decline: 0.5}]", "7"))
+    for control, scored_by in ((strict, ScoredBy.MODEL), (loose, ScoredBy.FIRST_STAGE)):
+        model = CascadeModel(0.03)
+        pipeline = cascade_pipeline(model, Small(0.01))
+        pipeline.controls = (control,)
+        result = await pipeline.score(_tx(), Budget(POLICY, None))
+        assert result.scored_by is scored_by
+        if control is strict:
+            # The model's 0.03 is over the strict merchant's review threshold.
+            assert result.decision is Decision.REVIEW and model.calls == 1
