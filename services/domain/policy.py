@@ -174,10 +174,67 @@ class CompiledRule:
     mode: Mode
     checks: tuple[Check, ...]
     uses_features: bool
+    rank: int = 0
+    """Place in the order rules are asked (priority, then the order written)."""
+    merchants: frozenset[str] | None = None
+    """The rule's scope; None: every merchant."""
 
     def fires(self, payment: Payment, features: Mapping[str, float]) -> bool:
-        """True when every condition holds for ``payment`` and ``features``."""
-        return all(check(payment, features) for check in self.checks)
+        """True when every condition holds for ``payment`` and ``features`` (the scope is
+        the index's to apply)."""
+        # A plain loop: all() over a generator costs a frame per call on the request path.
+        for check in self.checks:  # noqa: SIM110
+            if not check(payment, features):
+                return False
+        return True
+
+
+def _first(
+    rules: tuple[CompiledRule, ...], payment: Payment, features: Mapping[str, float]
+) -> CompiledRule | None:
+    for rule in rules:
+        if rule.fires(payment, features):
+            return rule
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleIndex:
+    """Rules of one mode by scope: a call asks its merchant's rules and the rules of every
+    merchant, never another merchant's."""
+
+    everywhere: tuple[CompiledRule, ...]
+    by_merchant: Mapping[str, tuple[CompiledRule, ...]]
+
+    @classmethod
+    def of(cls, rules: tuple[CompiledRule, ...]) -> RuleIndex:
+        """The index of ``rules`` (already in rank order)."""
+        by_merchant: dict[str, list[CompiledRule]] = {}
+        for rule in rules:
+            for merchant in rule.merchants or ():
+                by_merchant.setdefault(merchant, []).append(rule)
+        return cls(
+            tuple(r for r in rules if r.merchants is None),
+            {m: tuple(found) for m, found in by_merchant.items()},
+        )
+
+    def first(self, payment: Payment, features: Mapping[str, float]) -> CompiledRule | None:
+        """The first rule in rank order that fires."""
+        mine = self.by_merchant.get(payment.merchant_id)
+        anywhere = _first(self.everywhere, payment, features)
+        scoped = _first(mine, payment, features) if mine else None
+        if scoped is None or (anywhere is not None and anywhere.rank < scoped.rank):
+            return anywhere
+        return scoped
+
+    def fired(self, payment: Payment, features: Mapping[str, float]) -> list[CompiledRule]:
+        """Every rule that fires, in rank order."""
+        found = [r for r in self.everywhere if r.fires(payment, features)]
+        mine = self.by_merchant.get(payment.merchant_id)
+        if mine:
+            found += [r for r in mine if r.fires(payment, features)]
+            found.sort(key=lambda r: r.rank)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,24 +246,26 @@ class Policy:
     shadow: tuple[CompiledRule, ...]
     merchant_thresholds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Merchant → (review, decline) of the model's score, where the policy sets them."""
+    uses_features: bool = field(init=False)
+    """Whether any rule reads a feature (the caller builds them by name only then)."""
+    _live: RuleIndex = field(init=False)
+    _shadow: RuleIndex = field(init=False)
 
-    @property
-    def uses_features(self) -> bool:
-        """Whether any rule reads a feature (the caller builds them by name only then)."""
-        return any(r.uses_features for r in self.live + self.shadow)
+    def __post_init__(self) -> None:
+        # Frozen: the derived fields are set once, here.
+        object.__setattr__(
+            self, "uses_features", any(r.uses_features for r in self.live + self.shadow)
+        )
+        object.__setattr__(self, "_live", RuleIndex.of(self.live))
+        object.__setattr__(self, "_shadow", RuleIndex.of(self.shadow))
 
     def decide(self, payment: Payment, features: Mapping[str, float]) -> CompiledRule | None:
         """The first live rule that fires, by priority (highest first, then file order)."""
-        for rule in self.live:
-            if rule.fires(payment, features):
-                return rule
-        return None
+        return self._live.first(payment, features)
 
     def shadowed(self, payment: Payment, features: Mapping[str, float]) -> tuple[str, ...]:
         """``name=action`` of every shadow rule that fires, in priority order."""
-        return tuple(
-            f"{r.name}={r.action.value}" for r in self.shadow if r.fires(payment, features)
-        )
+        return tuple(f"{r.name}={r.action.value}" for r in self._shadow.fired(payment, features))
 
 
 def _load_yaml(text: str) -> Any:
@@ -333,12 +392,9 @@ def _feature_value(name: str) -> Callable[[Payment, Mapping[str, float]], float]
 
 
 def _checks(rule: RuleSpec) -> list[Check]:
-    """The rule's scope and conditions as predicates, cheapest first."""
+    """The rule's conditions as predicates, cheapest first (its scope is indexed)."""
     w = rule.when
     checks: list[Check] = []
-    if rule.scope is not None:
-        scope = frozenset(rule.scope.merchants)
-        checks.append(lambda p, _f: p.merchant_id in scope)
     if w.channel is not None:
         cnp = w.channel == "card_not_present"
         checks.append(lambda p, _f: p.card_not_present is cnp)
@@ -374,8 +430,10 @@ def compile_policy(spec: PolicySpec, version: str) -> Policy:
             rule.mode,
             tuple(_checks(rule)),
             bool(rule.when.features),
+            rank,
+            frozenset(rule.scope.merchants) if rule.scope is not None else None,
         )
-        for _, rule in ordered
+        for rank, (_, rule) in enumerate(ordered)
     ]
     return Policy(
         version,

@@ -212,6 +212,29 @@ rules:
     assert [r.name for r in policy.live] == ["first-high", "second-high", "low"]
 
 
+def test_scoped_and_global_rules_keep_one_order() -> None:
+    text = """
+rules:
+  - {name: global-low, action: review, priority: 1}
+  - {name: mine-high, action: decline, priority: 5, scope: {merchants: [merch-00001]}}
+  - {name: mine-low, action: approve, priority: 0, scope: {merchants: [merch-00001]}}
+  - {name: theirs, action: decline, priority: 9, scope: {merchants: [merch-00002]}}
+  - {name: shadow-mine, action: decline, mode: shadow, priority: 3, scope: {merchants: [merch-00001]}}
+  - {name: shadow-all, action: review, mode: shadow, priority: 4}
+"""
+    policy = P.load(text, "1")
+    mine = policy.decide(_pay(), {})
+    assert mine is not None and mine.name == "mine-high"
+    other = policy.decide(_pay(merchant_id="merch-00003"), {})
+    assert other is not None and other.name == "global-low"
+    theirs = policy.decide(_pay(merchant_id="merch-00002"), {})
+    assert theirs is not None and theirs.name == "theirs"
+    low = P.load(text.replace("priority: 5", "priority: -1"), "2").decide(_pay(), {})
+    assert low is not None and low.name == "global-low"
+    assert policy.shadowed(_pay(), {}) == ("shadow-all=review", "shadow-mine=decline")
+    assert policy.shadowed(_pay(merchant_id="x"), {}) == ("shadow-all=review",)
+
+
 def test_shadow_rules_never_decide_and_say_what_they_would_do() -> None:
     text = """
 rules:
