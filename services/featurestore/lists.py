@@ -191,10 +191,10 @@ class RedisListStore:
 
     def remove(self, name: ListName, kind: ListKind, value: str) -> bool:
         """Removes an entry; False when there was none."""
-        with self._client.pipeline() as pipe:
-            pipe.hdel(REDIS_ENTRIES, f"{name.value}|{kind.value}|{value}")
-            pipe.incr(REDIS_GENERATION)
-            gone, _ = pipe.execute()
+        gone = self._client.hdel(REDIS_ENTRIES, f"{name.value}|{kind.value}|{value}")
+        if gone:
+            # After the removal: a reader that saw the old generation reads again.
+            self._client.incr(REDIS_GENERATION)
         return bool(gone)
 
     def entries(self) -> tuple[int, list[ListEntry]]:
