@@ -174,27 +174,26 @@ class GatewayApp:
 
     async def _lists(self) -> tuple[ListControl, ...]:
         """The fraud team's lists from the online store, read now and followed once serving
-        (none without the store's settings)."""
+        (none without the store's settings or its SQLite file)."""
         if self.store is None:
             return ()
         store_settings = self.store
         loop = asyncio.get_running_loop()
-        try:
-            store = await loop.run_in_executor(
-                None, lambda: open_lists(store_settings, reader=True)
+        store = await loop.run_in_executor(
+            None, lambda: open_lists(store_settings, timeout_s=1.0, reader=True)
+        )
+        if store is None:
+            log.info(
+                "no online store file: no lists", extra={"path": str(store_settings.online_file)}
             )
-            if store is None:
-                log.info(
-                    "no online store file: no lists",
-                    extra={"path": str(store_settings.online_file)},
-                )
-                return ()
-            follower = ListFollower(store, ListControl(), self.settings.lifecycle_poll_ms / 1000)
+            return ()
+        follower = ListFollower(store, ListControl(), self.settings.lifecycle_poll_ms / 1000)
+        try:
             await loop.run_in_executor(None, follower.load)
-        except (OSError, sqlite3.Error, redis.RedisError) as error:
-            raise FailedPrecondition(
-                f"cannot read the lists in the online store: {error}"
-            ) from error
+        except (OSError, sqlite3.Error, redis.RedisError):
+            # The model still answers while the store is down, as it did before lists
+            # existed; the follower reads the lists as soon as the store answers.
+            log.exception("cannot read the lists in the online store: serving without them")
         self._closers.append(store.close)
         self._followers.append(follower.follow)
         return (follower.control,)

@@ -170,6 +170,7 @@ class ListFollower:
         self.store = store
         self.control = control
         self._poll_s = poll_s
+        self._failing = False
 
     def load(self) -> None:
         """Reads every entry now."""
@@ -183,8 +184,13 @@ class ListFollower:
             try:
                 await self.check()
             except Exception:
-                # The entries read before keep answering; the next poll tries again.
-                log.exception("cannot follow the lists")
+                # The entries read before keep answering; the next poll tries again, and a
+                # store that stays down is logged once, not every poll.
+                if not self._failing:
+                    log.exception("cannot follow the lists")
+                self._failing = True
+            else:
+                self._failing = False
 
     async def check(self) -> None:
         """One poll: reads the entries again when their generation moved."""

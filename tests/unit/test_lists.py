@@ -182,3 +182,45 @@ def test_the_lists_command(tmp_path: Path) -> None:
     assert lists("remove", "card", "card-7").exit_code == 0
     missing = lists("remove", "card", "card-7")
     assert missing.exit_code == 1 and "not on the block list" in missing.output
+
+
+class _Flaky:
+    """A list store that fails until told to answer (a Redis that is down, then up)."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.entries_read = 0
+
+    def generation(self) -> int:
+        if self.down:
+            raise OSError("connection refused")
+        return 1
+
+    def entries(self) -> tuple[int, list[ListEntry]]:
+        self.entries_read += 1
+        return self.generation(), [_entry(ListKind.CARD, "card-1")]
+
+    def add(self, entry: ListEntry) -> bool:
+        raise NotImplementedError
+
+    def remove(self, name: ListName, kind: ListKind, value: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_store_down_at_start_is_read_once_it_answers() -> None:
+    store = _Flaky()
+    control = ListControl(clock=lambda: NOW)
+    follower = ListFollower(store, control, poll_s=0.01)
+    with pytest.raises(OSError):
+        follower.load()
+    assert control.index is None
+    with pytest.raises(OSError):
+        await follower.check()
+    store.down = False
+    await follower.check()
+    assert control.index is not None and control.index.size == 1
+    await follower.check()
+    assert store.entries_read == 2  # the failed read at start, then one once it answered
