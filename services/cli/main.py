@@ -28,8 +28,10 @@ from services.cli import data as data_cli
 from services.cli import decisions as decisions_cli
 from services.cli import exits
 from services.cli import features as features_cli
+from services.cli import lists as lists_cli
 from services.cli import model as model_cli
 from services.cli import monitor as monitor_cli
+from services.cli import rules as rules_cli
 from services.cli import train as train_cli
 from services.cli import up as up_cli
 
@@ -54,6 +56,16 @@ app.add_typer(
     monitor_cli.app,
     name="monitor",
     help="Drift, decision rates and live quality of each model version.",
+)
+app.add_typer(
+    lists_cli.app,
+    name="lists",
+    help="Block and allow lists of cards, card prefixes, merchants, terminals (docs/controls.md).",
+)
+app.add_typer(
+    rules_cli.app,
+    name="rules",
+    help="Check, publish, promote and roll back the fraud team's policy (docs/controls.md).",
 )
 app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
     train_cli.train_command

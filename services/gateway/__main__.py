@@ -10,8 +10,9 @@ from services.gateway.settings import GatewaySettings
 def main() -> None:
     """Builds the settings from the environment and serves until SIGTERM."""
     settings = GatewaySettings()
-    # In-process mode opens the feature store itself, with the store's own settings.
-    store = FeatureStoreSettings() if settings.in_process else None
+    # The online store's settings: the fraud team's lists live there, and in-process mode
+    # reads the features from it too.
+    store = FeatureStoreSettings()
     events = EventLogSettings() if settings.emit_events else None
     serve(settings, GatewayApp(settings, store, events=events))
 

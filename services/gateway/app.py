@@ -12,11 +12,13 @@ import contextlib
 import logging
 import os
 import socket
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
+import redis
 
 from fraud.v1 import outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
@@ -25,9 +27,11 @@ from services.common.errors import FailedPrecondition
 from services.domain import featurespec
 from services.domain.rules import DEFAULT_RULES, RulesEngine
 from services.eventlog import EventLogSettings, open_producer
+from services.featurestore.lists import open_lists
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.budget import Budget
+from services.gateway.controls import ListControl, ListFollower, PolicyControl, PolicyFollower
 from services.gateway.dependencies import (
     GrpcFeatureClient,
     GrpcModelProvider,
@@ -45,6 +49,7 @@ from services.gateway.streams import StreamFeatureClient, StreamPool, stream_poo
 from services.gateway.validate import Transaction
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
+from services.models.policies import POLICY_DIR, PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,7 @@ class GatewayApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._shadow: ShadowQueue | None = None
         self._pools: list[StreamPool[Any, Any]] = []
+        self._followers: list[Callable[[], Coroutine[Any, Any, None]]] = []
 
     def register(self, server: grpc.aio.Server) -> list[str]:
         """Adds the public scoring and outcome servicers."""
@@ -106,6 +112,8 @@ class GatewayApp:
         metadata = self._live_metadata(lifecycle)
         # The rules see every feature the gateway computes, whichever version answers.
         rules = RulesEngine.load(s.rules_path or DEFAULT_RULES, featurespec.MODEL_FEATURES)
+        policy = self._policy()
+        lists = await self._lists()
         features, provider = await self._dependencies()
         # The scorer loads the live version by itself before it reports SERVING; asking it
         # here would only hold up a gateway started while the scorer is down.
@@ -130,6 +138,7 @@ class GatewayApp:
             shadow_queue=self._shadow,
             small=live_small,
             cascade=s.cascade,
+            controls=(*lists, policy.control),
         )
         self.rollout = Rollout(
             lifecycle,
@@ -148,7 +157,46 @@ class GatewayApp:
         self._shadow.start()
         self.pipeline = pipeline
         self._tasks.append(asyncio.create_task(self.rollout.follow()))
+        self._tasks.append(asyncio.create_task(policy.follow()))
+        self._tasks += [asyncio.create_task(follow()) for follow in self._followers]
         self._log_ready(pipeline)
+
+    def _policy(self) -> PolicyFollower:
+        """The fraud team's live policy, read now and followed once serving."""
+        s = self.settings
+        follower = PolicyFollower(
+            PolicyStore(s.policy_dir or s.var_dir / POLICY_DIR),
+            PolicyControl(),
+            s.lifecycle_poll_ms / 1000,
+        )
+        follower.load()
+        return follower
+
+    async def _lists(self) -> tuple[ListControl, ...]:
+        """The fraud team's lists from the online store, read now and followed once serving
+        (none without the store's settings or its SQLite file)."""
+        if self.store is None:
+            return ()
+        store_settings = self.store
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(
+            None, lambda: open_lists(store_settings, timeout_s=1.0, reader=True)
+        )
+        if store is None:
+            log.info(
+                "no online store file: no lists", extra={"path": str(store_settings.online_file)}
+            )
+            return ()
+        follower = ListFollower(store, ListControl(), self.settings.lifecycle_poll_ms / 1000)
+        try:
+            await loop.run_in_executor(None, follower.load)
+        except (OSError, sqlite3.Error, redis.RedisError):
+            # The model still answers while the store is down, as it did before lists
+            # existed; the follower reads the lists as soon as the store answers.
+            log.exception("cannot read the lists in the online store: serving without them")
+        self._closers.append(store.close)
+        self._followers.append(follower.follow)
+        return (follower.control,)
 
     def _log_ready(self, pipeline: Pipeline) -> None:
         """Says what answers now."""

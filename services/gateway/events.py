@@ -73,6 +73,7 @@ def _model_slot(event: events_pb2.DecisionEvent, result: ScoreResult) -> None:
     event.route = _ROUTE[result.arm]
     event.canary_failed_version = result.canary_failed
     event.canary_timed_out = result.canary_timed_out
+    event.shadow_rules.extend(result.shadow_rules)
     shadow = result.shadow.result() if result.shadow is not None else None
     if shadow is not None:
         event.shadow_score = shadow.score

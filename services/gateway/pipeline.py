@@ -9,7 +9,8 @@ version that answers brings its own feature order, defaults and thresholds. A ca
 the features once, builds one ``Call`` (request, budget, route, features, answers so far)
 and hands it down the ladder; each rung answers or passes on:
 
-    controls     the fraud team's lists and rules that decide outright (none yet)
+    controls     the fraud team's lists and rules that decide outright (``controls.py``;
+                 none while the lists are empty and no policy is live)
     first stage  the small model's clear approval (cascade on), without the model call
     model        the routed version (a canary first, with its own breaker and a shorter
                  slice; when it cannot answer the call goes on with live from the first
@@ -65,6 +66,7 @@ __all__ = [
     "ScoreResult",
     "ScoredBy",
     "Source",
+    "ThresholdOverride",
     "guarded",
 ]
 
@@ -154,6 +156,8 @@ class ScoreResult:
     feature_positions: tuple[int, ...] | None = None
     """Where each of ``features`` sits in ``featurespec.SERVABLE_FEATURES``; None for the
     ``MODEL_FEATURES`` order (``featurespec.missing_inputs``)."""
+    shadow_rules: tuple[str, ...] = ()
+    """``name=action`` of the fraud team's shadow rules that fired on this call."""
 
     @property
     def shadow_version(self) -> str:
@@ -166,6 +170,16 @@ class ScoreResult:
 
 
 _NO_BUDGET = "too little budget left for the model"
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdOverride:
+    """A merchant's own review and decline thresholds for model answers, from a control."""
+
+    review: float
+    decline: float
+    source: str
+    """Where they come from (the policy version), for the answer's reason."""
 
 
 @dataclass(slots=True, eq=False)
@@ -197,6 +211,11 @@ class Call:
     """Why the model did not answer, for the fallback's reason."""
     canary_failed: str = ""
     canary_timed_out: bool = False
+    shadow_rules: tuple[str, ...] = ()
+    """``name=action`` of the fraud team's shadow rules that fired (recorded, never acted on)."""
+    thresholds: ThresholdOverride | None = None
+    """The merchant's own thresholds for a model's answer, set by a control; None: the
+    answering version's."""
 
     def go_live(self) -> None:
         """The canary could not answer: the call goes on with the live version."""
@@ -367,6 +386,10 @@ class Pipeline:
         # full path would hold. The model decides instead (docs/cascade.md).
         if not self.cascade or route.small is None or call.source is Source.DEFAULT:
             return None
+        # A merchant held to a lower review threshold than the clear approval's is not
+        # approved on the small model's word.
+        if call.thresholds is not None and call.thresholds.review < route.clear_approve:
+            return None
         score = self._small_score(call)
         if score is None or score >= route.clear_approve:
             return None
@@ -469,12 +492,14 @@ class Pipeline:
 
     def _model_answer(self, call: Call, score: float, elapsed_s: float) -> ScoreResult:
         """The answering version's decision on its model's ``score``, timed ``elapsed_s``."""
-        t = call.route.thresholds
-        decision = decide(score, t.review, t.decline)
+        t, own = call.route.thresholds, call.thresholds
+        review, decline = (own.review, own.decline) if own is not None else (t.review, t.decline)
+        decision = decide(score, review, decline)
         self._watch(call, True, elapsed_s, decision is Decision.DECLINE)
         verdict, named = call.rules(self.rules)
         reasons = [
-            _model_reason(score, decision, t.review, t.decline),
+            _model_reason(score, decision, review, decline),
+            *([f"the merchant's own thresholds ({own.source})"] if own is not None else []),
             *verdict.reasons(named),
             *call.notes,
         ]
@@ -534,6 +559,7 @@ class Pipeline:
             route.order,
             call.store,
             route.positions,
+            call.shadow_rules,
         )
         shadow = call.table.shadow
         if shadow is not None and self.shadow_queue is not None and scored_by in _SHADOWED:

@@ -225,6 +225,11 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         description="How often the lifecycle file (routing.json) is checked; a routing "
         "change takes effect within this plus the load of a version not yet loaded.",
     )
+    policy_dir: Path | None = Field(
+        None,
+        description="Folder of the fraud team's policy versions (``fraudmesh rules``), "
+        "checked as often as the lifecycle file; unset: <var_dir>/policy.",
+    )
     model_load_timeout_s: float = Field(
         30.0, gt=0, description="Longest the scorer may take to load a newly routed version."
     )

@@ -139,8 +139,12 @@ type DecisionEvent struct {
 	CanaryFailedVersion string `protobuf:"bytes,25,opt,name=canary_failed_version,json=canaryFailedVersion,proto3" json:"canary_failed_version,omitempty"`
 	// True when that canary ran out of time rather than failed.
 	CanaryTimedOut bool `protobuf:"varint,26,opt,name=canary_timed_out,json=canaryTimedOut,proto3" json:"canary_timed_out,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The fraud team's rules in shadow that fired on this transaction, each as
+	// "name=action" (decline, review or approve): what they would have done, without
+	// acting. Empty when none fired or no policy is live.
+	ShadowRules   []string `protobuf:"bytes,27,rep,name=shadow_rules,json=shadowRules,proto3" json:"shadow_rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DecisionEvent) Reset() {
@@ -355,6 +359,13 @@ func (x *DecisionEvent) GetCanaryTimedOut() bool {
 	return false
 }
 
+func (x *DecisionEvent) GetShadowRules() []string {
+	if x != nil {
+		return x.ShadowRules
+	}
+	return nil
+}
+
 // OutcomeEvent is one accepted ReportOutcome call.
 type OutcomeEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -547,7 +558,7 @@ var File_fraud_v1_events_proto protoreflect.FileDescriptor
 
 const file_fraud_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"\x15fraud/v1/events.proto\x12\bfraud.v1\x1a\x17fraud/v1/outcomes.proto\x1a\x16fraud/v1/scoring.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\b\n" +
+	"\x15fraud/v1/events.proto\x12\bfraud.v1\x1a\x17fraud/v1/outcomes.proto\x1a\x16fraud/v1/scoring.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc5\b\n" +
 	"\rDecisionEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12%\n" +
 	"\x0etransaction_id\x18\x02 \x01(\tR\rtransactionId\x12\x17\n" +
@@ -579,7 +590,8 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"decided_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12)\n" +
 	"\x10missing_features\x18\x18 \x03(\rR\x0fmissingFeatures\x122\n" +
 	"\x15canary_failed_version\x18\x19 \x01(\tR\x13canaryFailedVersion\x12(\n" +
-	"\x10canary_timed_out\x18\x1a \x01(\bR\x0ecanaryTimedOutB\x0f\n" +
+	"\x10canary_timed_out\x18\x1a \x01(\bR\x0ecanaryTimedOut\x12!\n" +
+	"\fshadow_rules\x18\x1b \x03(\tR\vshadowRulesB\x0f\n" +
 	"\r_shadow_score\"\xc9\x02\n" +
 	"\fOutcomeEvent\x12\x19\n" +
 	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12%\n" +

@@ -22,7 +22,7 @@ ROUTE_LIVE: Route
 ROUTE_CANARY: Route
 
 class DecisionEvent(_message.Message):
-    __slots__ = ("event_id", "transaction_id", "card_id", "merchant_id", "amount_minor", "currency", "timestamp", "terminal_id", "card_not_present", "features", "feature_names", "feature_schema", "feature_source", "score", "decision", "scored_by", "model_version", "route", "shadow_score", "shadow_model_version", "reasons", "elapsed_ms", "decided_at", "missing_features", "canary_failed_version", "canary_timed_out")
+    __slots__ = ("event_id", "transaction_id", "card_id", "merchant_id", "amount_minor", "currency", "timestamp", "terminal_id", "card_not_present", "features", "feature_names", "feature_schema", "feature_source", "score", "decision", "scored_by", "model_version", "route", "shadow_score", "shadow_model_version", "reasons", "elapsed_ms", "decided_at", "missing_features", "canary_failed_version", "canary_timed_out", "shadow_rules")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     CARD_ID_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class DecisionEvent(_message.Message):
     MISSING_FEATURES_FIELD_NUMBER: _ClassVar[int]
     CANARY_FAILED_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANARY_TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_RULES_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     transaction_id: str
     card_id: str
@@ -75,7 +76,8 @@ class DecisionEvent(_message.Message):
     missing_features: _containers.RepeatedScalarFieldContainer[int]
     canary_failed_version: str
     canary_timed_out: bool
-    def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., card_id: _Optional[str] = ..., merchant_id: _Optional[str] = ..., amount_minor: _Optional[int] = ..., currency: _Optional[str] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., terminal_id: _Optional[str] = ..., card_not_present: _Optional[bool] = ..., features: _Optional[_Iterable[float]] = ..., feature_names: _Optional[_Iterable[str]] = ..., feature_schema: _Optional[str] = ..., feature_source: _Optional[_Union[_scoring_pb2.FeatureSource, str]] = ..., score: _Optional[float] = ..., decision: _Optional[_Union[_scoring_pb2.Decision, str]] = ..., scored_by: _Optional[_Union[_scoring_pb2.ScoredBy, str]] = ..., model_version: _Optional[str] = ..., route: _Optional[_Union[Route, str]] = ..., shadow_score: _Optional[float] = ..., shadow_model_version: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., elapsed_ms: _Optional[float] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missing_features: _Optional[_Iterable[int]] = ..., canary_failed_version: _Optional[str] = ..., canary_timed_out: _Optional[bool] = ...) -> None: ...
+    shadow_rules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., card_id: _Optional[str] = ..., merchant_id: _Optional[str] = ..., amount_minor: _Optional[int] = ..., currency: _Optional[str] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., terminal_id: _Optional[str] = ..., card_not_present: _Optional[bool] = ..., features: _Optional[_Iterable[float]] = ..., feature_names: _Optional[_Iterable[str]] = ..., feature_schema: _Optional[str] = ..., feature_source: _Optional[_Union[_scoring_pb2.FeatureSource, str]] = ..., score: _Optional[float] = ..., decision: _Optional[_Union[_scoring_pb2.Decision, str]] = ..., scored_by: _Optional[_Union[_scoring_pb2.ScoredBy, str]] = ..., model_version: _Optional[str] = ..., route: _Optional[_Union[Route, str]] = ..., shadow_score: _Optional[float] = ..., shadow_model_version: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., elapsed_ms: _Optional[float] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missing_features: _Optional[_Iterable[int]] = ..., canary_failed_version: _Optional[str] = ..., canary_timed_out: _Optional[bool] = ..., shadow_rules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OutcomeEvent(_message.Message):
     __slots__ = ("event_id", "transaction_id", "outcome", "reported_at", "source", "received_at", "reported_by")

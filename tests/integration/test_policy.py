@@ -1,0 +1,367 @@
+"""The fraud team's policy and lists end to end: Envoy, two gateway replicas and real services.
+
+A malformed policy is refused by ``fraudmesh rules publish`` in one line naming the rule
+and the field, and nothing changes. A rule "decline card-not-present payments over 5,000
+EUR at merchant M" is published, promoted, and every replica then declines such a payment
+with the rule named, while other payments still go to the model; a rule in shadow leaves
+the answers alone and is recorded in the decision event; a rollback restores the model's
+answers. A merchant's own thresholds change that merchant's answers only. A card on the
+block list is declined on every replica until removed or expired. Every change goes through
+the ``fraudmesh rules`` and ``fraudmesh lists`` commands, as an operator makes it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pandas as pd
+import pytest
+
+from fraud.v1 import events_pb2
+from fraud.v1 import scoring_pb2 as pb
+from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from loadtest.brokers import RedisServer
+from services.common.settings import to_env
+from services.domain.lists import ListEntry, ListKind, ListName
+from services.eventlog import EventLogSettings, open_consumer
+from services.featurestore import layout
+from services.featurestore.lists import open_lists
+from services.featurestore.settings import FeatureStoreSettings
+from services.mesh import Mesh, MeshConfig
+from services.models.policies import PolicyStore
+
+from .conftest import Known, first_full_quality, register_logs, score_request
+
+pytestmark = pytest.mark.integration
+
+EVENT_TOPIC = f"policy-{uuid.uuid4().hex[:8]}"
+"""The event log topic of this module's mesh."""
+FOLLOW_S = 10.0
+"""Longest a promote or rollback may take to reach every replica: the gateways poll every
+200 ms; the rest is slack for a loaded machine, never a figure judged."""
+BIG_CNP_MINOR = 600_000
+"""6,000 EUR: over the rule's 5,000 EUR."""
+
+
+def _policy(merchant: str) -> str:
+    return f"""
+rules:
+  - name: cnp-over-5000-at-m
+    action: decline
+    priority: 10
+    reason: card not present over 5,000 EUR at merchant M
+    scope: {{merchants: [{merchant}]}}
+    when:
+      channel: card_not_present
+      amount_eur: {{gt: 5000}}
+  - name: watch-all-cnp
+    action: review
+    mode: shadow
+    when: {{channel: card_not_present}}
+"""
+
+
+PROBE_TERMINAL = "term-policy-probe"
+"""A terminal only the probe rule names: its answers show a replica follows a version."""
+
+
+def _shadow_only(merchant: str) -> str:
+    return f"""
+rules:
+  - name: shadow-cnp-at-m
+    action: decline
+    mode: shadow
+    when: {{channel: card_not_present, merchant: [{merchant}]}}
+  - name: probe
+    action: review
+    when: {{terminal: [{PROBE_TERMINAL}]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("policy") / "policy"
+
+
+@pytest.fixture(scope="module")
+def policy_mesh(
+    prepared_env: Any,
+    known: Known,
+    policy_dir: Path,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Mesh]:
+    config = MeshConfig.on_free_ports(
+        gateway_replicas=2,
+        var_dir=prepared_env.var_dir,
+        log_dir=register_logs(request, tmp_path_factory.mktemp("policy-logs")),
+        extra_env={
+            "FRAUD_GATEWAY_POLICY_DIR": str(policy_dir),
+            **to_env(EventLogSettings, topic=EVENT_TOPIC),
+        },
+    )
+    mesh = Mesh(config)
+    mesh.start(timeout_s=120)
+    try:
+        first_full_quality(config.envoy_target, known)
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def _rules(policy_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fraudmesh rules ARGS --policy-dir DIR`` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "rules", *args, "--policy-dir", str(policy_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _targets(mesh: Mesh) -> dict[str, str]:
+    """Envoy and each gateway replica directly."""
+    host = mesh.config.host
+    replicas = mesh.config.replica_ports("gateway")
+    return {"envoy": mesh.config.envoy_target} | {
+        name: f"{host}:{port}" for name, port in replicas.items()
+    }
+
+
+def _answer(target: str, req: pb.ScoreRequest) -> pb.ScoreResponse:
+    with grpc.insecure_channel(target) as channel:
+        return pb_grpc.FraudScoringStub(channel).Score(req, timeout=1.0)
+
+
+def _until_all(
+    mesh: Mesh,
+    req: Callable[[], pb.ScoreRequest],
+    wanted: Callable[[pb.ScoreResponse], bool],
+    timeout_s: float = FOLLOW_S,
+) -> dict[str, pb.ScoreResponse]:
+    """Each target's first wanted answer; fails naming the targets that gave none in time."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, pb.ScoreResponse] = {}
+    last: dict[str, object] = {}
+    while len(found) < len(_targets(mesh)):
+        for name, target in _targets(mesh).items():
+            if name in found:
+                continue
+            try:
+                answer = _answer(target, req())
+            except grpc.RpcError as error:
+                last[name] = error.code()  # type: ignore[attr-defined]
+                continue
+            if wanted(answer):
+                found[name] = answer
+            last[name] = answer
+        if time.monotonic() > deadline:
+            missing = {n: last.get(n) for n in _targets(mesh) if n not in found}
+            pytest.fail(f"no wanted answer in {timeout_s} s from {missing}")
+        time.sleep(0.1)
+    return found
+
+
+def _by_rule(answer: pb.ScoreResponse) -> bool:
+    return answer.reasons[:1] == [
+        "rule cnp-over-5000-at-m: card not present over 5,000 EUR at merchant M"
+    ]
+
+
+def _by_model(answer: pb.ScoreResponse) -> bool:
+    return answer.scored_by == pb.SCORED_BY_MODEL
+
+
+def test_a_malformed_policy_is_refused_naming_rule_and_field(
+    policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(_policy(known.merchant_id).replace("{gt: 5000}", "{gt: five thousand}"))
+    result = _rules(policy_dir, "publish", str(bad))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "rule 'cnp-over-5000-at-m', field 'when.amount_eur.gt'" in lines[0]
+    assert PolicyStore(policy_dir).published() == []
+    cnp = score_request(known, channel=pb.CHANNEL_CARD_NOT_PRESENT, amount_minor=BIG_CNP_MINOR)
+    assert not _answer(policy_mesh.config.envoy_target, cnp).model_version.startswith("policy-")
+
+
+def test_a_live_rule_acts_on_every_replica_and_a_rollback_restores(
+    policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path
+) -> None:
+    def big_cnp() -> pb.ScoreRequest:
+        return score_request(known, channel=pb.CHANNEL_CARD_NOT_PRESENT, amount_minor=BIG_CNP_MINOR)
+
+    # Before: the model answers that payment on every replica.
+    _until_all(policy_mesh, big_cnp, _by_model)
+    path = tmp_path / "policy.yaml"
+    path.write_text(_policy(known.merchant_id))
+    published = _rules(policy_dir, "publish", str(path))
+    assert published.returncode == 0, published.stderr
+    promoted = _rules(policy_dir, "promote", "1")
+    assert promoted.returncode == 0, promoted.stderr
+    decided = _until_all(policy_mesh, big_cnp, _by_rule)
+    for answer in decided.values():
+        assert answer.decision == pb.DECISION_DECLINE
+        assert answer.scored_by == pb.SCORED_BY_RULES
+        assert answer.model_version == "policy-1"
+    # Outside the rule: a small card-not-present payment, and the big one in a shop.
+    small = score_request(known, channel=pb.CHANNEL_CARD_NOT_PRESENT)
+    present = score_request(known, amount_minor=BIG_CNP_MINOR)
+    for target in _targets(policy_mesh).values():
+        for req in (small, present):
+            answer = _answer(target, req)
+            assert not _by_rule(answer) and answer.model_version != "policy-1"
+    rolled = _rules(policy_dir, "rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    restored = _until_all(policy_mesh, big_cnp, _by_model)
+    assert all(not _by_rule(a) and a.model_version != "policy-1" for a in restored.values())
+
+
+def test_a_shadow_rule_changes_no_answer_and_is_in_the_decision_event(
+    policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "shadow.yaml"
+    path.write_text(_shadow_only(known.merchant_id))
+    published = _rules(policy_dir, "publish", str(path))
+    assert published.returncode == 0, published.stderr
+    version = published.stdout.split("policy v", 1)[1].split()[0]
+    assert _rules(policy_dir, "promote", version).returncode == 0
+    # Every replica follows the version once the probe rule answers there.
+    _until_all(
+        policy_mesh,
+        lambda: score_request(known, terminal_id=PROBE_TERMINAL),
+        lambda a: a.model_version == f"policy-{version}",
+    )
+    marker = f"shadow-{uuid.uuid4().hex[:8]}"
+    sent: list[str] = []
+
+    def cnp() -> pb.ScoreRequest:
+        req = score_request(known, channel=pb.CHANNEL_CARD_NOT_PRESENT)
+        req.transaction_id = f"{marker}-{len(sent)}"
+        sent.append(req.transaction_id)
+        return req
+
+    answers = _until_all(policy_mesh, cnp, _by_model)
+    assert all(a.model_version != f"policy-{version}" for a in answers.values())
+    answered = {a.transaction_id for a in answers.values()}
+    events = _wait_for_events(policy_mesh, answered)
+    for event in events:
+        # What the shadow rule would have done is recorded; the answer is the model's.
+        assert list(event.shadow_rules) == ["shadow-cnp-at-m=decline"]
+        assert event.scored_by == pb.SCORED_BY_MODEL
+    assert _rules(policy_dir, "rollback").returncode == 0
+
+
+def _wait_for_events(mesh: Mesh, ids: set[str]) -> list[events_pb2.DecisionEvent]:
+    """The decision events of ``ids``, read from the mesh's topic as they arrive."""
+    settings = EventLogSettings(var_dir=mesh.config.var_dir, topic=EVENT_TOPIC, groups=())
+    found: dict[str, events_pb2.DecisionEvent] = {}
+    deadline = time.monotonic() + 30
+    with open_consumer(settings, f"audit-{uuid.uuid4().hex[:8]}") as consumer:
+        while set(found) != ids and time.monotonic() < deadline:
+            for record in consumer.poll(5000, 0.5):
+                envelope = record.envelope()
+                event = envelope.decision
+                if envelope.WhichOneof("event") == "decision" and event.transaction_id in ids:
+                    found[event.transaction_id] = event
+    assert set(found) == ids
+    return list(found.values())
+
+
+def _lists(var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "lists", *args, "--var-dir", str(var_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
+    policy_mesh: Mesh, known: Known
+) -> None:
+    var_dir = policy_mesh.config.var_dir
+    reason = f"block list: card {known.card_id}: confirmed fraud"
+
+    def pay() -> pb.ScoreRequest:
+        return score_request(known)
+
+    _until_all(policy_mesh, pay, _by_model)
+    added = _lists(var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud")
+    assert added.returncode == 0, added.stderr
+    again = _lists(var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud")
+    assert again.returncode == 0 and "unchanged" in again.stdout
+    declined = _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
+    assert all(a.decision == pb.DECISION_DECLINE for a in declined.values())
+    assert all(a.model_version.startswith("lists-") for a in declined.values())
+    removed = _lists(var_dir, "remove", "card", known.card_id)
+    assert removed.returncode == 0, removed.stderr
+    _until_all(policy_mesh, pay, _by_model)
+    # An entry that expires: declined while it lasts, the model's answer once it has gone.
+    expiring = _lists(
+        var_dir, "add", "card", known.card_id, "--reason", "confirmed fraud", "--expires-in-s", "15"
+    )
+    assert expiring.returncode == 0, expiring.stderr
+    _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
+    _until_all(policy_mesh, pay, _by_model, timeout_s=30.0)
+
+
+def test_the_lists_in_a_redis_online_store(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        settings = FeatureStoreSettings(
+            var_dir=tmp_path, store="redis", redis_connection=f"{server.host}:{server.port}"
+        )
+        store = open_lists(settings)
+        assert store is not None and store.entries() == (0, [])
+        entry = ListEntry(ListKind.CARD_PREFIX, "411111", ListName.BLOCK, "bin", None, 1.0, "a")
+        assert store.add(entry) and not store.add(entry)
+        assert store.entries() == (1, [entry])
+        assert store.remove(ListName.BLOCK, ListKind.CARD_PREFIX, "411111")
+        assert not store.remove(ListName.BLOCK, ListKind.CARD_PREFIX, "411111")
+        generation, entries = store.entries()
+        assert (generation, store.generation(), entries) == (2, 2, [])
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_a_merchants_thresholds_change_that_merchants_answers_only(
+    policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path, prepared_env: Any
+) -> None:
+    other = _other_merchant(prepared_env.data_dir, known)
+    path = tmp_path / "thresholds.yaml"
+    # Review and decline at 0: every model answer at the known merchant is a decline.
+    path.write_text(f"thresholds: [{{merchants: [{known.merchant_id}], review: 0, decline: 0}}]\n")
+    published = _rules(policy_dir, "publish", str(path))
+    assert published.returncode == 0, published.stderr
+    version = published.stdout.split("policy v", 1)[1].split()[0]
+    assert _rules(policy_dir, "promote", version).returncode == 0
+    own = f"the merchant's own thresholds (policy-{version})"
+    mine = _until_all(policy_mesh, lambda: score_request(known), lambda a: own in a.reasons)
+    for answer in mine.values():
+        assert answer.decision == pb.DECISION_DECLINE
+        assert answer.scored_by == pb.SCORED_BY_MODEL
+    for target in _targets(policy_mesh).values():
+        answer = _answer(target, score_request(known, merchant_id=other))
+        assert own not in answer.reasons
+    assert _rules(policy_dir, "rollback").returncode == 0
+    _until_all(policy_mesh, lambda: score_request(known), lambda a: own not in a.reasons)
+
+
+def _other_merchant(data_dir: Path, known: Known) -> str:
+    """The busiest merchant of the simulated data other than the known one."""
+    data = data_dir / layout.TRANSACTIONS_FILE
+    merchants = pd.read_parquet(data, columns=["merchant_id"])["merchant_id"]
+    return str(next(m for m in merchants.value_counts().index if m != known.merchant_id))
