@@ -20,8 +20,8 @@ import redis
 from services.domain.lists import ListEntry, ListKind, ListName
 from services.featurestore.settings import FeatureStoreSettings
 
-_ENTRIES = "fraudmesh_list_entries"
-_GENERATION = "fraudmesh_list_generation"
+_ENTRIES = "team_list_entries"
+_GENERATION = "team_list_generation"
 REDIS_ENTRIES = "fraudmesh:lists:entries"
 """The Redis hash of entries, field ``list|kind|value``, value the entry as JSON."""
 REDIS_GENERATION = "fraudmesh:lists:generation"
