@@ -28,7 +28,6 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from services.domain import featurespec
 from services.domain import metrics as field_metrics
 from services.models import repository
 from services.pipelines import evaluate
@@ -348,7 +347,7 @@ def _grow(
     small: SmallModelParams,
 ) -> lgb.Booster:
     """One candidate, grown with early stopping on the validation labels' average precision."""
-    names = list(featurespec.MODEL_FEATURES)
+    names = list(params.feature_order)
     lgb_params: dict[str, object] = {
         "objective": "binary",
         "metric": "average_precision",
