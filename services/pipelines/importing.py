@@ -245,7 +245,11 @@ def _check_features(spec: ImportSpec) -> None:
         )
     if tuple(order[: len(known)]) != known:
         missing = [n for n in known if n not in order]
-        detail = f"lacks {missing[0]!r}" if missing else "is not in the feature spec's order"
+        if missing:
+            detail = f"lacks {missing[0]!r}"
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(order, known, strict=False)) if a != b)
+            detail = f"is not in the feature spec's order: {order[i]!r} where {known[i]!r} is"
         raise ImportProblem(
             f"{SPEC_FILE} feature_order {detail} (the default inputs in their order come "
             "first; added servable features follow them)"

@@ -122,7 +122,8 @@ def test_a_version_trained_with_an_added_servable_feature_is_accepted(
         (
             ["merchant_country", *MODEL_FEATURES],
             None,
-            "feature_order is not in the feature spec's order",
+            "feature_order is not in the feature spec's order: 'merchant_country' where "
+            f"{MODEL_FEATURES[0]!r} is",
         ),
         (
             ADDED_ORDER,

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import log_loss
 
+from services.domain import featurespec
 from services.models import repository
 from services.pipelines import train
 from services.pipelines.training.params import TrainParams
@@ -138,11 +139,11 @@ def _wider(data: train._Dataset, order: tuple[str, ...]) -> train._Dataset:
 
 
 def test_training_params_refuse_an_added_feature_nobody_serves() -> None:
-    from services.domain.featurespec import FeatureChoiceError
-
-    with pytest.raises(FeatureChoiceError, match="'shoe_size' is not a servable feature"):
+    with pytest.raises(
+        featurespec.FeatureChoiceError, match="'shoe_size' is not a servable feature"
+    ):
         TrainParams(added_features=("shoe_size",))
-    assert TrainParams().feature_order == train.featurespec.MODEL_FEATURES
+    assert TrainParams().feature_order == featurespec.MODEL_FEATURES
     assert TrainParams().record()["added_features"] == ""
 
 
@@ -155,7 +156,7 @@ def test_a_version_trained_with_an_added_feature_takes_it_last_at_every_step(
 
     params = replace(FAST, added_features=ADDED)
     order = params.feature_order
-    assert order == (*train.featurespec.MODEL_FEATURES, *ADDED)
+    assert order == (*featurespec.MODEL_FEATURES, *ADDED)
     data = _wider(_dataset(), order)
     model = train._fit(data, params, lambda *_: None)
     assert tuple(model.booster.feature_name()) == order
