@@ -3,8 +3,8 @@ reference and gates on the store's latest periods, and publish it as a candidate
 
 The folder holds ``model.onnx`` and ``metadata.json`` (``ImportSpec``): the feature order (the
 feature spec's default inputs in their order, then any servable features added to them, as
-``fraudmesh train --feature`` writes it), the ONNX input and output names, the decision thresholds and
-the default value of each feature; optionally a small model, ``small.onnx`` on the same
+``fraudmesh train --feature`` writes it), the ONNX input and output names, the decision
+thresholds and the default value of each feature; optionally a small model, ``small.onnx`` on the same
 inputs and outputs, described by the spec's ``small_model``. Everything is checked before
 anything is published: the files exist, the features are the spec's, the thresholds lie in
 (0, 1) with review at or below decline, each model loads, takes float32 [batch, features] and

@@ -7,6 +7,9 @@ model for the gateway's cascade and fallback (``training.small``), ONNX export a
 (``training.export``), the promotion gates, publishing. How periods, selection and thresholds
 are chosen is in
 ``docs/training.md``.
+
+Every step takes the version's inputs in its order, ``TrainParams.feature_order``: the default
+inputs, then any servable features added to them (``fraudmesh train --feature``).
 """
 
 from __future__ import annotations
