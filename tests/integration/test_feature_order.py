@@ -12,8 +12,11 @@ model, small model and reference take the default inputs then the added one, and
 through shadow, canary and promotion and is rolled back, while every call is answered. That
 the gateway sends each value in the version's own order, by name, is held by
 ``tests/unit/test_routing.py`` (and training's rows equal serving's, by name, by
-``tests/unit/test_featurespec.py``); here the shadow gate's agreement with live and the
-canary's comparisons judge the candidate as served.
+``tests/unit/test_featurespec.py``); here the decision log shows it end to end: each of the
+candidate's model answers is its ONNX model's score of the logged input, in which the
+merchant's country code sits under ``merchant_country`` and the payment's amount under
+``amount_eur`` (an input sent in another order fails that), and the shadow gate's agreement
+with live and the canary's comparisons judge the candidate as served.
 """
 
 from __future__ import annotations
@@ -21,16 +24,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pandas as pd
 import pytest
 
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import faultwindow
 from services.domain import featurespec
+from services.domain.money import amount_eur
 from services.featurestore import layout
 from services.mesh import Mesh, MeshConfig
 from services.models import reference, repository
@@ -118,6 +125,34 @@ def _takes_the_added_feature(world: World, version: str, serving: str) -> None:
     assert checks["parity"].passed, checks["parity"]
     # The serving version ran on the same holdout, by name (it takes fewer inputs).
     assert "cannot run live" not in checks["average_precision"].detail
+
+
+def _scored_by_name(var_dir: Path, version: str, out: Path) -> int:
+    """The decision log's model answers of ``version``: its ONNX model gives each logged score
+    from the logged input, and each value of that input sits under its own name (the
+    merchant's country code under ``ADDED``, the payment's amount under ``amount_eur``). An
+    input sent in another order fails both. Returns how many answers were checked."""
+    _fraudmesh("decisions", "export", "--wide", "--var-dir", str(var_dir), "--out", str(out))
+    frame = pd.read_parquet(out)
+    metadata, folder = repository.load(var_dir / "models", version=version)
+    order = metadata.feature_order
+    added_at = order.index(ADDED)
+    mine = frame[(frame["model_version"] == version) & (frame["scored_by"] == "model")]
+    mine = mine[[added_at not in list(m) for m in mine["missing_features"]]]
+    x = mine[[f"f_{name}" for name in order]].to_numpy(dtype=np.float32)
+    session = ort.InferenceSession(str(folder / repository.MODEL_FILE))
+    scores = session.run([metadata.output_name], {metadata.input_name: x})[0][:, 1]
+    np.testing.assert_allclose(scores, mine["score"].to_numpy(), rtol=0, atol=1e-6)
+    tx = pd.read_parquet(var_dir / "data" / layout.TRANSACTIONS_FILE)
+    codes = tx.groupby("merchant_id")["merchant_country"].last()
+    expected = codes.loc[mine["merchant_id"]].to_numpy(dtype=np.float32)
+    assert np.array_equal(mine[f"f_{ADDED}"].to_numpy(dtype=np.float32), expected)
+    paid = zip(mine["amount_minor"], mine["currency"], strict=True)
+    amounts = [amount_eur(int(a), str(c)) for a, c in paid]
+    assert np.array_equal(
+        mine["f_amount_eur"].to_numpy(dtype=np.float32), np.asarray(amounts, np.float32)
+    )
+    return len(mine)
 
 
 def _rollout(world: World, version: str) -> None:
@@ -212,7 +247,7 @@ def test_a_version_trained_in_another_state_folder_imports_as_published_and_goes
 
 
 def test_a_version_trained_with_one_more_feature_rolls_out_and_back(
-    world: World, known: Known
+    world: World, known: Known, tmp_path: Path
 ) -> None:
     serving = world.live
     version = _trained_candidate(world)
@@ -230,3 +265,8 @@ def test_a_version_trained_with_one_more_feature_rolls_out_and_back(
     assert state.versions[version].state is VersionState.RETIRED
     _answered_by(world, known, serving)
     _no_call_failed(world, mark)
+    # What the candidate answered while it served was its model's score of its own input,
+    # every value under its own name.
+    checked = _scored_by_name(world.var_dir, version, tmp_path / "decisions.parquet")
+    print(f"{checked} of the candidate's model answers checked by name")
+    assert checked >= 10, checked
