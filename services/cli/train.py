@@ -27,9 +27,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from services.cli import checks
+from services.cli import checks, exits
 from services.common.errors import FailedPrecondition
 from services.decisionlog.settings import DecisionLogSettings
+from services.domain import featurespec
 from services.featurestore.settings import from_env
 from services.models import repository
 
@@ -171,6 +172,17 @@ _DecisionsUntil = Annotated[
         help="With --from-decisions: end of the decisions read (UTC, exclusive).",
     ),
 ]
+_Feature = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--feature",
+        metavar="NAME",
+        help="Add a servable feature to the model's default inputs (repeatable; taken after "
+        f"them, in the order given): one of {', '.join(featurespec.ADDABLE_FEATURES)}. The "
+        "small model, the reference and the gates follow the version's order; the gateway "
+        "builds each version's input by name (docs/lifecycle.md).",
+    ),
+]
 _WorkDir = Annotated[
     Path | None,
     typer.Option(
@@ -200,6 +212,7 @@ def train_command(
     decisions_since: _DecisionsSince = None,
     decisions_until: _DecisionsUntil = None,
     work_dir: _WorkDir = None,
+    feature: _Feature = None,
 ) -> None:
     """Train on Feast's point-in-time features, pick the model on a validation period carved
     from the end of the training window, judge it on the test period, export to ONNX and
@@ -233,6 +246,7 @@ def train_command(
     ):
         checks.output_folder(name, folder)
     checks.output_file("--scores-out", scores_out)
+    added = _added_features(feature)
     settings = from_env(var_dir=var_dir)
     root = model_root or settings.var_dir / "models"
     existing = repository.latest_version(root, repository.DEFAULT_MODEL_NAME)
@@ -245,7 +259,7 @@ def train_command(
         test_from=_utc(test_from),
         test_until=_utc(test_until),
     )
-    params = train.TrainParams(card_precision_k=card_precision_k)
+    params = train.TrainParams(card_precision_k=card_precision_k, added_features=added)
     if seed is not None:
         params = replace(params, seed=seed)
     policy = GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio)
@@ -328,6 +342,17 @@ class _DecisionLog:
         unless told."""
         log_root = root or DecisionLogSettings(var_dir=settings.var_dir).root_path
         return cls(log_root, _utc_time(since), _utc_time(until), work_dir)
+
+
+def _added_features(names: list[str] | None) -> tuple[str, ...]:
+    """The ``--feature`` names, refused (exit 2) before any work when one is not servable,
+    already a default input, or given twice."""
+    added = tuple(names or ())
+    try:
+        featurespec.trained_order(added)
+    except featurespec.FeatureChoiceError as error:
+        exits.bad_option("--feature", str(error))
+    return added
 
 
 def _refuse_decision_options(
@@ -434,6 +459,13 @@ def _print_source(data: TrainingData) -> None:
     )
 
 
+def _print_inputs(order: list[str]) -> None:
+    """How many inputs the version takes, naming those added to the default ones."""
+    added = order[len(featurespec.MODEL_FEATURES) :]
+    also = f", then {', '.join(added)}" if added else ""
+    console.print(f"[bold]inputs[/bold]: {len(order)} (the default ones{also})", highlight=False)
+
+
 def _print_result(result: TrainResult, report_dir: Path | None) -> None:
     m = result.metadata
     report = result.report
@@ -473,6 +505,7 @@ def _print_result(result: TrainResult, report_dir: Path | None) -> None:
         f"(validation AP {chosen['validation_average_precision']:.4f})"
     )
     console.print(f"[bold]model[/bold]: {m.name} v{m.version} in {result.folder}")
+    _print_inputs(m.feature_order)
     console.print(
         f"[bold]thresholds[/bold] (from validation): review ≥ {m.thresholds.review:.4f}, "
         f"decline ≥ {m.thresholds.decline:.4f}"

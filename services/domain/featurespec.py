@@ -162,6 +162,38 @@ class UnservableFeatures(ValueError):
         """The unservable names, in the order's order."""
 
 
+class FeatureChoiceError(ValueError):
+    """A feature added to the default inputs is unknown, already one of them, or named twice;
+    the message names it and lists what may be added."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(
+            f"{name!r} {problem}; a version may add any of "
+            f"{', '.join(ADDABLE_FEATURES)} to the {len(MODEL_FEATURES)} default inputs"
+        )
+        self.name = name
+        """The refused name."""
+
+
+ADDABLE_FEATURES: tuple[str, ...] = tuple(n for n in SERVABLE_FEATURES if n not in MODEL_FEATURES)
+"""Servable features a version may take besides the default inputs (``trained_order``)."""
+
+
+def trained_order(added: Sequence[str]) -> tuple[str, ...]:
+    """The input order of a version trained with ``added`` features besides the default ones:
+    ``MODEL_FEATURES``, then each added feature in the order given. Raises
+    ``FeatureChoiceError`` for a name that is not servable, already a default input, or
+    given twice."""
+    for i, name in enumerate(added):
+        if name in MODEL_FEATURES:
+            raise FeatureChoiceError(name, "is already a default input")
+        if name not in _SERVABLE_AT:
+            raise FeatureChoiceError(name, "is not a servable feature")
+        if name in added[:i]:
+            raise FeatureChoiceError(name, "is named twice")
+    return MODEL_FEATURES + tuple(added)
+
+
 def input_positions(order: Sequence[str]) -> tuple[int, ...] | None:
     """Where each of ``order``'s inputs sits in ``SERVABLE_FEATURES``: None when ``order`` is
     ``MODEL_FEATURES`` itself (the vector as ``model_vector`` computes it); raises
@@ -372,8 +404,11 @@ FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "car
 """Transaction columns ``model_frame`` needs besides ``STORE_FEATURES``."""
 
 
-def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``.
+def model_frame(
+    df: pd.DataFrame, defaults: Mapping[str, float] | None = None, *, helpers: bool = False
+) -> pd.DataFrame:
+    """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``
+    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read).
 
     ``df`` holds ``STORE_FEATURES`` (NaN where missing or stale) and ``FRAME_INPUTS``
     (``timestamp_s`` as epoch seconds). With ``defaults``, missing values are filled exactly
@@ -417,18 +452,24 @@ def model_frame(df: pd.DataFrame, defaults: Mapping[str, float] | None = None) -
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)
     )
+    names = SERVABLE_FEATURES if helpers else MODEL_FEATURES
+    if helpers:
+        for name in HELPER_FEATURES:
+            out[name] = store(name)
     if defaults is not None:
-        out = out.fillna({name: float(defaults[name]) for name in MODEL_FEATURES})
-    return out[list(MODEL_FEATURES)]
+        out = out.fillna({name: float(defaults[name]) for name in names})
+    return out[list(names)]
 
 
-def population_defaults(frame: pd.DataFrame, rows: np.ndarray | None = None) -> dict[str, float]:
-    """Median of each model feature over the non-missing values of a ``model_frame`` (of the
+def population_defaults(
+    frame: pd.DataFrame, rows: np.ndarray | None = None, names: Sequence[str] = MODEL_FEATURES
+) -> dict[str, float]:
+    """Median of each of ``names`` over the non-missing values of a ``model_frame`` (of the
     ``rows`` a boolean mask selects, when given; one column is copied at a time)."""
     import pandas as pd
 
     defaults: dict[str, float] = {}
-    for name in MODEL_FEATURES:
+    for name in names:
         values = frame[name] if rows is None else pd.Series(frame[name].to_numpy()[rows])
         median = float(values.median(skipna=True))
         defaults[name] = 0.0 if math.isnan(median) else median
@@ -436,14 +477,18 @@ def population_defaults(frame: pd.DataFrame, rows: np.ndarray | None = None) -> 
 
 
 def model_matrix(
-    raw: pd.DataFrame, defaults: Mapping[str, float], dtype: type = float
+    raw: pd.DataFrame,
+    defaults: Mapping[str, float],
+    dtype: type = float,
+    names: Sequence[str] = MODEL_FEATURES,
 ) -> np.ndarray:
-    """The model input matrix of a ``model_frame`` without defaults: missing values filled as
-    ``model_vector`` fills them, column by column into one array of ``dtype``."""
+    """The input matrix of ``names`` (a version's feature order) from a ``model_frame``
+    without defaults: missing values filled as ``model_vector`` fills them, column by column
+    into one array of ``dtype``."""
     import numpy as np
 
-    out: np.ndarray = np.empty((len(raw), len(MODEL_FEATURES)), dtype=dtype)
-    for i, name in enumerate(MODEL_FEATURES):
+    out: np.ndarray = np.empty((len(raw), len(names)), dtype=dtype)
+    for i, name in enumerate(names):
         column = raw[name].to_numpy(dtype=np.float64)
         out[:, i] = np.where(np.isnan(column), float(defaults[name]), column)
     return out

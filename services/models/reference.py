@@ -33,8 +33,9 @@ REFERENCE_FILE = "reference.json"
 """The reference inside a version folder."""
 FORMAT = 1
 """Format number of ``reference.json``; a reader refuses a newer one."""
-CATEGORICAL_FEATURES = frozenset({"merchant_category"})
-"""Model inputs that are codes, not quantities: binned by category, not by quantile."""
+CATEGORICAL_FEATURES = frozenset({"merchant_category", "merchant_country", "card_home_country"})
+"""Model inputs that are codes, not quantities: binned by category, not by quantile (the
+country codes are inputs of versions trained with them added, ``fraudmesh train --feature``)."""
 CYCLIC_FEATURES = frozenset({"hour_of_day"})
 """Inputs that follow the clock: a window shorter than a day covers part of their cycle, so
 their PSI against a whole-period reference measures the time of day, not drift (the monitor

@@ -2,8 +2,9 @@
 reference and gates on the store's latest periods, and publish it as a candidate.
 
 The folder holds ``model.onnx`` and ``metadata.json`` (``ImportSpec``): the feature order (the
-feature spec's, in its order), the ONNX input and output names, the decision thresholds and
-the default value of each feature; optionally a small model, ``small.onnx`` on the same
+feature spec's default inputs in their order, then any servable features added to them, as
+``fraudmesh train --feature`` writes it), the ONNX input and output names, the decision
+thresholds and the default value of each feature; optionally a small model, ``small.onnx`` on the same
 inputs and outputs, described by the spec's ``small_model``. Everything is checked before
 anything is published: the files exist, the features are the spec's, the thresholds lie in
 (0, 1) with review at or below decline, each model loads, takes float32 [batch, features] and
@@ -120,7 +121,9 @@ class ImportSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    feature_order: list[str] = Field(description="The feature spec's features, in its order.")
+    feature_order: list[str] = Field(
+        description="The default inputs in their order, then any servable features added."
+    )
     input_name: str = Field("input", description="ONNX input: float32 [batch, features].")
     output_name: str = Field(
         "probabilities", description="ONNX output: float32 [batch, 2], column 1 = fraud."
@@ -230,21 +233,38 @@ def _load(path: Path, metadata: repository.ModelMetadata, spec: ImportSpec) -> O
 
 
 def _check_features(spec: ImportSpec) -> None:
-    known = featurespec.MODEL_FEATURES
-    unknown = [n for n in spec.feature_order if n not in known]
+    """The order is the default inputs in their order, then servable features added as
+    ``fraudmesh train --feature`` adds them; every one of them has a finite default."""
+    order, known = spec.feature_order, featurespec.MODEL_FEATURES
+    unknown = [n for n in order if n not in featurespec.SERVABLE_FEATURES]
     if unknown:
         raise ImportProblem(
-            f"{SPEC_FILE} feature_order: unknown feature {unknown[0]!r} "
-            f"(the feature spec has {len(known)}: {', '.join(known[:4])}, …)"
+            f"{SPEC_FILE} feature_order: unknown feature {unknown[0]!r} (servable: the "
+            f"{len(known)} default inputs, {', '.join(known[:4])}, …, then any of "
+            f"{', '.join(featurespec.ADDABLE_FEATURES)})"
         )
-    if tuple(spec.feature_order) != tuple(known):
-        missing = [n for n in known if n not in spec.feature_order]
-        detail = f"lacks {missing[0]!r}" if missing else "is not in the feature spec's order"
-        raise ImportProblem(f"{SPEC_FILE} feature_order {detail} (serving sends the spec's)")
-    extra = sorted(set(spec.default_features) - set(known))
+    if tuple(order[: len(known)]) != known:
+        missing = [n for n in known if n not in order]
+        if missing:
+            detail = f"lacks {missing[0]!r}"
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(order, known, strict=False)) if a != b)
+            detail = f"is not in the feature spec's order: {order[i]!r} where {known[i]!r} is"
+        raise ImportProblem(
+            f"{SPEC_FILE} feature_order {detail} (the default inputs in their order come "
+            "first; added servable features follow them)"
+        )
+    try:
+        featurespec.trained_order(order[len(known) :])
+    except featurespec.FeatureChoiceError as error:
+        raise ImportProblem(f"{SPEC_FILE} feature_order: {error}") from error
+    extra = sorted(set(spec.default_features) - set(order))
     if extra:
-        raise ImportProblem(f"{SPEC_FILE} default_features: unknown feature {extra[0]!r}")
-    lacking = [n for n in known if n not in spec.default_features]
+        what = (
+            "unknown feature" if extra[0] not in featurespec.SERVABLE_FEATURES else "not an input"
+        )
+        raise ImportProblem(f"{SPEC_FILE} default_features: {what} {extra[0]!r}")
+    lacking = [n for n in order if n not in spec.default_features]
     if lacking:
         raise ImportProblem(f"{SPEC_FILE} default_features lacks {lacking[0]!r}")
     bad = [n for n, v in spec.default_features.items() if not math.isfinite(v)]
@@ -360,7 +380,8 @@ def import_model(
 
     checked = validate(folder)
     params = TrainParams()
-    data = _split(training_frame(settings), params, Periods(), None)
+    order = tuple(checked.spec.feature_order)
+    data = _split(training_frame(settings), params, Periods(), None, order)
     window = data.window
     assert window.validation_start is not None and window.train_end is not None
     model = checked.model
@@ -378,7 +399,7 @@ def import_model(
     fitted = reference.fit(
         valid_scores,
         data.raw_valid,
-        featurespec.MODEL_FEATURES,
+        order,
         thresholds,
         (window.validation_start.isoformat(), window.train_end.isoformat()),
         quality,
@@ -400,9 +421,8 @@ def import_model(
         }
     )
     lifecycle = ModelLifecycle(model_root, name)
-    holdout: Mapping[str, np.ndarray] = {
-        f: test_x[:, j] for j, f in enumerate(featurespec.MODEL_FEATURES)
-    }
+    # By name: the live version takes the default inputs, all of them in this order.
+    holdout: Mapping[str, np.ndarray] = {f: test_x[:, j] for j, f in enumerate(order)}
     report = promotion_gates.evaluate(
         metadata, checked.onnx_path, holdout, test_y, model_root, policy,
         lifecycle.read().routing.live,

@@ -7,6 +7,9 @@ model for the gateway's cascade and fallback (``training.small``), ONNX export a
 (``training.export``), the promotion gates, publishing. How periods, selection and thresholds
 are chosen is in
 ``docs/training.md``.
+
+Every step takes the version's inputs in its order, ``TrainParams.feature_order``: the default
+inputs, then any servable features added to them (``fraudmesh train --feature``).
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ def train(
         work = Path(tmp)
         with steps.step("export"):
             onnx_path = work / repository.MODEL_FILE
-            export_onnx(model.booster, len(featurespec.MODEL_FEATURES), onnx_path)
+            export_onnx(model.booster, len(data.order), onnx_path)
         with steps.step("parity"):
             parity = _check_parity(onnx_path, data.x[data.test], judged.scores)
             small_parity = small.export(work / repository.SMALL_MODEL_FILE, data.x[data.test])
@@ -157,6 +160,7 @@ def train(
             version_reference(
                 model.selected, data.x[data.valid], data.raw_valid, data.window,
                 judged.thresholds, test, params.seed, (small.booster, small.clear_approve),
+                data.order,
             ).write(work)  # fmt: skip
         with steps.step("gates"):
             lifecycle = ModelLifecycle(model_root)
@@ -239,13 +243,21 @@ class _Dataset:
     """Transaction id, time, card (and scenario, when known) of each test row."""
     raw_valid: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
     """The validation rows' features before defaults (NaN where missing): the reference."""
+    order: tuple[str, ...] = featurespec.MODEL_FEATURES
+    """The columns of ``x``, ``defaults`` and ``raw_valid``: the version's feature order."""
 
 
 def _split(
-    frame: pd.DataFrame, params: TrainParams, periods: Periods, horizon: datetime | None
+    frame: pd.DataFrame,
+    params: TrainParams,
+    periods: Periods,
+    horizon: datetime | None,
+    order: tuple[str, ...] | None = None,
 ) -> _Dataset:
-    """The periods of ``frame`` and its rows as model inputs; raises unless every period holds
-    both fraud and genuine transactions."""
+    """The periods of ``frame`` and its rows as model inputs in ``order`` (default: the
+    params' ``feature_order``); raises unless every period holds both fraud and genuine
+    transactions."""
+    order = order or params.feature_order
     window = _window(frame["timestamp"], params, periods, horizon)
     first_seen = frame["timestamp"].min()
     assert window.train_end is not None and window.validation_start is not None
@@ -261,10 +273,14 @@ def _split(
     test = in_test & known
     del in_train, in_test
     # Column by column, without copying the frame: it holds every transaction.
-    raw = featurespec.model_frame(frame)
-    defaults = featurespec.population_defaults(raw, rows=fit | valid)
-    x = featurespec.model_matrix(raw, defaults, np.float32)
-    raw_valid = raw[valid].to_numpy(dtype=np.float64)
+    # The helper store features come from the same offline read as the others: the store's
+    # values (the country codes as numbers), as the feature service serves them.
+    raw = featurespec.model_frame(
+        frame, helpers=any(n in featurespec.HELPER_FEATURES for n in order)
+    )
+    defaults = featurespec.population_defaults(raw, rows=fit | valid, names=order)
+    x = featurespec.model_matrix(raw, defaults, np.float32, names=order)
+    raw_valid = raw.loc[valid, list(order)].to_numpy(dtype=np.float64)
     del raw
     y = frame["is_fraud"].fillna(False).to_numpy(dtype=np.int32)
     kept = ["transaction_id", "timestamp", "card_id"]
@@ -277,7 +293,7 @@ def _split(
                 "transactions: choose other periods"
             )
     return _Dataset(
-        window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested, raw_valid
+        window, first_seen, unlabelled, x, y, fit, valid, test, defaults, tested, raw_valid, order
     )
 
 
@@ -365,7 +381,7 @@ def _judge(
     )  # fmt: skip
     # The rules fallback judged on the same rows, so degraded mode is comparable.
     rules = RulesEngine.load(DEFAULT_RULES, featurespec.MODEL_FEATURES)
-    fallback = rules_scores(rules, x[test], featurespec.MODEL_FEATURES)
+    fallback = rules_scores(rules, x[test], data.order)
     rules_judged = evaluate.evaluate(
         y[test], fallback, review=rules.review, decline=rules.decline, days=days, cards=cards,
         k=params.card_precision_k, scenarios=scenarios,
@@ -427,7 +443,7 @@ def _gates(
     live: str | None,
 ) -> GateReport:
     """The promotion gates of the exported candidate against the live version, on the test rows."""
-    holdout = {name: data.x[data.test][:, j] for j, name in enumerate(featurespec.MODEL_FEATURES)}
+    holdout = {name: data.x[data.test][:, j] for j, name in enumerate(data.order)}
     return promotion_gates.evaluate(
         candidate, onnx_path, holdout, data.y[data.test], model_root, policy, live
     )

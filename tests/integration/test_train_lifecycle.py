@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.main import app
-from services.models import repository
+from services.domain import featurespec
+from services.models import reference, repository
 from services.models.lifecycle import ModelLifecycle, VersionState
 
 pytestmark = pytest.mark.integration
@@ -63,3 +64,40 @@ def test_train_publishes_a_candidate_and_promotes_only_through_its_gates(
     assert state.routing.live == promoted and state.routing.previous == live
     assert state.versions[promoted].state is VersionState.LIVE
     assert f"v{promoted} promoted" in output
+
+
+def test_a_version_trained_with_an_added_feature_imports_into_another_state(
+    prepared_env: Any, tmp_path: Path
+) -> None:
+    order = [*featurespec.MODEL_FEATURES, "merchant_country"]
+    models = tmp_path / "models"
+    shutil.copytree(prepared_env.model_root, models)
+    output = _train(prepared_env, models, "--feature", "merchant_country")
+    assert f"inputs: {len(order)} (the default ones, then merchant_country)" in output
+    version = repository.latest_version(models)
+    assert version is not None and version != prepared_env.model_version
+    trained, folder = repository.load(models, version=version)
+    assert trained.feature_order == order and trained.small_model is not None
+    record = ModelLifecycle(models).read().versions[version]
+    assert record.gates is not None and record.gates.against == prepared_env.model_version
+    # Parity holds for the wider model, and live ran on the same holdout by name.
+    assert {c.name: c.passed for c in record.gates.checks}["parity"]
+
+    other = prepared_env.copy_to(tmp_path / "other")
+    before = set(repository.published_versions(other.model_root))
+    result = CliRunner().invoke(
+        app, ["model", "import", str(folder), "--var-dir", str(other.var_dir)],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (imported_version,) = set(repository.published_versions(other.model_root)) - before
+    imported, imported_folder = repository.load(other.model_root, version=imported_version)
+    assert imported.feature_order == order
+    assert (imported_folder / repository.MODEL_FILE).read_bytes() == (
+        folder / repository.MODEL_FILE
+    ).read_bytes()
+    assert imported.small_model is not None
+    fitted = reference.load(imported_folder)
+    assert fitted is not None and list(fitted.features) == order
+    # The same data, the same model (ONNX against LightGBM within parity): the same quality.
+    assert imported.metrics["pr_auc"] == pytest.approx(trained.metrics["pr_auc"], abs=1e-3)

@@ -82,6 +82,9 @@ TRAIN: dict[str, tuple[tuple[str, ...], str]] = {
     "NaN tolerance": (("--ap-tolerance", "nan"), "--ap-tolerance"),
     "an infinite latency ratio": (("--latency-ratio", "inf"), "--latency-ratio"),
     "card precision at 0": (("--card-precision-k", "0"), "--card-precision-k"),
+    "an unknown feature": (("--feature", "shoe_size"), "--feature"),
+    "a default input added": (("--feature", "amount_eur"), "--feature"),
+    "a feature added twice": (("--feature", "merchant_country", "--feature", "merchant_country"), "--feature"),
 }  # fmt: skip
 
 

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from services.domain import featurespec as fs
 
@@ -230,6 +231,65 @@ def test_model_matrix_fills_as_model_frame_does() -> None:
     assert d == fs.population_defaults(raw[rows])
     want = fs.model_frame(sample, d).to_numpy(dtype=np.float32)
     assert np.array_equal(fs.model_matrix(raw, d, np.float32), want)
+
+
+def test_a_trained_order_is_the_default_inputs_then_the_added_ones() -> None:
+    assert fs.trained_order(()) == fs.MODEL_FEATURES
+    added = ("merchant_country", "card_home_country")
+    assert fs.trained_order(added) == (*fs.MODEL_FEATURES, *added)
+    assert set(fs.ADDABLE_FEATURES) == set(fs.SERVABLE_FEATURES) - set(fs.MODEL_FEATURES)
+
+
+@pytest.mark.parametrize(
+    ("added", "problem"),
+    [
+        (("shoe_size",), "'shoe_size' is not a servable feature"),
+        (("merchant_country", "amount_eur"), "'amount_eur' is already a default input"),
+        (("merchant_country", "merchant_country"), "'merchant_country' is named twice"),
+    ],
+)
+def test_a_refused_added_feature_is_named_with_what_may_be_added(
+    added: tuple[str, ...], problem: str
+) -> None:
+    with pytest.raises(fs.FeatureChoiceError) as caught:
+        fs.trained_order(added)
+    message = str(caught.value)
+    assert message.startswith(problem), message
+    assert caught.value.name == problem.split("'")[1]
+    for name in fs.ADDABLE_FEATURES:
+        assert name in message
+
+
+def test_the_frame_with_helpers_equals_model_vector_with_helpers_row_by_row() -> None:
+    sample = _sample(1500, seed=5)
+    raw = fs.model_frame(sample, helpers=True)
+    assert list(raw.columns) == list(fs.SERVABLE_FEATURES)
+    # The helper columns are the store's values as read, NaN where missing.
+    for name in fs.HELPER_FEATURES:
+        assert np.array_equal(raw[name].to_numpy(), sample[name].to_numpy(), equal_nan=True)
+    assert raw[list(fs.MODEL_FEATURES)].equals(fs.model_frame(sample))
+    order = fs.trained_order(("merchant_country", "card_home_country"))
+    d = fs.population_defaults(raw, names=order)
+    assert set(d) == set(order)
+    matrix = fs.model_matrix(raw, d, np.float64, names=order)
+    store_columns = sample[list(fs.STORE_FEATURES)]
+    for i, row in enumerate(store_columns.itertuples(index=False)):
+        store = {
+            name: None if math.isnan(value) else value
+            for name, value in zip(fs.STORE_FEATURES, row, strict=True)
+        }
+        computed = fs.model_vector(
+            store,
+            amount_minor=int(sample["amount_minor"].iat[i]),
+            currency=str(sample["currency"].iat[i]),
+            timestamp_s=float(sample["timestamp_s"].iat[i]),
+            card_not_present=bool(sample["card_not_present"].iat[i]),
+            defaults=d | {"card_last_txn_s": 0.0},
+            helpers=True,
+        )
+        named = dict(zip(fs.SERVABLE_FEATURES, computed, strict=True))
+        # Training's row in the version's order is serving's vector picked by name.
+        assert matrix[i].tolist() == [named[name] for name in order], f"row {i} differs"
 
 
 def test_population_defaults_are_medians_of_present_values() -> None:

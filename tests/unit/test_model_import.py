@@ -83,6 +83,84 @@ def test_an_unknown_or_missing_feature_is_named(tmp_path: Path, model_file: Path
     )
 
 
+@pytest.fixture(scope="module")
+def wider_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return onnx_model(tmp_path_factory.mktemp("onnx") / "model.onnx", extra=1)
+
+
+ADDED_ORDER = [*MODEL_FEATURES, "merchant_country"]
+
+
+def test_a_version_trained_with_an_added_servable_feature_is_accepted(
+    tmp_path: Path, wider_file: Path
+) -> None:
+    folder = _folder(
+        tmp_path, wider_file, feature_order=ADDED_ORDER,
+        default_features=dict.fromkeys(ADDED_ORDER, 0.0),
+    )  # fmt: skip
+    checked = importing.validate(folder)
+    assert checked.model.metadata.feature_order == ADDED_ORDER
+    assert checked.model.n_features == N_FEATURES + 1
+    scores = checked.model.predict(np.zeros((3, N_FEATURES + 1), np.float32))
+    assert scores.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("order", "defaults", "expected"),
+    [
+        (
+            [*MODEL_FEATURES, "shoe_size"],
+            None,
+            "feature_order: unknown feature 'shoe_size' (servable: the "
+            f"{N_FEATURES} default inputs",
+        ),
+        (
+            [*MODEL_FEATURES, "merchant_country", "merchant_country"],
+            None,
+            "feature_order: 'merchant_country' is named twice",
+        ),
+        (
+            ["merchant_country", *MODEL_FEATURES],
+            None,
+            "feature_order is not in the feature spec's order: 'merchant_country' where "
+            f"{MODEL_FEATURES[0]!r} is",
+        ),
+        (
+            ADDED_ORDER,
+            dict.fromkeys(MODEL_FEATURES, 0.0),
+            "default_features lacks 'merchant_country'",
+        ),
+        (
+            list(MODEL_FEATURES),
+            dict.fromkeys(ADDED_ORDER, 0.0),
+            "default_features: not an input 'merchant_country'",
+        ),
+    ],
+)
+def test_an_added_feature_is_checked_by_name(
+    tmp_path: Path,
+    wider_file: Path,
+    order: list[str],
+    defaults: dict[str, float] | None,
+    expected: str,
+) -> None:
+    defaults = defaults if defaults is not None else dict.fromkeys(order, 0.0)
+    problem = _problem(
+        _folder(tmp_path, wider_file, feature_order=order, default_features=defaults)
+    )
+    assert expected in problem, problem
+    if "unknown" in expected:
+        assert "card_last_txn_s, card_home_country, merchant_country" in problem
+
+
+def test_a_model_narrower_than_its_order_is_refused(tmp_path: Path, model_file: Path) -> None:
+    folder = _folder(
+        tmp_path, model_file, feature_order=ADDED_ORDER,
+        default_features=dict.fromkeys(ADDED_ORDER, 0.0),
+    )  # fmt: skip
+    assert f"not FP32 [batch, {N_FEATURES + 1}]" in _problem(folder)
+
+
 @pytest.mark.parametrize(
     ("thresholds", "expected"),
     [

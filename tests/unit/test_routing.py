@@ -240,3 +240,24 @@ def test_missing_inputs_are_named_in_the_versions_own_order() -> None:
     assert featurespec.missing_inputs(None, store, 10.0) == featurespec.missing_features(
         store, 10.0
     )
+
+
+def test_a_trained_order_route_builds_its_input_by_name() -> None:
+    # The order ``fraudmesh train --feature merchant_country`` publishes: the default inputs,
+    # then the added one.
+    tx = Transaction("t", "c", "m", 12_345, "EUR", 1_800_000_000.0, "", True)
+    order = list(featurespec.trained_order(("merchant_country",)))
+    defaults = {name: -float(i + 1) for i, name in enumerate(order)}
+    route = ModelRoute(metadata(feature_order=order, default_features=defaults), _Client())
+    assert route.helpers and route.positions is not None
+    computed, vector = route.inputs(tx, _store())
+    named = dict(zip(featurespec.SERVABLE_FEATURES, computed, strict=True))
+    assert vector == [named[name] for name in order]
+    # The added feature is the store's value, last; the rest is the default order's vector.
+    assert vector[-1] == 250.0 and order[-1] == "merchant_country"
+    plain = ModelRoute(metadata(default_features=defaults), _Client())
+    assert vector[:-1] == vector_of(plain, tx)
+    # Its default when the store has no value, in its own place.
+    assert route.vector(tx, {**_store(), "merchant_country": None})[-1] == defaults[order[-1]]
+    # Any other placement of the same values is another input: the column by name decides.
+    assert vector != [named[name] for name in ["merchant_country", *order[:-1]]]

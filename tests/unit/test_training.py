@@ -7,12 +7,15 @@ import itertools
 import math
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pandas as pd
 import pytest
 from sklearn.metrics import log_loss
 
+from services.domain import featurespec
 from services.models import repository
 from services.pipelines import train
 from services.pipelines.training.params import TrainParams
@@ -113,3 +116,75 @@ def test_progress_ends_at_its_total() -> None:
     assert totals == {FAST.max_trees * (len(FAST.candidates) + 1)}
     assert seen[-1][1] == seen[-1][2]
     assert all(b[1] >= a[1] for a, b in itertools.pairwise(seen))
+
+
+ADDED = ("merchant_country",)
+
+
+def _wider(data: train._Dataset, order: tuple[str, ...]) -> train._Dataset:
+    """``data`` with one more column, a country code that carries signal of its own."""
+    rng = np.random.default_rng(9)
+    codes = np.where(data.y == 1, rng.choice([250.0, 840.0], len(data.y)), 276.0)
+    codes = np.where(rng.random(len(codes)) < 0.7, 276.0, codes).astype(np.float32)
+    days = pd.date_range("2026-01-01", periods=len(data.y), freq="min", tz="UTC")
+    tested = pd.DataFrame({"timestamp": days[data.test], "card_id": "c"})
+    return replace(
+        data,
+        x=np.column_stack([data.x, codes]),
+        defaults=dict.fromkeys(order, 0.0),
+        tested=tested,
+        raw_valid=np.column_stack([data.x, codes])[data.valid].astype(np.float64),
+        order=order,
+    )
+
+
+def test_training_params_refuse_an_added_feature_nobody_serves() -> None:
+    with pytest.raises(
+        featurespec.FeatureChoiceError, match="'shoe_size' is not a servable feature"
+    ):
+        TrainParams(added_features=("shoe_size",))
+    assert TrainParams().feature_order == featurespec.MODEL_FEATURES
+    assert TrainParams().record()["added_features"] == ""
+
+
+def test_a_version_trained_with_an_added_feature_takes_it_last_at_every_step(
+    tmp_path: Path,
+) -> None:
+    from services.models import reference as references
+    from services.pipelines.training import export, small
+    from services.pipelines.training.reference import version_reference
+
+    params = replace(FAST, added_features=ADDED)
+    order = params.feature_order
+    assert order == (*featurespec.MODEL_FEATURES, *ADDED)
+    data = _wider(_dataset(), order)
+    model = train._fit(data, params, lambda *_: None)
+    assert tuple(model.booster.feature_name()) == order
+    # The added column is used: the model takes the country code by name.
+    importance = dict(zip(order, model.booster.feature_importance(), strict=True))
+    assert importance["merchant_country"] > 0
+
+    onnx_path = tmp_path / "model.onnx"
+    export.export_onnx(model.booster, len(order), onnx_path)
+    (declared,) = onnx.load(onnx_path).graph.input
+    assert declared.type.tensor_type.shape.dim[1].dim_value == len(order)
+    scores = predict(model.booster, data.x[data.test])
+    assert export.parity_gap(onnx_path, data.x[data.test], scores) <= export.PARITY_TOLERANCE
+
+    thresholds = repository.Thresholds(review=0.3, decline=0.8)
+    step = small.build(model.booster, data, thresholds, scores, params)
+    assert tuple(step.booster.feature_name()) == order
+    assert step.export(tmp_path / "small.onnx", data.x[data.test]) <= export.PARITY_TOLERANCE
+
+    window = data.window
+    meta = export.metadata(thresholds, data.defaults, {}, window, 0.0, params, datetime.now(UTC))
+    assert meta.feature_order == list(order)
+    assert meta.params["added_features"] == "merchant_country"
+    cards = np.array(["c"] * int(data.test.sum()))
+    fitted = version_reference(
+        model.selected, data.x[data.valid], data.raw_valid, window, thresholds,
+        (data.y[data.test], scores, cards), names=order,
+    )  # fmt: skip
+    # A country code drifts by category, not by quantile.
+    assert isinstance(fitted.features["merchant_country"], references.metrics.CategoricalReference)
+    assert list(fitted.features) == list(order)

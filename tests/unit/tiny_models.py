@@ -36,15 +36,21 @@ def holdout(seed: int = 2) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return {name: x[:, i] for i, name in enumerate(MODEL_FEATURES)}, y
 
 
-def onnx_model(path: Path, trees: int = 20, shuffle_labels: bool = False, seed: int = 1) -> Path:
-    """Trains a small booster (on shuffled labels: a useless one) and writes it as ONNX."""
+def onnx_model(
+    path: Path, trees: int = 20, shuffle_labels: bool = False, seed: int = 1, extra: int = 0
+) -> Path:
+    """Trains a small booster (on shuffled labels: a useless one) and writes it as ONNX;
+    ``extra`` noise columns after the default inputs widen its input (added features)."""
     x, y = synthetic(seed=seed)
+    if extra:
+        noise = np.random.default_rng(seed).normal(size=(len(x), extra)).astype(np.float32)
+        x = np.column_stack([x, noise])
     if shuffle_labels:
         y = np.random.default_rng(seed).permutation(y)
     params = {"objective": "binary", "verbose": -1, "num_threads": 1, "seed": seed}
     booster = lgb.train(params, lgb.Dataset(x, label=y), num_boost_round=trees)
     model = onnxmltools.convert_lightgbm(
-        booster, initial_types=[("input", FloatTensorType([None, N_FEATURES]))], zipmap=False
+        booster, initial_types=[("input", FloatTensorType([None, x.shape[1]]))], zipmap=False
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(model.SerializeToString())

@@ -12,7 +12,6 @@ import onnxmltools
 import onnxruntime as ort
 from onnxmltools.convert.common.data_types import FloatTensorType
 
-from services.domain import featurespec
 from services.models import repository
 from services.pipelines.training.params import TrainParams
 
@@ -71,7 +70,7 @@ def metadata(
     """The version's metadata before publishing gives it a number."""
     return repository.ModelMetadata(
         version="0",  # publishing assigns the real one
-        feature_order=list(featurespec.MODEL_FEATURES),
+        feature_order=list(params.feature_order),
         input_name=INPUT_NAME,
         output_name=OUTPUT_NAME,
         thresholds=thresholds,

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from services.common.errors import FailedPrecondition
+from services.domain import featurespec
 from services.pipelines import evaluate
 
 Progress = Callable[[str, int, int], None]
@@ -52,9 +53,23 @@ class TrainParams:
     decline_fpr: float = 0.001
     card_precision_k: int = evaluate.CARD_PRECISION_K
     threads: int = 2
+    added_features: tuple[str, ...] = ()
+    """Servable features the version takes besides the default inputs, after them in this
+    order (``featurespec.trained_order``; ``fraudmesh train --feature``). Every step follows
+    the resulting order: the model, its small model, the reference and the gates."""
+
+    def __post_init__(self) -> None:
+        # An unknown or repeated name is refused before any data is read.
+        featurespec.trained_order(self.added_features)
+
+    @property
+    def feature_order(self) -> tuple[str, ...]:
+        """The version's inputs in order: the default inputs, then the added features."""
+        return featurespec.trained_order(self.added_features)
 
     def record(self) -> dict[str, str | int | float | bool]:
-        """The params as metadata values (candidates as text)."""
+        """The params as metadata values (candidates and added features as text)."""
         values = asdict(self)
         values["candidates"] = " ".join(f"{leaves}/{child}" for leaves, child in self.candidates)
+        values["added_features"] = " ".join(self.added_features)
         return values

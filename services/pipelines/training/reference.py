@@ -4,6 +4,8 @@ test period's quality with intervals, as the version's ``reference.json``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import lightgbm as lgb
 import numpy as np
 
@@ -22,9 +24,11 @@ def version_reference(
     test: tuple[np.ndarray, np.ndarray, np.ndarray],
     seed: int = 0,
     cascade: tuple[lgb.Booster, float] | None = None,
+    names: Sequence[str] = featurespec.MODEL_FEATURES,
 ) -> reference.ModelReference:
     """The reference of a trained model: its scores of every validation row (``x_valid``, the
-    model input) against the raw features of those rows (``raw_valid``, NaN where missing),
+    model input) against the raw features of those rows (``raw_valid``, NaN where missing;
+    both in the version's feature order, ``names``),
     the test period's (labels, scores, cards) quality and, with a small model and its
     clear-approve threshold (``cascade``), the scores the cascade answers with."""
     assert window.validation_start is not None and window.train_end is not None
@@ -38,7 +42,7 @@ def version_reference(
     return reference.fit(
         full,
         raw_valid,
-        featurespec.MODEL_FEATURES,
+        names,
         thresholds,
         (window.validation_start.isoformat(), window.train_end.isoformat()),
         reference.tested_quality(labels, scores, thresholds, cards, seed),

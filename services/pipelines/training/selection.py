@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import lightgbm as lgb
 import numpy as np
 
-from services.domain import featurespec
 from services.pipelines.training.params import Progress, TrainParams
 
 
@@ -99,7 +98,7 @@ def select(
     best: Selection | None = None
     best_score = -1.0
     figures: list[dict[str, float]] = []
-    names = list(featurespec.MODEL_FEATURES)
+    names = list(params.feature_order)
     for leaves, min_child in params.candidates:
         chosen = lgb_params(params, leaves, min_child, fit)
         fit_set = lgb.Dataset(fit.x, label=fit.y, weight=fit.weight, feature_name=names)
@@ -163,7 +162,7 @@ def refit(
         report("train", offset + env.iteration + 1, total)
 
     data = lgb.Dataset(
-        rows.x, label=rows.y, weight=rows.weight, feature_name=list(featurespec.MODEL_FEATURES)
+        rows.x, label=rows.y, weight=rows.weight, feature_name=list(params.feature_order)
     )
     booster = lgb.train(chosen, data, num_boost_round=selection.trees, callbacks=[on_iteration])
     report("train", total, total)

@@ -5,7 +5,9 @@ Two candidates are grown on the training period with early stopping on the valid
 period: one *distilled* from the full model (every training row twice, as a fraud weighted by
 the full model's probability and as genuine weighted by its complement: cross-entropy on the
 full model's scores, which LightGBM's binary objective then exports like any classifier) and
-one trained on the labels. The one with the higher validation average precision is kept.
+one trained on the labels. The one with the higher validation average precision is kept. It
+takes the version's inputs in the version's order (``TrainParams.feature_order``): the gateway
+sends it the same vector as the full model.
 
 Its thresholds come from the validation period too: the *clear-approve* threshold is the
 highest score below which the cascade's share of lost review frauds stays under
@@ -28,7 +30,6 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from services.domain import featurespec
 from services.domain import metrics as field_metrics
 from services.models import repository
 from services.pipelines import evaluate
@@ -348,7 +349,7 @@ def _grow(
     small: SmallModelParams,
 ) -> lgb.Booster:
     """One candidate, grown with early stopping on the validation labels' average precision."""
-    names = list(featurespec.MODEL_FEATURES)
+    names = list(params.feature_order)
     lgb_params: dict[str, object] = {
         "objective": "binary",
         "metric": "average_precision",
