@@ -226,17 +226,7 @@ def train_command(
     if not from_decisions:
         _refuse_decision_options(decisions_root, decisions_since, decisions_until, work_dir)
     # Bad dates and paths end the command before any work (exit 2), not after training.
-    checks.ordered(
-        ("--train-from", _utc(train_from)),
-        ("--train-until", _utc(train_until)),
-        ("--test-from", _utc(test_from)),
-        ("--test-until", _utc(test_until)),
-        touching=("--train-until", "--test-from"),
-    )
-    checks.ordered(
-        ("--decisions-since", _utc_time(decisions_since)),
-        ("--decisions-until", _utc_time(decisions_until)),
-    )
+    _check_dates(train_from, train_until, test_from, test_until, decisions_since, decisions_until)
     for name, folder in (("--var-dir", var_dir), ("--decisions-root", decisions_root)):
         checks.existing_folder(name, folder)
     for name, folder in (
@@ -273,6 +263,28 @@ def train_command(
         _print_source(data)
     _write_outputs(result, scores_out, report_dir)
     _print_result(result, report_dir)
+
+
+def _check_dates(
+    train_from: datetime | None,
+    train_until: datetime | None,
+    test_from: datetime | None,
+    test_until: datetime | None,
+    decisions_since: datetime | None,
+    decisions_until: datetime | None,
+) -> None:
+    """Ends the command (exit 2) on a date that does not parse or periods out of order."""
+    checks.ordered(
+        ("--train-from", _utc(train_from)),
+        ("--train-until", _utc(train_until)),
+        ("--test-from", _utc(test_from)),
+        ("--test-until", _utc(test_until)),
+        touching=("--train-until", "--test-from"),
+    )
+    checks.ordered(
+        ("--decisions-since", _utc_time(decisions_since)),
+        ("--decisions-until", _utc_time(decisions_until)),
+    )
 
 
 def _run(

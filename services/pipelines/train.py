@@ -187,16 +187,9 @@ def train(
                 lifecycle, published.version, gate_report, promote, live
             )
     return TrainResult(
-        published,
-        folder,
-        steps.seconds,
-        judged.report,
-        judged.test_scores,
-        model.selection,
-        gates=gate_report,
-        state=state,
-        lifecycle_notes=notes,
-    )
+        published, folder, steps.seconds, judged.report, judged.test_scores, model.selection,
+        gates=gate_report, state=state, lifecycle_notes=notes,
+    )  # fmt: skip
 
 
 class _Steps:
