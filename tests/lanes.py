@@ -3,18 +3,19 @@
 A run has two phases, because on two cores the suite is bound by CPU and the modules that
 judge time cannot share the machine:
 
-1. ``timing`` alone: the modules that judge time (a fault window's late calls against the same
-   run's baseline, a load step's answers against the budget), one after another. Nothing runs
-   beside them, not even at idle priority. Beside the integration tests at nice 10, the chaos
-   matrix's SIGTERM row, the crash matrix and the lifecycle's canary saw late calls past their
-   bound (load average 9 to 15); beside ``SCHED_IDLE`` work (a mesh test and two trainings),
-   five chaos rows, the crash matrix and a lifecycle test failed as well. A neighbour that
-   comes and goes between a baseline and its fault window makes them incomparable.
-2. ``rest``, every other module, unit and integration, over ``TEST_WORKERS`` pytest-xdist
-   workers (two by default, whole modules to a worker), beside ``static`` (generated code,
-   lint, types, manifests, ``go test``) and ``images`` (the image build, mostly download and
-   copying), both at nice 10. In one process the rest took 2,137 s of a CI run; over two
-   workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``).
+1. ``rest``, every module that does not judge time, unit and integration, over
+   ``TEST_WORKERS`` pytest-xdist workers (two by default, whole modules to a worker), beside
+   ``static`` (generated code, lint, types, manifests, ``go test``) and ``images`` (the image
+   build, mostly download and copying), both at nice 10. In one process the rest took 2,137 s
+   of a CI run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``).
+2. ``timing`` alone, once the others have ended: the modules that judge time (a fault
+   window's late calls against the same run's baseline, a load step's answers against the
+   budget), one after another. Nothing runs beside them, not even at idle priority. Beside the
+   integration tests at nice 10, the chaos matrix's SIGTERM row, the crash matrix and the
+   lifecycle's canary saw late calls past their bound (load average 9 to 15); beside
+   ``SCHED_IDLE`` work (a mesh test and two trainings), five chaos rows, the crash matrix and a
+   lifecycle test failed as well: a neighbour that comes and goes between a baseline and its
+   fault window makes them incomparable.
 
 ``tests/unit/test_lanes.py`` holds that every integration module is in exactly one lane.
 """

@@ -44,7 +44,7 @@ STATIC: tuple[tuple[str, list[str]], ...] = (
 """The checks that are not pytest, run one after another in the ``static`` lane."""
 
 
-LANES = ("timing", "rest", "static", "images")
+LANES = ("rest", "static", "images", "timing")
 """Every lane, in the order the plan lists them."""
 
 
@@ -148,23 +148,23 @@ def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str]
 
 
 def plan(workers: int, wanted: set[str]) -> list[Lane]:
-    """The lanes of a run: ``timing`` alone, then ``rest`` beside ``static`` and ``images``."""
+    """The lanes of a run: ``rest`` beside ``static`` and ``images``, then ``timing`` alone."""
     lanes_: list[Lane] = []
-    if "timing" in wanted:
-        argv, durations = _pytest("timing", lanes.timing_modules(), [])
-        lanes_.append(Lane("timing", [argv], 0, durations))
-    later = tuple(n for n in ("timing",) if n in wanted)
     if "rest" in wanted:
         targets = _order_by_last_run([lanes.TESTS / "unit", *lanes.rest_modules()])
         xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
         argv, durations = _pytest("rest", targets, xdist)
-        lanes_.append(Lane("rest", [argv], 0, durations, after=later))
+        lanes_.append(Lane("rest", [argv], 0, durations))
     if "static" in wanted:
         static = [argv for _, argv in STATIC]
-        lanes_.append(Lane("static", static, BACKGROUND_NICENESS, after=later))
+        lanes_.append(Lane("static", static, BACKGROUND_NICENESS))
     if "images" in wanted:
         argv, durations = _pytest("images", lanes.images_modules(), [])
-        lanes_.append(Lane("images", [argv], BACKGROUND_NICENESS, durations, after=later))
+        lanes_.append(Lane("images", [argv], BACKGROUND_NICENESS, durations))
+    if "timing" in wanted:
+        argv, durations = _pytest("timing", lanes.timing_modules(), [])
+        before = tuple(lane.name for lane in lanes_)
+        lanes_.append(Lane("timing", [argv], 0, durations, after=before))
     return lanes_
 
 
