@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from services.common.errors import FailedPrecondition
+from services.common.polling import poll_forever
 from services.domain import featurespec, money
 from services.domain.lists import ListIndex, ListName
 from services.domain.policy import ACTION_SCORE, Action, Payment, Policy, PolicyError
@@ -107,14 +108,9 @@ class PolicyFollower:
             raise FailedPrecondition(f"live policy: {error}") from error
 
     async def follow(self) -> None:
-        """Polls the state file until cancelled."""
-        while True:
-            await asyncio.sleep(self._poll_s)
-            try:
-                await self.check()
-            except Exception:
-                # The policy live before keeps answering; the next change is tried again.
-                log.exception("cannot follow the policy")
+        """Polls the state file until cancelled; the policy live before keeps answering
+        while a change cannot be read."""
+        await poll_forever(self._poll_s, self.check, log, "cannot follow the policy")
 
     async def check(self) -> None:
         """One poll: applies a changed state file."""
@@ -170,7 +166,6 @@ class ListFollower:
         self.store = store
         self.control = control
         self._poll_s = poll_s
-        self._failing = False
 
     def load(self) -> None:
         """Reads every entry now."""
@@ -178,19 +173,9 @@ class ListFollower:
         self.control.index = ListIndex(entries, generation)
 
     async def follow(self) -> None:
-        """Polls the lists' generation until cancelled."""
-        while True:
-            await asyncio.sleep(self._poll_s)
-            try:
-                await self.check()
-            except Exception:
-                # The entries read before keep answering; the next poll tries again, and a
-                # store that stays down is logged once, not every poll.
-                if not self._failing:
-                    log.exception("cannot follow the lists")
-                self._failing = True
-            else:
-                self._failing = False
+        """Polls the lists' generation until cancelled; the entries read before keep
+        answering, and a store that stays down is logged once, not every poll."""
+        await poll_forever(self._poll_s, self.check, log, "cannot follow the lists", log_once=True)
 
     async def check(self) -> None:
         """One poll: reads the entries again when their generation moved."""

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from services.common.polling import poll_forever
 from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryLimits, CanaryWatch
@@ -87,12 +88,7 @@ class Rollout:
 
     async def follow(self) -> None:
         """Polls the lifecycle file and the canary watch until cancelled."""
-        while True:
-            await asyncio.sleep(self._poll_s)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("cannot follow the model lifecycle")
+        await poll_forever(self._poll_s, self.check, log, "cannot follow the model lifecycle")
 
     async def check(self) -> None:
         """One poll: apply a changed lifecycle file, judge a running canary."""
