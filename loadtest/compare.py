@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from loadtest import data, provenance, report, runner
+from services.common.edge_security import EdgeSettings
 from services.common.settings import from_mapping
 from services.decisionlog.settings import DecisionLogSettings
 from services.eventlog.settings import EventLogSettings
@@ -48,8 +49,10 @@ SERVICE_SETTINGS: tuple[type[BaseSettings], ...] = (
     UpdaterSettings,
     DecisionLogSettings,
     EventLogSettings,
+    EdgeSettings,
 )
-"""Settings classes the mesh's service processes build from their environment."""
+"""Settings classes the mesh's service processes (and its Envoy: ``FRAUD_EDGE_*``) build
+from their environment."""
 SERVING = ("envoy", "gateway", "features", "scorer", "redis")
 """Processes on the request path (and gateway replicas, ``gateway-N``); the others (the live
 loop's updater and decision sink) work after the answer."""

@@ -158,12 +158,42 @@ def score(
     timeout_s: float = 0.042,
     credentials: Credentials = PLAINTEXT,
 ) -> pb.ScoreResponse:
-    """Sends one Score call; raises grpc.RpcError on a non-OK status."""
+    """Sends one Score call; raises grpc.RpcError on a non-OK status.
+
+    A call the edge refuses at its limit (RESOURCE_EXHAUSTED) carries how long to wait
+    before sending again (``grpc-retry-pushback-ms``): when the call's own timeout leaves
+    time for that wait and another try, it is sent once more after it; otherwise the refusal
+    is raised at once, so that the caller answers by its own fallback within its budget.
+    """
     with credentials.channel(target) as channel:
         grpc.channel_ready_future(channel).result(timeout=5)
-        return pb_grpc.FraudScoringStub(channel).Score(
-            request, timeout=timeout_s, metadata=credentials.metadata()
-        )
+        stub = pb_grpc.FraudScoringStub(channel)
+        started = time.monotonic()
+        try:
+            return stub.Score(request, timeout=timeout_s, metadata=credentials.metadata())
+        except grpc.RpcError as error:
+            wait_s = pushback_s(error)
+            left_s = timeout_s - (time.monotonic() - started)
+            if wait_s is None or wait_s >= left_s:
+                raise
+        time.sleep(wait_s)
+        return stub.Score(request, timeout=left_s - wait_s, metadata=credentials.metadata())
+
+
+PUSHBACK_HEADER = "grpc-retry-pushback-ms"
+"""Trailing metadata of a refusal: milliseconds to wait before sending again (gRFC A6)."""
+
+
+def pushback_s(error: grpc.RpcError) -> float | None:
+    """How long a RESOURCE_EXHAUSTED refusal asks the client to wait, in seconds; None when
+    it is another status or says nothing (a malformed or negative value means: do not
+    retry)."""
+    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    values = [v for k, v in (error.trailing_metadata() or ()) if k == PUSHBACK_HEADER]
+    if len(values) != 1 or not isinstance(values[0], str) or not values[0].isdigit():
+        return None
+    return int(values[0]) / 1000.0
 
 
 def report_outcome(

@@ -37,6 +37,7 @@ TIMING: tuple[str, ...] = (
     "test_supervisor.py",
     "test_loadtest_smoke.py",
     "test_feature_order.py",
+    "test_admission.py",
 )
 """Integration modules (paths under tests/integration) that judge latency or late calls."""
 

@@ -22,6 +22,7 @@ from services.cli import features as features_cli
 from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.common.settings import from_mapping
 from services.featurestore.settings import FeatureStoreSettings
+from services.mesh import sizing
 
 if TYPE_CHECKING:
     from services.mesh import Mesh, MeshConfig, RestartPolicy
@@ -126,40 +127,51 @@ _OtlpPort = Annotated[int, typer.Option(help="The trace collector's OTLP/gRPC po
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
+_SIZED = " Default: sized to the machine's cores (services/mesh/sizing.py)."
+
 _GatewayReplicas = Annotated[
-    int,
+    int | None,
     typer.Option(
         min=1,
         max=9,
         help="Gateway processes behind Envoy. With two or more, Envoy retries a call whose "
-        "gateway died before answering on another, and a killed gateway costs no call.",
+        "gateway died before answering on another, and a killed gateway costs no call." + _SIZED,
     ),
 ]
 _EnvoyReplicas = Annotated[
-    int,
+    int | None,
     typer.Option(
         min=1,
         max=9,
         help="Envoy processes sharing the edge port (SO_REUSEPORT): a killed one takes only "
-        "its own connections, and clients reconnect to another.",
+        "its own connections, and clients reconnect to another." + _SIZED,
     ),
 ]
 _FeaturesReplicas = Annotated[
-    int,
+    int | None,
     typer.Option(
         min=1,
         max=9,
         help="Feature service processes; the gateways spread calls over them, so a killed one "
-        "costs the calls in flight on it default features, not every call until it is back.",
+        "costs the calls in flight on it default features, not every call until it is back."
+        + _SIZED,
     ),
 ]
 _ScorerReplicas = Annotated[
-    int,
+    int | None,
     typer.Option(
         min=1,
         max=9,
         help="Scorer processes; the gateways spread calls over them, so a killed one costs "
-        "the calls in flight on it a rules answer, not every call until it is back.",
+        "the calls in flight on it a rules answer, not every call until it is back." + _SIZED,
+    ),
+]
+_EdgeMaxInFlight = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Calls Envoy lets in to the gateways at once; beyond it a call is refused at once "
+        "with RESOURCE_EXHAUSTED and grpc-retry-pushback-ms (FRAUD_EDGE_MAX_IN_FLIGHT)." + _SIZED,
     ),
 ]
 _ReplicaPortStep = Annotated[
@@ -197,10 +209,11 @@ def up(
     updater_port: int = 50054,
     observability: _Observability = True,
     console_port: _ConsolePort = 8090,
-    gateway_replicas: _GatewayReplicas = 2,
-    envoy_replicas: _EnvoyReplicas = 2,
-    features_replicas: _FeaturesReplicas = 2,
-    scorer_replicas: _ScorerReplicas = 2,
+    gateway_replicas: _GatewayReplicas = None,
+    envoy_replicas: _EnvoyReplicas = None,
+    features_replicas: _FeaturesReplicas = None,
+    scorer_replicas: _ScorerReplicas = None,
+    edge_max_in_flight: _EdgeMaxInFlight = None,
     replica_port_step: _ReplicaPortStep = 100,
     prometheus_port: _PrometheusPort = 9090,
     otlp_port: _OtlpPort = 4317,
@@ -212,14 +225,26 @@ def up(
     from services.mesh import MeshConfig, RestartPolicy
 
     _check_choices(store, auth)
-    edge = _edge(var_dir, {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port})
+    sized = sizing.for_cores(sizing.usable_cores())
+    edge = _edge(
+        var_dir,
+        {
+            "tls": tls,
+            "mtls": mtls,
+            "auth": auth,
+            "health_port": health_port,
+            "max_in_flight": edge_max_in_flight,
+        },
+        sized,
+        envoy_replicas or sized.envoy,
+    )
     _check_eventlog(store, eventlog, kafka_bootstrap)
     extra, replicas = _replicas(
         replica_port_step,
-        gateway=(gateway_port, gateway_replicas),
-        admin=(admin_port, envoy_replicas),
-        features=(features_port, features_replicas),
-        scorer=(scorer_port, scorer_replicas),
+        gateway=(gateway_port, gateway_replicas or sized.gateway),
+        admin=(admin_port, envoy_replicas or sized.envoy),
+        features=(features_port, features_replicas or sized.features),
+        scorer=(scorer_port, scorer_replicas or sized.scorer),
     )
     scraped = metrics_ports(metrics_port, replicas)
     config = MeshConfig(
@@ -251,13 +276,19 @@ def up(
         monitor_port=monitor_port,
         monitor=monitor,
     )
+    console.print(sized.reason)
     _run(config, edge, RestartPolicy(max_crashes=max_restarts, window_s=restart_window), demo)
 
 
-def _edge(var_dir: Path, flags: dict[str, Any]) -> EdgeSettings:
-    """The edge's settings: flags given on the command line win; the rest comes from
-    FRAUD_EDGE_* (production paths)."""
-    return EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
+def _edge(var_dir: Path, flags: dict[str, Any], sized: sizing.Sizing, envoys: int) -> EdgeSettings:
+    """The edge's settings: flags given on the command line win, then FRAUD_EDGE_*
+    (production paths); an admission limit given by neither is the machine's, shared out
+    among the ``envoys`` (each Envoy counts only its own calls)."""
+    edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
+    if edge.max_in_flight is None:
+        share = -(-sized.edge_max_in_flight // envoys)
+        edge = edge.model_copy(update={"max_in_flight": share})
+    return edge
 
 
 def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:

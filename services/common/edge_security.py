@@ -40,6 +40,9 @@ JWT_METADATA = "jwt_payload"
 GRPC_RESOURCE_EXHAUSTED = 8
 """gRPC status code of an oversized request (Envoy would otherwise map 413 to UNKNOWN)."""
 
+PUSHBACK_HEADER = "grpc-retry-pushback-ms"
+"""Trailing metadata of a refusal at the edge's limit: how long the client should wait."""
+
 DEV_FILES = {
     "ca": "ca.pem",
     "cert": "server.pem",
@@ -110,6 +113,22 @@ class EdgeSettings(BaseSettings):
         "cannot speak TLS; unset: none.",
     )
     health_address: str = Field("127.0.0.1", description="Address of the health listener.")
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Calls Envoy passes to the gateways at once; a call beyond it is refused "
+        "at once with RESOURCE_EXHAUSTED and grpc-retry-pushback-ms. Unset: the bootstrap "
+        "template's bound (256), which a small machine never reaches before its calls run "
+        "late (fraudmesh up sizes it to the cores).",
+    )
+    pushback_ms: int = Field(
+        50,
+        ge=0,
+        le=60_000,
+        description="Milliseconds a refused client should wait before sending again "
+        "(grpc-retry-pushback-ms on every refusal at max_in_flight).",
+    )
 
     @model_validator(mode="after")
     def _mtls_needs_tls(self) -> EdgeSettings:
@@ -176,6 +195,7 @@ def apply(config_text: str, settings: EdgeSettings | None = None) -> str:
     chain = listener["filter_chains"][0]
     hcm = _hcm(chain)
     _limit_request_size(hcm, s.max_request_bytes)
+    _admit(config, hcm, s.max_in_flight, s.pushback_ms)
     if s.auth == "jwt":
         _require_jwt(hcm, s)
     if s.tls:
@@ -265,6 +285,57 @@ def _limit_request_size(hcm: dict[str, Any], max_bytes: int) -> None:
             "body": {"inline_string": f"request larger than {max_bytes - 5} bytes"},
         }
     )
+
+
+def _admit(
+    config: dict[str, Any], hcm: dict[str, Any], max_in_flight: int | None, pushback_ms: int
+) -> None:
+    """Bounds the calls in flight to the gateways; the rest are refused at once.
+
+    Past its capacity a mesh either queues a call (it answers late, or not at all) or refuses
+    it. Envoy's circuit breaker on the gateway cluster (the template's, or ``max_in_flight``)
+    refuses a call beyond its ``max_requests`` without queueing it anywhere; Envoy answers it
+    503 with the response flag UO, which gRPC would read as UNAVAILABLE, an invitation to
+    retry at once. The mapper makes it RESOURCE_EXHAUSTED with ``grpc-retry-pushback-ms``, the
+    back-off gRPC's retry design (gRFC A6) reads from a server.
+    """
+    threshold = _cluster(config)["circuit_breakers"]["thresholds"][0]
+    if max_in_flight is not None:
+        threshold["max_requests"] = max_in_flight
+        # HTTP/2 multiplexes every call on one connection: a call waits as pending only
+        # while that connection opens; it must not queue there either.
+        threshold["max_pending_requests"] = max_in_flight
+    # Remaining capacity as gauges: cluster.gateway.circuit_breakers.default.remaining_rq.
+    threshold["track_remaining"] = True
+    limit = threshold["max_requests"]
+    mappers = hcm.setdefault("local_reply_config", {}).setdefault("mappers", [])
+    mappers.append(
+        {
+            "filter": {"response_flag_filter": {"flags": ["UO"]}},
+            "headers_to_add": [
+                {
+                    "header": {"key": "grpc-status", "value": str(GRPC_RESOURCE_EXHAUSTED)},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                },
+                {
+                    "header": {"key": PUSHBACK_HEADER, "value": str(pushback_ms)},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                },
+            ],
+            "body": {
+                "inline_string": f"the edge is at its limit of {limit} calls in flight; "
+                f"retry after {pushback_ms} ms"
+            },
+        }
+    )
+
+
+def _cluster(config: dict[str, Any]) -> dict[str, Any]:
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster.get("name") == CLUSTER:
+            found: dict[str, Any] = cluster
+            return found
+    raise ValueError(f"the Envoy bootstrap has no cluster named {CLUSTER!r}")
 
 
 def _require_jwt(hcm: dict[str, Any], s: EdgeSettings) -> None:

@@ -181,7 +181,11 @@ class MeshConfig:
 
     def edge_settings(self) -> EdgeSettings:
         """The edge's security settings, with the request bound matched to the gateway's."""
-        edge = self.edge or EdgeSettings(var_dir=self.var_dir)
+        # FRAUD_EDGE_* in extra_env shape the edge as they shape a service (a side-by-side
+        # run's variants set the edge's admission limit this way).
+        edge = self.edge or from_mapping(
+            EdgeSettings, {**self.extra_env, "FRAUD_EDGE_VAR_DIR": str(self.var_dir)}
+        )
         if "max_request_bytes" in edge.model_fields_set:
             return edge
         gateway = from_mapping(GatewaySettings, self.service_env())

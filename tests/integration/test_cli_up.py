@@ -1,5 +1,5 @@
-"""``fraudmesh up``: starts every process (two of each on the request path by default), serves
-through Envoy, stops all on SIGTERM."""
+"""``fraudmesh up``: starts every process (as many of each on the request path as the machine's
+cores call for, saying so), serves through Envoy, stops all on SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from services import client
-from services.mesh import free_port, grpc_serving, http_ok
+from services.mesh import free_port, grpc_serving, http_ok, sizing
 
 from .conftest import Known, up_ports
 
@@ -60,10 +61,24 @@ def test_up_serves_and_stops_without_orphans(
             time.sleep(0.2)
         children = psutil.Process(up.pid).children(recursive=True)
         commands = [" ".join(child.cmdline()) for child in children]
+        sized = sizing.for_cores(sizing.usable_cores())
         for module in ("gateway", "features", "scorer"):
-            assert sum(f"services.{module}" in c for c in commands) == 2, commands
-        assert sum("envoy" in c and "--config-path" in c for c in commands) == 2, commands
-        assert "envoy-2" in (tmp_path / "up.log").read_text()
+            count = sum(f"services.{module}" in c for c in commands)
+            assert count == getattr(sized, module), commands
+        envoys = [c for c in commands if "envoy" in c and "--config-path" in c]
+        assert len(envoys) == sized.envoy, commands
+        text = (tmp_path / "up.log").read_text()
+        assert ("envoy-2" in text) == (sized.envoy == 2)
+        # The table says what it chose and why, and the edge admits what the sizing says.
+        assert " ".join(sized.reason.split()[:4]) in " ".join(text.split()), text
+        bootstrap = yaml.safe_load(
+            Path(envoys[0].split("--config-path ")[1].split()[0]).read_text()
+        )
+        (gateway,) = [
+            c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "gateway"
+        ]
+        limit = gateway["circuit_breakers"]["thresholds"][0]["max_requests"]
+        assert limit == -(-sized.edge_max_in_flight // sized.envoy)
         programs = {child.name() for child in children}
         assert {"prometheus", "otelcol-fraudmesh"} <= programs, programs
         assert http_ok(f"http://127.0.0.1:{ports['prometheus']}/-/ready")

@@ -4,6 +4,7 @@ the deadline, other errors are not, and a call waits for a reconnecting channel.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -22,14 +23,19 @@ class Flaky(pb_grpc.FraudScoringServicer):
     def __init__(self) -> None:
         self.failures = 0
         self.code = grpc.StatusCode.UNAVAILABLE
+        self.pushback: str | None = None
         self.attempts = 0
+        self.arrivals: list[float] = []
         self.lock = threading.Lock()
 
     def Score(self, request: pb.ScoreRequest, context: grpc.ServicerContext) -> pb.ScoreResponse:
         with self.lock:
             self.attempts += 1
+            self.arrivals.append(time.monotonic())
             fail = self.attempts <= self.failures
         if fail:
+            if self.pushback is not None:
+                context.set_trailing_metadata(((client.PUSHBACK_HEADER, self.pushback),))
             context.abort(self.code, "try again")
         return pb.ScoreResponse(transaction_id=request.transaction_id)
 
@@ -81,6 +87,31 @@ def test_other_errors_are_not_retried(flaky: tuple[Flaky, str], code: grpc.Statu
         client.score(target, _request(), timeout_s=2.0)
     assert error.value.code() == code  # type: ignore[attr-defined]
     assert servicer.attempts == 1
+
+
+@pytest.mark.parametrize(
+    "pushback,timeout_s,attempts",
+    [
+        ("150", 2.0, 2),  # says when, and the deadline leaves room: sent again after it
+        ("150", 0.1, 1),  # past the deadline: refused at once, for the caller's fallback
+        ("-1", 2.0, 1),  # negative: do not retry
+        ("soon", 2.0, 1),  # malformed: do not retry
+    ],
+)
+def test_a_refusal_with_a_pushback_is_sent_again_after_it_when_there_is_time(
+    flaky: tuple[Flaky, str], pushback: str, timeout_s: float, attempts: int
+) -> None:
+    servicer, target = flaky
+    servicer.failures, servicer.code = 1, grpc.StatusCode.RESOURCE_EXHAUSTED
+    servicer.pushback = pushback
+    if attempts == 1:
+        with pytest.raises(grpc.RpcError) as error:
+            client.score(target, _request(), timeout_s=timeout_s)
+        assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    else:
+        assert client.score(target, _request(), timeout_s=timeout_s).transaction_id
+        assert servicer.arrivals[1] - servicer.arrivals[0] >= 0.15
+    assert servicer.attempts == attempts
 
 
 def test_a_call_waits_for_a_server_that_comes_back() -> None:

@@ -48,7 +48,9 @@ def test_defaults_bound_request_bodies_only() -> None:
     for name in ("reflection_v1", "reflection_v1alpha", "health"):
         assert routes[name]["typed_per_filter_config"]["envoy.filters.http.buffer"]["disabled"]
     assert "typed_per_filter_config" not in routes["grpc"]
-    (mapper,) = _hcm(config)["local_reply_config"]["mappers"]
+    # The oversized body's mapper, then the admission limit's (below).
+    mapper, _ = _hcm(config)["local_reply_config"]["mappers"]
+    assert mapper["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == 413
     assert mapper["headers_to_add"][0]["header"] == {"key": "grpc-status", "value": "8"}
     listener = config["static_resources"]["listeners"][0]
     assert "transport_socket" not in listener["filter_chains"][0]
@@ -144,3 +146,41 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
 def test_a_template_without_the_expected_names_is_refused() -> None:
     with pytest.raises(ValueError, match="grpc_edge"):
         edge_security.apply("static_resources: {listeners: []}\n")
+
+
+def _gateway_cluster(config: dict[str, Any]) -> dict[str, Any]:
+    return dict(next(c for c in config["static_resources"]["clusters"] if c["name"] == "gateway"))
+
+
+def test_without_a_limit_the_templates_bound_refuses_as_resource_exhausted() -> None:
+    config = _render()
+    (threshold,) = _gateway_cluster(config)["circuit_breakers"]["thresholds"]
+    assert (threshold["max_requests"], threshold["max_pending_requests"]) == (256, 128)
+    mapper = next(
+        m
+        for m in _hcm(config)["local_reply_config"]["mappers"]
+        if m["filter"] == {"response_flag_filter": {"flags": ["UO"]}}
+    )
+    assert "256 calls in flight" in mapper["body"]["inline_string"]
+
+
+def test_a_limit_refuses_the_excess_as_resource_exhausted_with_a_pushback() -> None:
+    config = _render(max_in_flight=7, pushback_ms=30)
+    (threshold,) = _gateway_cluster(config)["circuit_breakers"]["thresholds"]
+    assert threshold["max_requests"] == 7
+    assert threshold["max_pending_requests"] == 7
+    assert threshold["retry_budget"]["budget_percent"] == {"value": 20.0}
+    mapper = next(
+        m
+        for m in _hcm(config)["local_reply_config"]["mappers"]
+        if m["filter"] == {"response_flag_filter": {"flags": ["UO"]}}
+    )
+    headers = {h["header"]["key"]: h["header"]["value"] for h in mapper["headers_to_add"]}
+    assert headers == {"grpc-status": "8", edge_security.PUSHBACK_HEADER: "30"}
+    assert "7 calls in flight" in mapper["body"]["inline_string"]
+
+
+@pytest.mark.parametrize("field,value", [("max_in_flight", 0), ("pushback_ms", -1)])
+def test_a_bad_limit_is_refused_by_name(field: str, value: int) -> None:
+    with pytest.raises(ValueError, match=field):
+        EdgeSettings(**{field: value})

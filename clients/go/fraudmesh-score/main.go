@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -366,6 +367,51 @@ func printError(w io.Writer, err error) {
 	}
 }
 
+// pushbackHeader is the trailer in which a server that refuses a call (RESOURCE_EXHAUSTED)
+// says how many milliseconds to wait before sending again (gRFC A6).
+const pushbackHeader = "grpc-retry-pushback-ms"
+
+// scoreHonouringPushback sends req; when the edge refuses it at its limit and says when to
+// come back, it waits that long and sends it once more, if the call's deadline leaves time
+// for both. A refusal without a pushback, or one that does not fit, is returned at once: the
+// payment system then answers by its own fallback instead of waiting past its budget.
+func scoreHonouringPushback(ctx context.Context, client fraudv1.FraudScoringClient, req *fraudv1.ScoreRequest, stderr io.Writer) (*fraudv1.ScoreResponse, error) {
+	var trailer metadata.MD
+	resp, err := client.Score(ctx, req, grpc.Trailer(&trailer))
+	wait, ok := pushback(err, trailer)
+	if !ok {
+		return resp, err
+	}
+	if deadline, has := ctx.Deadline(); has && time.Until(deadline) <= wait {
+		fmt.Fprintf(stderr, "fraudmesh-score: the edge asks to retry after %v, past the call's deadline\n", wait)
+		return resp, err
+	}
+	fmt.Fprintf(stderr, "fraudmesh-score: refused at the edge's limit; retrying once after %v\n", wait)
+	select {
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-time.After(wait):
+	}
+	return client.Score(ctx, req)
+}
+
+// pushback is how long a RESOURCE_EXHAUSTED refusal asks the client to wait, when it says.
+func pushback(err error, trailer metadata.MD) (time.Duration, bool) {
+	if status.Code(err) != codes.ResourceExhausted {
+		return 0, false
+	}
+	values := trailer.Get(pushbackHeader)
+	if len(values) != 1 {
+		return 0, false
+	}
+	ms, convErr := strconv.Atoi(values[0])
+	if convErr != nil || ms < 0 {
+		// A malformed or negative pushback means "do not retry" (gRFC A6).
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
+}
+
 // run is the whole command; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stderr)
@@ -408,7 +454,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 	}
 	start := time.Now()
-	resp, err := fraudv1.NewFraudScoringClient(conn).Score(ctx, req)
+	resp, err := scoreHonouringPushback(ctx, fraudv1.NewFraudScoringClient(conn), req, stderr)
 	roundTrip := time.Since(start)
 	if err != nil {
 		printError(stderr, err)
