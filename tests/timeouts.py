@@ -51,6 +51,7 @@ LIMITS_S: dict[str, int] = {
     "test_fallbacks.py": 300,
     "test_policy.py": 420,
     "test_admission.py": 240,
+    "test_list_store.py": 120,
     "test_in_process.py": 300,
     "test_mesh_redis.py": 300,
     "test_tracing.py": 300,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol, cast
 
@@ -59,6 +59,10 @@ class ListStore(Protocol):
 
     def add(self, entry: ListEntry) -> bool:
         """Adds or replaces ``entry``; False when the same entry was already there."""
+        ...
+
+    def add_many(self, entries: Sequence[ListEntry]) -> int:
+        """Adds or replaces every entry in one change; returns how many changed."""
         ...
 
     def remove(self, name: ListName, kind: ListKind, value: str) -> bool:
@@ -126,6 +130,27 @@ class SqliteListStore:
             self._bump()
         return True
 
+    def add_many(self, entries: Sequence[ListEntry]) -> int:
+        """Adds or replaces every entry in one transaction (one sync of the file, where one
+        ``add`` each would sync once per entry); returns how many changed."""
+        changed = 0
+        with self._write():
+            for entry in entries:
+                key = (entry.list.value, entry.kind.value, entry.value)
+                row = self._db.execute(
+                    f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
+                ).fetchone()
+                if row is not None and _same(_from_json(row[0]), entry):
+                    continue
+                self._db.execute(
+                    f"INSERT OR REPLACE INTO {_ENTRIES} VALUES (?, ?, ?, ?)",
+                    (*key, _as_json(entry)),
+                )
+                changed += 1
+            if changed:
+                self._bump()
+        return changed
+
     def remove(self, name: ListName, kind: ListKind, value: str) -> bool:
         """Removes an entry; False when there was none."""
         with self._write():
@@ -188,6 +213,27 @@ class RedisListStore:
             pipe.incr(REDIS_GENERATION)
             pipe.execute()
         return True
+
+    def add_many(self, entries: Sequence[ListEntry]) -> int:
+        """Adds or replaces every entry in one transaction; returns how many changed."""
+        fields = {f"{e.list.value}|{e.kind.value}|{e.value}": e for e in entries}
+        if not fields:
+            return 0
+        with self._client.pipeline() as pipe:
+            pipe.watch(REDIS_ENTRIES)
+            olds = cast("list[bytes | None]", pipe.hmget(REDIS_ENTRIES, list(fields)))
+            changed = {
+                field: _as_json(entry)
+                for (field, entry), old in zip(fields.items(), olds, strict=True)
+                if old is None or not _same(_from_json(old), entry)
+            }
+            if not changed:
+                return 0
+            pipe.multi()
+            pipe.hset(REDIS_ENTRIES, mapping=changed)
+            pipe.incr(REDIS_GENERATION)
+            pipe.execute()
+        return len(changed)
 
     def remove(self, name: ListName, kind: ListKind, value: str) -> bool:
         """Removes an entry; False when there was none."""
