@@ -10,7 +10,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -224,21 +224,11 @@ def up(
     stop them all on Ctrl-C/SIGTERM, or when one child keeps crashing."""
     from services.mesh import MeshConfig, RestartPolicy
 
-    _check_choices(store, auth)
-    sized = sizing.for_cores(sizing.usable_cores())
-    edge = _edge(
-        var_dir,
-        {
-            "tls": tls,
-            "mtls": mtls,
-            "auth": auth,
-            "health_port": health_port,
-            "max_in_flight": edge_max_in_flight,
-        },
-        sized,
-        envoy_replicas or sized.envoy,
-    )
-    _check_eventlog(store, eventlog, kafka_bootstrap)
+    _check_choices(store, auth, eventlog, kafka_bootstrap)
+    sized = _sizing()
+    flags = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
+    flags["max_in_flight"] = edge_max_in_flight
+    edge = _edge(var_dir, flags, sized, envoy_replicas or sized.envoy)
     extra, replicas = _replicas(
         replica_port_step,
         gateway=(gateway_port, gateway_replicas or sized.gateway),
@@ -269,15 +259,18 @@ def up(
         prometheus_port=prometheus_port,
         otlp_port=otlp_port,
         collector_metrics_port=metrics_port + len(scraped),
-        extra_gateway_ports=extra["extra_gateway_ports"],
-        extra_admin_ports=extra["extra_admin_ports"],
-        extra_features_ports=extra["extra_features_ports"],
-        extra_scorer_ports=extra["extra_scorer_ports"],
+        **cast("dict[str, Any]", extra),
         monitor_port=monitor_port,
         monitor=monitor,
     )
-    console.print(sized.reason)
     _run(config, edge, RestartPolicy(max_crashes=max_restarts, window_s=restart_window), demo)
+
+
+def _sizing() -> sizing.Sizing:
+    """The sizing of this machine, said in one line."""
+    sized = sizing.for_cores(sizing.usable_cores())
+    console.print(sized.reason)
+    return sized
 
 
 def _edge(var_dir: Path, flags: dict[str, Any], sized: sizing.Sizing, envoys: int) -> EdgeSettings:
@@ -343,12 +336,16 @@ def _warn_missing_observability(mesh: Mesh) -> None:
             console.print(f"[yellow]{line}[/yellow]")
 
 
-def _check_choices(store: str, auth: str | None) -> None:
-    """Refuses a store or an authentication the mesh does not know."""
+def _check_choices(
+    store: str, auth: str | None, eventlog: str | None, kafka_bootstrap: str | None
+) -> None:
+    """Refuses a store, an authentication or an event log the mesh does not know or the
+    other flags cannot serve."""
     if store not in ("sqlite", "redis"):
         raise typer.BadParameter("store must be sqlite or redis", param_hint="--store")
     if auth not in (None, "none", "jwt"):
         raise typer.BadParameter("auth must be none or jwt", param_hint="--auth")
+    _check_eventlog(store, eventlog, kafka_bootstrap)
 
 
 def _replicas(step: int, **parts: tuple[int, int]) -> tuple[dict[str, tuple[int, ...]], list[str]]:

@@ -82,6 +82,11 @@ class BreakerConfig:
     """Probe calls let through while half-open; their outcomes decide the next state."""
     max_wait_duration_in_half_open_state_s: float = 0.0
     """Longest stay in half-open before opening again; 0 waits for the probes indefinitely."""
+    max_outcome_age_s: float = 0.0
+    """COUNT_BASED only: an outcome older than this leaves the window even before
+    ``sliding_window_size`` newer ones push it out, so that sparse traffic is judged on what
+    the dependency does now, not on calls of minutes ago; 0 keeps outcomes until pushed out
+    (resilience4j's count window)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.sliding_window_type, WindowType):
@@ -115,6 +120,9 @@ class BreakerConfig:
         wait = self.wait_duration_in_open_state_s
         if not (wait > 0 and math.isfinite(wait)):
             raise ValueError(f"wait_duration_in_open_state_s must be finite and > 0, got {wait!r}")
+        age = self.max_outcome_age_s
+        if not (age >= 0 and math.isfinite(age)):
+            raise ValueError(f"max_outcome_age_s must be finite and >= 0, got {age!r}")
         half_open_wait = self.max_wait_duration_in_half_open_state_s
         if not (half_open_wait >= 0 and math.isfinite(half_open_wait)):
             raise ValueError(
@@ -190,6 +198,49 @@ class _CountWindow:
 
     def refresh(self) -> None:
         """Nothing ages out of a count window."""
+
+
+class _AgedCountWindow:
+    """The outcomes of the last ``size`` calls that are at most ``max_age_s`` old: a count
+    window whose outcomes also leave it with age."""
+
+    __slots__ = ("_clock", "_entries", "_max_age_s", "_size", "counts")
+
+    def __init__(self, size: int, max_age_s: float, clock: Clock) -> None:
+        # (time recorded, code), oldest first; the ring is bounded by size as the plain one.
+        self._entries: deque[tuple[float, int]] = deque()
+        self._size = size
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self.counts = [0] * _CODES
+
+    @property
+    def calls(self) -> int:
+        """Outcomes in the window."""
+        return len(self._entries)
+
+    def record(self, code: int) -> int:
+        """Adds one outcome, evicting the oldest once full and every one aged out; returns
+        the outcomes in the window."""
+        now = self._clock()
+        entries = self._entries
+        counts = self.counts
+        if len(entries) == self._size:
+            counts[entries.popleft()[1]] -= 1
+        entries.append((now, code))
+        counts[code] += 1
+        self._expire(now)
+        return len(entries)
+
+    def refresh(self) -> None:
+        """Drops the outcomes that have aged out, so the counts describe the window now."""
+        self._expire(self._clock())
+
+    def _expire(self, now: float) -> None:
+        entries = self._entries
+        oldest = now - self._max_age_s
+        while entries and entries[0][0] < oldest:
+            self.counts[entries.popleft()[1]] -= 1
 
 
 class _TimeWindow:
@@ -293,7 +344,7 @@ class CircuitBreaker:
         self._failure_threshold = config.failure_rate_threshold
         self._slow_threshold = config.slow_call_rate_threshold
         self._state = _CLOSED
-        self._window: _CountWindow | _TimeWindow = self._closed_window()
+        self._window: _CountWindow | _AgedCountWindow | _TimeWindow = self._closed_window()
         self._minimum = config.minimum_number_of_calls
         self._open_until = 0.0
         self._half_open_deadline: float | None = None
@@ -383,7 +434,9 @@ class CircuitBreaker:
         else:
             self._record_not_closed(window, code)
 
-    def _record_not_closed(self, window: _CountWindow | _TimeWindow, code: int) -> None:
+    def _record_not_closed(
+        self, window: _CountWindow | _AgedCountWindow | _TimeWindow, code: int
+    ) -> None:
         state = self._state
         if state is _HALF_OPEN:
             # With no probe out, this outcome belongs to a call permitted before the breaker
@@ -413,10 +466,14 @@ class CircuitBreaker:
 
     # -- transitions ---------------------------------------------------------------------------
 
-    def _closed_window(self) -> _CountWindow | _TimeWindow:
+    def _closed_window(self) -> _CountWindow | _AgedCountWindow | _TimeWindow:
         config = self._config
         if config.sliding_window_type is WindowType.TIME_BASED:
             return _TimeWindow(config.sliding_window_size, self._clock)
+        if config.max_outcome_age_s > 0:
+            return _AgedCountWindow(
+                config.sliding_window_size, config.max_outcome_age_s, self._clock
+            )
         return _CountWindow(config.sliding_window_size)
 
     def _transition(self, to: State, now: float) -> None:

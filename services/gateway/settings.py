@@ -214,6 +214,13 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         ge=1,
         description="Probe calls when half-open.",
     )
+    breaker_max_age_s: float = Field(
+        30.0,
+        ge=0,
+        description="An outcome older than this leaves a breaker's window even before newer "
+        "calls push it out: sparse traffic is judged on what a dependency does now, not on "
+        "calls of minutes ago; 0: only newer calls push it out.",
+    )
     features_slow_ms: float = Field(
         8.0, gt=0, description="A feature call slower than this counts as slow."
     )
@@ -294,6 +301,7 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
             slow_call_duration_threshold_s=slow_ms / 1000,
             wait_duration_in_open_state_s=self.breaker_wait_s,
             permitted_number_of_calls_in_half_open_state=self.breaker_half_open_calls,
+            max_outcome_age_s=self.breaker_max_age_s,
         )
 
     @property

@@ -764,3 +764,55 @@ def test_random_calls_match_the_reference_model(window_type: WindowType, seed: i
     # Most seeds trip the breaker along the way, so the opening rule is exercised too.
     if p_fail >= 0.6:
         assert opened > 0
+
+
+# -- sparse traffic: outcomes age out of a count window ----------------------------------------
+
+
+def test_failures_of_long_ago_do_not_count_with_a_max_age() -> None:
+    clock = FakeClock()
+    aged, plain = make(clock, max_outcome_age_s=30.0), make(clock)
+    for _ in range(9):
+        call(aged, fail=True)
+        call(plain, fail=True)
+    clock.advance(60)
+    call(aged)
+    call(plain)
+    # The plain count window still holds the nine failures of a minute ago and opens on
+    # its tenth call; the aged one holds only the call of now.
+    assert plain.state is State.OPEN
+    assert aged.state is State.CLOSED
+    assert aged.failure_rate == -1.0
+
+
+def test_an_aged_window_still_opens_on_what_fails_now() -> None:
+    clock = FakeClock()
+    breaker = make(clock, max_outcome_age_s=30.0)
+    for _ in range(10):
+        call(breaker)
+    clock.advance(31)  # the successes age out
+    for _ in range(9):
+        call(breaker, fail=True)
+        clock.advance(1)
+    assert breaker.state is State.CLOSED  # nine within 30 s: below the minimum of ten
+    call(breaker, fail=True)
+    assert breaker.state is State.OPEN
+    assert breaker.failure_rate == 100.0
+
+
+def test_the_count_still_bounds_an_aged_window() -> None:
+    clock = FakeClock()
+    breaker = make(clock, max_outcome_age_s=30.0)
+    for _ in range(3):
+        call(breaker, fail=True)
+    for _ in range(10):
+        call(breaker)
+    # Ten newer calls pushed the failures out, however young they are.
+    assert breaker.state is State.CLOSED
+    assert breaker.failure_rate == 0.0
+
+
+@pytest.mark.parametrize("age", [-1.0, float("inf"), float("nan")])
+def test_a_bad_max_age_is_refused(age: float) -> None:
+    with pytest.raises(ValueError, match="max_outcome_age_s"):
+        config(max_outcome_age_s=age)
