@@ -197,6 +197,11 @@ def start_mesh(
 
     mesh.start(timeout_s=180, on_ready=ready)
     normal_priority([p.pid for p in mesh.processes.values() if p.pid is not None])
+    # Then each process's own niceness, as `fraudmesh up` runs it: the loop's consumers
+    # below the request path, Envoy above it where configured.
+    for process in mesh.processes.values():
+        if process.niceness and process.pid is not None:
+            process.normal_priority()
     return mesh
 
 

@@ -122,6 +122,14 @@ class EdgeSettings(BaseSettings):
         "template's bound (256), which a small machine never reaches before its calls run "
         "late (fraudmesh up sizes it to the cores).",
     )
+    niceness: int = Field(
+        0,
+        ge=-20,
+        le=19,
+        description="Envoy's niceness relative to the mesh's other processes on one machine "
+        "(fraudmesh up): below 0 it answers (and refuses) before the Python services take the "
+        "cores; lowering it needs root or CAP_SYS_NICE, without which Envoy keeps 0.",
+    )
     pushback_ms: int = Field(
         50,
         ge=0,

@@ -145,6 +145,7 @@ class Mesh:
                 envoy.envoy_command(self._envoy_configs[name][0]),
                 ready=functools.partial(self._envoy_ready, admin_port),
                 log_path=logs / f"{name}.log",
+                niceness=self.edge.niceness,
             )
         if c.observability:
             self._add_console()
