@@ -30,6 +30,11 @@ _GROUPS_WITHOUT_MONITOR = [
 """The event log's declared consumer groups of a mesh without the monitor."""
 
 
+MONITOR_POLL_INTERVAL_MS = 50.0
+"""How often the monitor looks for new events on an idle file log (docs/performance.md,
+"Defaults sized to the machine")."""
+
+
 def replicas_target(host: str, ports: Sequence[int]) -> str:
     """The gRPC target of a service's replicas: ``host:port`` for one, else an ``ipv4:`` list
     of every address, which the gateway's round-robin channel spreads calls over (and a
@@ -305,6 +310,9 @@ class MeshConfig:
                 var_dir=self.var_dir,
                 metrics_port=self.metrics_ports.get("monitor"),
             ),
+            # The monitor judges drift over minutes: it looks for new events every 50 ms,
+            # not every 5 as the feature updater must (a tenth of its idle CPU).
+            **to_env(EventLogSettings, file_poll_interval_ms=MONITOR_POLL_INTERVAL_MS),
             **self.extra_env,
         }
 
