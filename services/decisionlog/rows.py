@@ -212,6 +212,7 @@ class Batch:
         c["feature_schema"].append(d.feature_schema or None)
         c["log_position"].append(position)
         c["missing_features"].append(list(d.missing_features))
+        c["shadow_rules"].append(list(d.shadow_rules))
         return AddResult.DECISION
 
     def _add_outcome(self, o: events_pb2.OutcomeEvent, position: str) -> AddResult:
