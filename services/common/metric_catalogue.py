@@ -471,7 +471,7 @@ DECISIONLOG_LAST_FLUSH_AGE = _gauge(
 # The feature updater: records consumed, what they did to entity states, freshness, lag.
 UPDATER_RECORDS = _counter(
     "fraudmesh_updater_records_total",
-    "Records consumed from the event log, by kind (decision, outcome, invalid).",
+    "Records consumed from the event log, by kind (decision, outcome, list_change, invalid).",
     "updater", ("kind",),
 )  # fmt: skip
 UPDATER_CHANGES = _counter(

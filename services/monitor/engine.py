@@ -196,6 +196,8 @@ class MonitorEngine:
                 decisions.append(envelope.decision)
             elif kind == "outcome":
                 outcomes.append(envelope.outcome)
+            elif kind == "list_change":
+                continue  # the lists' audit: nothing the monitor counts
             else:
                 stats.invalid += 1
         with self.lock:
