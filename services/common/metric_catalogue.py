@@ -599,29 +599,9 @@ LIVE_LABELLED_FRAUDS = _gauge(
     "stand on).",
     "monitor", ("model_version", "maturity"),
 )  # fmt: skip
-RULE_FIRES = _gauge(
-    "fraudmesh_rule_fires",
-    "Decisions in the rolling window a fraud team's rule fired on: the live rule that "
-    "decided the answer, or a rule in shadow that would have acted.",
-    "monitor", ("rule", "mode", "action"),
-)  # fmt: skip
-RULE_FIRE_RATIO = _gauge(
-    "fraudmesh_rule_fire_ratio",
-    "A fraud team's rule's fires over every decision in the rolling window; NaN without any.",
-    "monitor", ("rule", "mode", "action"),
-)  # fmt: skip
-RULE_PRECISION = _gauge(
-    "fraudmesh_rule_precision",
-    "Labelled frauds among the labelled decisions a fraud team's rule fired on, over the "
-    "evaluation's horizon; NaN without any.",
-    "monitor", ("rule", "mode", "action"),
-)  # fmt: skip
-RULE_LABELLED = _gauge(
-    "fraudmesh_rule_labelled",
-    "Decisions a fraud team's rule fired on that have an outcome (fraud or legitimate), over "
-    "the evaluation's horizon: how much its precision stands on.",
-    "monitor", ("rule", "mode", "action"),
-)  # fmt: skip
+RULE_FIRES = _gauge("fraudmesh_rule_fires", "Decisions in the rolling window a fraud team's rule fired on (live: it decided; shadow: it would have).", "monitor", ("rule", "mode", "action"))  # fmt: skip
+RULE_FIRE_RATIO = _gauge("fraudmesh_rule_fire_ratio", "A fraud team's rule's fires over every decision in the rolling window; NaN without any.", "monitor", ("rule", "mode", "action"))  # fmt: skip
+RULE_PRECISION = _gauge("fraudmesh_rule_precision", "Labelled frauds among the labelled decisions a fraud team's rule fired on (evaluation horizon); NaN without any.", "monitor", ("rule", "mode", "action"))  # fmt: skip
 REFERENCE_PRECISION = _gauge(
     "fraudmesh_reference_precision",
     "The version's test-period precision at the threshold: estimate and 95 % interval bounds.",

@@ -34,7 +34,6 @@ class MonitorMetrics:
         self.rule_fires = catalogue.RULE_FIRES.create(registry)
         self.rule_fire_ratio = catalogue.RULE_FIRE_RATIO.create(registry)
         self.rule_precision = catalogue.RULE_PRECISION.create(registry)
-        self.rule_labelled = catalogue.RULE_LABELLED.create(registry)
         self.reference_precision = catalogue.REFERENCE_PRECISION.create(registry)
         self.reference_recall = catalogue.REFERENCE_RECALL.create(registry)
         self.advised = catalogue.RETRAINING_ADVISED.create(registry)
@@ -115,7 +114,6 @@ class MonitorMetrics:
             put(self.rule_fires, rule_labels, rule.fires)
             put(self.rule_fire_ratio, rule_labels, rule.fire_ratio)
             put(self.rule_precision, rule_labels, rule.precision)
-            put(self.rule_labelled, rule_labels, rule.frauds + rule.goods)
         for gauge, labels in self._published.items():
             for gone in labels - seen.get(gauge, set()):
                 gauge.remove(*gone)
