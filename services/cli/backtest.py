@@ -154,5 +154,6 @@ def command(
         console.print(
             f"{report.payments} payments ({report.frauds.count} frauds, {report.goods.count} "
             f"good, {report.unlabelled} unlabelled); answers changed: {report.changed}; "
-            f"unresolved (no model score in the log): {report.unresolved}"
+            f"answer unknown without a rule (no answer logged, or no model score): "
+            f"{report.unresolved}"
         )

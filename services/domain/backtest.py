@@ -87,7 +87,8 @@ class Replayed:
     shadow_rules: tuple[str, ...]
     """``name=action`` of the policy's shadow rules that fired (as the decision event has)."""
     why: str
-    """``rule``, ``list``, ``thresholds``, ``as logged``, ``no score`` or ``no thresholds``."""
+    """``rule``, ``list``, ``thresholds``, ``as logged``; without an answer: ``no score``,
+    ``no thresholds`` (the log cannot tell) or ``not logged`` (imported history)."""
 
 
 def _features(policy: Policy, row: LoggedPayment) -> Mapping[str, float]:
@@ -97,6 +98,9 @@ def _features(policy: Policy, row: LoggedPayment) -> Mapping[str, float]:
 def _without_rule(policy: Policy, row: LoggedPayment) -> tuple[str | None, str]:
     """The answer when no live rule fires: the model's (or a fallback's) as logged, on the
     policy's thresholds for the merchant where it sets them."""
+    if not row.decision:
+        # An imported transaction: no answer was logged for it.
+        return None, "not logged"
     if row.decided_by_rule:
         return None, "no score"
     own = policy.merchant_thresholds.get(row.merchant_id)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest.brokers import RedisServer
 from services.common.settings import from_mapping, to_env
 from services.decisionlog.settings import DecisionLogSettings
+from services.domain import money
 from services.domain.lists import ListEntry, ListKind, ListName
 from services.eventlog import EventLogSettings, open_consumer
 from services.featurestore import layout
@@ -282,13 +285,34 @@ def _wait_for_events(mesh: Mesh, ids: set[str]) -> list[events_pb2.DecisionEvent
 
 
 def _lists(var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own."""
+    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own, auditing on the mesh's
+    event log."""
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "lists", *args, "--var-dir", str(var_dir)],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, **to_env(EventLogSettings, topic=EVENT_TOPIC)},
     )
+
+
+def _list_changes(mesh: Mesh, value: str, count: int) -> list[events_pb2.ListChangeEvent]:
+    """The audit records of the lists' changes of ``value`` on the mesh's event log, once
+    ``count`` arrived (and any more that came with them)."""
+    settings = EventLogSettings(var_dir=mesh.config.var_dir, topic=EVENT_TOPIC, groups=())
+    found: list[events_pb2.ListChangeEvent] = []
+    deadline = time.monotonic() + 30
+    with open_consumer(settings, f"lists-{uuid.uuid4().hex[:8]}") as consumer:
+        while time.monotonic() < deadline:
+            records = consumer.poll(5000, 0.5)
+            for record in records:
+                envelope = record.envelope()
+                kind = envelope.WhichOneof("event")
+                if kind == "list_change" and envelope.list_change.value == value:
+                    found.append(envelope.list_change)
+            if len(found) >= count and not records:
+                break
+    return found
 
 
 def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
@@ -318,6 +342,16 @@ def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
     assert expiring.returncode == 0, expiring.stderr
     _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
     _until_all(policy_mesh, pay, _by_model, timeout_s=30.0)
+    # Every change is on the event log, once: the add that changed nothing is not.
+    changes = _list_changes(policy_mesh, known.card_id, 3)
+    assert [c.change for c in changes] == [
+        events_pb2.LIST_CHANGE_ADD,
+        events_pb2.LIST_CHANGE_REMOVE,
+        events_pb2.LIST_CHANGE_ADD,
+    ]
+    assert {(c.list, c.kind) for c in changes} == {("block", "card")}
+    assert changes[0].reason == "confirmed fraud" and not changes[0].HasField("expires_at")
+    assert changes[2].HasField("expires_at")
 
 
 def test_the_lists_in_a_redis_online_store(tmp_path: Path) -> None:
@@ -379,7 +413,7 @@ rules:
   - name: big-cnp
     action: decline
     priority: 10
-    when: {{channel: card_not_present, amount_eur: {{gt: 5000}}}}
+    when: {{channel: card_not_present, amount_eur: {{gt: 1000}}}}
   - name: mid-amount-review
     action: review
     scope: {{merchants: [{other}]}}
@@ -440,6 +474,20 @@ def _logged(root: Path, ids: set[str], timeout_s: float = 60) -> pd.DataFrame:
         time.sleep(1.0)
 
 
+def _check_history(report: dict[str, Any], data_dir: Path) -> None:
+    """The request-field rule's figures over the imported history equal a computation from
+    the transactions file itself."""
+    tx = pd.read_parquet(data_dir / layout.TRANSACTIONS_FILE)
+    eur = [money.amount_eur(a, c) for a, c in zip(tx["amount_minor"], tx["currency"], strict=True)]
+    tx["amount_eur"] = eur
+    fired = tx[(tx["channel"] == "card_not_present") & (tx["amount_eur"] > 1000)]
+    big = next(r for r in report["rules"] if r["name"] == "big-cnp")
+    assert report["payments"] == len(tx) and report["frauds"]["count"] == int(tx["is_fraud"].sum())
+    assert big["fires"]["count"] == len(fired) > 0
+    assert big["frauds"]["count"] == int(fired["is_fraud"].sum())
+    assert math.isclose(big["fires"]["amount_eur"], float(fired["amount_eur"].sum()))
+
+
 def test_a_backtest_gives_the_live_paths_decisions(
     policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path, prepared_env: Any
 ) -> None:
@@ -465,12 +513,15 @@ def test_a_backtest_gives_the_live_paths_decisions(
     logged = _logged(root, set(answers))
     out = tmp_path / "backtest.json"
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "rules", "backtest", version,
-         "--policy-dir", str(policy_dir), "--log-root", str(root), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "services.cli", "rules", "backtest", version, "--source", "both",
+         "--policy-dir", str(policy_dir), "--log-root", str(root), "--out", str(out),
+         "--var-dir", str(prepared_env.var_dir)],
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    replayed = {d["transaction_id"]: d for d in json.loads(out.read_text())["log"]["decisions"]}
+    document = json.loads(out.read_text())
+    _check_history(document["history"], prepared_env.data_dir)
+    replayed = {d["transaction_id"]: d for d in document["log"]["decisions"]}
     names = {pb.DECISION_APPROVE: "approve", pb.DECISION_REVIEW: "review",
              pb.DECISION_DECLINE: "decline"}  # fmt: skip
     why = set()
