@@ -17,13 +17,12 @@ flagged (logged as review or decline). The console calls the same function
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.domain import money
 from services.domain.decision import Decision, decide
-from services.domain.policy import Action, CompiledRule, Policy, payment_of
+from services.domain.policy import CompiledRule, Policy, payment_of
 
 FRAUD = "fraud"
 """The outcome of a fraudulent payment (the decision log's stored name)."""
@@ -290,16 +289,3 @@ def backtest(policy: Policy, rows: Iterable[LoggedPayment]) -> BacktestReport:
         unresolved=unresolved,
         replayed=tuple(replayed),
     )
-
-
-def action_of(decision: str) -> Action | None:
-    """The rule action a stored decision name stands for (None for an unknown name)."""
-    try:
-        return Action(decision)
-    except ValueError:
-        return None
-
-
-def finite(value: float | None) -> float | None:
-    """``value`` when it is a finite number, else None (for JSON)."""
-    return value if value is not None and math.isfinite(value) else None
