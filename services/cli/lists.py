@@ -2,8 +2,10 @@
 
 ``add`` is idempotent (the same entry again changes nothing), ``remove`` takes an entry
 off, ``show`` prints the entries with their reasons and expiries. Every gateway reads a
-change at its next poll, without a restart (docs/controls.md). Exit status 2: bad input
-(naming the field); 1: the store cannot be reached or the entry to remove is not there.
+change at its next poll, without a restart (docs/controls.md). Every change is audited on
+the event log (a ``ListChangeEvent``; an add that changes nothing writes none). Exit status
+2: bad input (naming the field); 1: the store cannot be reached, the entry to remove is not
+there, or the change was made but its audit record could not be written.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rich.table import Table
 from services.cli.exits import BAD_INPUT, REFUSED, fail
 from services.common.errors import InvalidArgument
 from services.domain.lists import ListEntry, ListKind, ListName, check_entry
+from services.eventlog import EventLogError, EventLogSettings, audit
 from services.featurestore.lists import ListStore, open_lists
 from services.featurestore.settings import from_env
 from services.models.lifecycle import default_actor
@@ -55,6 +58,30 @@ def _store(var_dir: Path | None, action: str) -> Iterator[ListStore]:
         store.close()
 
 
+def _audit(var_dir: Path | None, change: str, entry: ListEntry, generation: int) -> None:
+    """Writes the change's audit record on the event log; exit 1 when it cannot."""
+    settings = EventLogSettings(var_dir=var_dir) if var_dir is not None else EventLogSettings()
+    envelope = audit.list_change(
+        change,
+        entry.list.value,
+        entry.kind.value,
+        entry.value,
+        reason=entry.reason,
+        expires_at_s=entry.expires_at_s,
+        actor=entry.actor,
+        generation=generation,
+        changed_at_s=entry.added_at_s,
+    )
+    try:
+        audit.write(settings, envelope)
+    except (EventLogError, OSError) as error:
+        fail(
+            f"{change} made, audit failed",
+            f"the change is in the lists but not on the event log: {error}",
+            REFUSED,
+        )
+
+
 @app.command()
 def add(
     kind: KindArgument,
@@ -76,7 +103,10 @@ def add(
     entry = ListEntry(kind, value, list_name, reason, expires, now, default_actor())
     with _store(var_dir, "add") as store:
         changed = store.add(entry)
+        generation = store.generation() if changed else 0
     what = f"{kind.value} {value} on the {list_name.value} list"
+    if changed:
+        _audit(var_dir, "add", entry, generation)
     console.print(f"added {what}" if changed else f"unchanged: {what} already, as given")
 
 
@@ -90,6 +120,10 @@ def remove(
     """Takes an entry off a list."""
     with _store(var_dir, "remove") as store:
         removed = store.remove(list_name, kind, value)
+        generation = store.generation() if removed else 0
+    if removed:
+        gone = ListEntry(kind, value, list_name, "", None, time.time(), default_actor())
+        _audit(var_dir, "remove", gone, generation)
     if not removed:
         fail(
             "remove refused", f"{kind.value} {value} is not on the {list_name.value} list", REFUSED

@@ -17,7 +17,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.cli import backtest as backtest_cli
 from services.cli.exits import BAD_INPUT, REFUSED, fail
+from services.cli.policyfile import read_policy_file
 from services.common.errors import FailedPrecondition, FraudmeshError, InvalidArgument, NotFound
 from services.domain import policy as policy_domain
 from services.featurestore.settings import from_env
@@ -45,25 +47,6 @@ def _store(var_dir: Path | None, policy_dir: Path | None) -> PolicyStore:
     return PolicyStore(policy_dir or from_env(var_dir=var_dir).var_dir / POLICY_DIR)
 
 
-def _read_policy_file(path: Path, action: str) -> str:
-    """The file's text, refused in one line when unreadable, too large or not UTF-8."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(policy_domain.MAX_POLICY_BYTES + 1)
-    except OSError as error:
-        fail(f"{action} rejected", f"cannot read {path}: {error.strerror or error}", BAD_INPUT)
-    if len(data) > policy_domain.MAX_POLICY_BYTES:
-        fail(
-            f"{action} rejected",
-            f"{path}: policy is larger than {policy_domain.MAX_POLICY_BYTES} bytes",
-            BAD_INPUT,
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        fail(f"{action} rejected", f"{path}: not UTF-8 text", BAD_INPUT)
-
-
 def _refuse(action: str, error: Exception) -> NoReturn:
     """One line naming why ``action`` was not done: bad input (2) or a refusal (1)."""
     if isinstance(error, policy_domain.PolicyError):
@@ -82,7 +65,7 @@ def _live_text(state: PolicyState) -> str:
 @app.command()
 def validate(path: FileArgument) -> None:
     """Checks a policy file without publishing it."""
-    text = _read_policy_file(path, "validate")
+    text = read_policy_file(path, "validate")
     try:
         spec = policy_domain.parse(text)
     except policy_domain.PolicyError as error:
@@ -96,7 +79,7 @@ def publish(
     path: FileArgument, var_dir: VarDirOption = None, policy_dir: PolicyDirOption = None
 ) -> None:
     """Checks a policy file and stores it as the next version, a candidate (not live)."""
-    text = _read_policy_file(path, "publish")
+    text = read_policy_file(path, "publish")
     try:
         version = _store(var_dir, policy_dir).publish(text)
     except (policy_domain.PolicyError, FraudmeshError) as error:
@@ -163,3 +146,6 @@ def show(
     except FraudmeshError as error:
         _refuse("show", error)
     typer.echo(text, nl=not text.endswith("\n"))
+
+
+app.command("backtest")(backtest_cli.command)

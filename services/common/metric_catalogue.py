@@ -471,7 +471,7 @@ DECISIONLOG_LAST_FLUSH_AGE = _gauge(
 # The feature updater: records consumed, what they did to entity states, freshness, lag.
 UPDATER_RECORDS = _counter(
     "fraudmesh_updater_records_total",
-    "Records consumed from the event log, by kind (decision, outcome, invalid).",
+    "Records consumed from the event log, by kind (decision, outcome, list_change, invalid).",
     "updater", ("kind",),
 )  # fmt: skip
 UPDATER_CHANGES = _counter(
@@ -599,6 +599,9 @@ LIVE_LABELLED_FRAUDS = _gauge(
     "stand on).",
     "monitor", ("model_version", "maturity"),
 )  # fmt: skip
+RULE_FIRES = _gauge("fraudmesh_rule_fires", "Decisions in the rolling window a fraud team's rule fired on (live: it decided; shadow: it would have).", "monitor", ("rule", "mode", "action"))  # fmt: skip
+RULE_FIRE_RATIO = _gauge("fraudmesh_rule_fire_ratio", "A fraud team's rule's fires over every decision in the rolling window; NaN without any.", "monitor", ("rule", "mode", "action"))  # fmt: skip
+RULE_PRECISION = _gauge("fraudmesh_rule_precision", "Labelled frauds among the labelled decisions a fraud team's rule fired on (evaluation horizon); NaN without any.", "monitor", ("rule", "mode", "action"))  # fmt: skip
 REFERENCE_PRECISION = _gauge(
     "fraudmesh_reference_precision",
     "The version's test-period precision at the threshold: estimate and 95 % interval bounds.",

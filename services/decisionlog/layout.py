@@ -75,6 +75,9 @@ DECISION_SCHEMA = pa.schema(
         # Positions in ``features`` that took the version's default (parts written before
         # this column existed read it as null).
         pa.field("missing_features", pa.list_(pa.int32())),
+        # The fraud team's shadow rules that fired, ``name=action`` (null in parts written
+        # before this column existed).
+        pa.field("shadow_rules", pa.list_(pa.string())),
     ],
     metadata={"fraudmesh.table": "decisions", "fraudmesh.layout": "1"},
 )

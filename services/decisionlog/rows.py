@@ -127,6 +127,8 @@ class AddResult(enum.StrEnum):
     OUTCOME = "outcome"
     DUPLICATE = "duplicate"
     INVALID = "invalid"
+    OTHER = "other"
+    """An event the decision log does not keep (a change to the fraud team's lists)."""
 
 
 BufferKey = tuple[layout.Kind, int]
@@ -169,6 +171,8 @@ class Batch:
             return self._add_decision(envelope.decision, record.position)
         if kind == "outcome":
             return self._add_outcome(envelope.outcome, record.position)
+        if kind == "list_change":
+            return AddResult.OTHER
         return AddResult.INVALID
 
     def _seen(self, event_id: str) -> bool:
@@ -212,6 +216,7 @@ class Batch:
         c["feature_schema"].append(d.feature_schema or None)
         c["log_position"].append(position)
         c["missing_features"].append(list(d.missing_features))
+        c["shadow_rules"].append(list(d.shadow_rules))
         return AddResult.DECISION
 
     def _add_outcome(self, o: events_pb2.OutcomeEvent, position: str) -> AddResult:

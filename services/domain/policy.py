@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
-from services.domain import featurespec
+from services.domain import featurespec, money
 
 MAX_POLICY_BYTES = 256 * 1024
 """Largest policy text accepted: a few thousand rules; more is a mistake or an attack."""
@@ -150,6 +150,26 @@ class Payment:
     amount_eur: float
     currency: str
     card_not_present: bool
+
+
+def payment_of(
+    card_id: str,
+    merchant_id: str,
+    terminal_id: str,
+    amount_minor: int,
+    currency: str,
+    card_not_present: bool,
+) -> Payment:
+    """What a rule sees of a payment given by its request fields (the gateway's controls and
+    the backtest build it here, so both see the same amount in EUR)."""
+    return Payment(
+        card_id,
+        merchant_id,
+        terminal_id,
+        money.amount_eur(amount_minor, currency),
+        currency,
+        card_not_present,
+    )
 
 
 Check = Callable[[Payment, Mapping[str, float]], bool]

@@ -24,12 +24,15 @@ def feature_schema_id(names: Iterable[str]) -> str:
 
 def key_of(envelope: events_pb2.EventEnvelope) -> bytes:
     """The log key of an event: the card of a decision (so per-card order holds), the
-    transaction of an outcome."""
+    transaction of an outcome, the entry of a list change."""
     kind = envelope.WhichOneof("event")
     if kind == "decision":
         return envelope.decision.card_id.encode()
     if kind == "outcome":
         return envelope.outcome.transaction_id.encode()
+    if kind == "list_change":
+        change = envelope.list_change
+        return f"list:{change.kind}:{change.value}".encode()
     raise ValueError("the envelope carries no event")
 
 
@@ -52,4 +55,6 @@ def event_id_of(value: bytes) -> str:
         return envelope.decision.event_id
     if kind == "outcome":
         return envelope.outcome.event_id
+    if kind == "list_change":
+        return envelope.list_change.event_id
     return ""

@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 
 from services.common.errors import FailedPrecondition
 from services.common.polling import poll_forever
-from services.domain import featurespec, money
+from services.domain import featurespec
 from services.domain.lists import ListIndex, ListName
-from services.domain.policy import ACTION_SCORE, Action, Payment, Policy, PolicyError
+from services.domain.policy import ACTION_SCORE, Action, Policy, PolicyError, payment_of
 from services.featurestore.lists import ListStore
 from services.gateway.decision import Decision
 from services.gateway.pipeline import Call, Outright, ThresholdOverride
@@ -64,11 +64,11 @@ class PolicyControl:
         own = policy.merchant_thresholds.get(tx.merchant_id) if policy.merchant_thresholds else None
         if own is not None:
             call.thresholds = ThresholdOverride(own[0], own[1], policy_version(policy))
-        payment = Payment(
+        payment = payment_of(
             tx.card_id,
             tx.merchant_id,
             tx.terminal_id,
-            money.amount_eur(tx.amount_minor, tx.currency),
+            tx.amount_minor,
             tx.currency,
             tx.card_not_present,
         )

@@ -1,22 +1,8 @@
-"""Decisions and how a score becomes one under a version's thresholds."""
+"""Decisions and how a score becomes one under a version's thresholds (the domain's, so that
+a backtest decides exactly as the gateway does: ``services.domain.decision``)."""
 
 from __future__ import annotations
 
-import enum
+from services.domain.decision import Decision, decide
 
-
-class Decision(enum.Enum):
-    """What the payment system should do."""
-
-    APPROVE = "approve"
-    REVIEW = "review"
-    DECLINE = "decline"
-
-
-def decide(score: float, review: float, decline: float) -> Decision:
-    """Decline at or above ``decline``, review at or above ``review``, else approve."""
-    if score >= decline:
-        return Decision.DECLINE
-    if score >= review:
-        return Decision.REVIEW
-    return Decision.APPROVE
+__all__ = ["Decision", "decide"]

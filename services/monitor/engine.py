@@ -33,6 +33,14 @@ from services.eventlog.events import feature_schema_id
 from services.monitor import evaluation, tally
 from services.monitor.evaluation import HOUR_US, Cohort, Figures
 from services.monitor.references import ReferenceBook
+from services.monitor.rulewatch import (
+    RuleKey,
+    RuleView,
+    RuleWatch,
+    decode_rules,
+    encode_rules,
+    fired_rules,
+)
 from services.monitor.state import Decided, MonitorStore, Outcome, transaction_key
 from services.monitor.tally import Layout, Scored, Tally
 
@@ -46,6 +54,8 @@ _LABEL = {
     outcomes_pb2.OUTCOME_LEGITIMATE: evaluation.LABELS.index("legitimate"),
 }
 _DISPUTED = evaluation.LABELS.index("disputed")
+_RULE_WATCH = "rule_watch"
+"""The meta key of the rules' counts (``RuleWatch.encode``)."""
 _ENGINE = {
     pb.SCORED_BY_FIRST_STAGE: tally.FIRST_STAGE,
     pb.SCORED_BY_SMALL_MODEL: tally.SMALL_MODEL,
@@ -101,6 +111,8 @@ class _Pending:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     slices: set[tuple[str, str, int]] = field(default_factory=set)
     cohorts: set[tuple[str, int]] = field(default_factory=set)
+    fired: dict[int, tuple[int, tuple[RuleKey, ...]]] = field(default_factory=dict)
+    """Decision hour and rules of the new decisions a fraud team's rule fired on."""
     events: int = 0
 
 
@@ -137,6 +149,8 @@ class MonitorEngine:
         self._hours: dict[tuple[str, str, int], Tally] = {}
         """Sums of the slices of past hours, by version, arm and hour."""
         self._pending = _Pending()
+        self.rules = RuleWatch()
+        """The fraud team's rules: fire counts and labels per rule and hour."""
         self._load()
 
     def _load(self) -> None:
@@ -147,6 +161,7 @@ class MonitorEngine:
         since_hour = now_s // 3600 - self._cohort_hours()
         for version, hour, data in self.store.cohorts(since_hour):
             self.cohorts[(version, hour)] = Cohort.decode(data)
+        self.rules = RuleWatch.decode(self.store.meta(_RULE_WATCH))
         if self.slices or self.cohorts:
             log.info(
                 "monitor state restored",
@@ -181,6 +196,8 @@ class MonitorEngine:
                 decisions.append(envelope.decision)
             elif kind == "outcome":
                 outcomes.append(envelope.outcome)
+            elif kind == "list_change":
+                continue  # the lists' audit: nothing the monitor counts
             else:
                 stats.invalid += 1
         with self.lock:
@@ -241,12 +258,28 @@ class MonitorEngine:
             pending[d.key] = index
             cohort = self._cohort(d.version, d.hour)
             cohort.decided(d.decision, grid_bin)
+            rules = self._rules_decided(d)
             outcome = held.get(d.key)
             if outcome is not None and outcome.hour is None:
                 cohort.labelled(outcome.label, d.decision, grid_bin)
+                self.rules.labelled(d.hour, rules, evaluation.LABELS[outcome.label])
                 self._pending.outcomes[d.key] = Outcome(
                     outcome.label, outcome.reported_us, outcome.received_us, d.hour
                 )
+
+    def _rules_decided(self, d: _Decision) -> tuple[RuleKey, ...]:
+        """Counts the decision for the fraud team's rules; the rules that fired on it."""
+        rules = fired_rules(d.event)
+        self.rules.decided(d.hour, rules)
+        if rules:
+            self._pending.fired[d.key] = (d.hour, rules)
+        return rules
+
+    def _fired(self, keys: list[int]) -> dict[int, tuple[int, tuple[RuleKey, ...]]]:
+        """The hour and rules of the decisions of ``keys`` a fraud team's rule fired on."""
+        found = {k: (h, decode_rules(r)) for k, (h, r) in self.store.fired(keys).items()}
+        found.update({k: self._pending.fired[k] for k in keys if k in self._pending.fired})
+        return found
 
     def _cohort(self, version: str, hour: int) -> Cohort:
         key = (version, hour)
@@ -367,6 +400,7 @@ class MonitorEngine:
         unknown = [k for k in latest if k not in self._pending.decided]
         decided = {**self.store.decided(unknown)}
         decided.update({k: self._pending.decided[k] for k in latest if k in self._pending.decided})
+        fired = self._fired(list(latest))
         for key, outcome in latest.items():
             before = stored.get(key)
             if before is not None and not outcome.newer_than(before):
@@ -377,9 +411,12 @@ class MonitorEngine:
                 self._pending.outcomes[key] = outcome
                 continue
             cohort = self._cohort(index.version, index.hour)
+            rules = fired.get(key, (index.hour, ()))[1]
             if before is not None and before.hour is not None:
                 cohort.labelled(before.label, index.decision, index.bin, -1)
+                self.rules.labelled(index.hour, rules, evaluation.LABELS[before.label], -1)
             cohort.labelled(outcome.label, index.decision, index.bin)
+            self.rules.labelled(index.hour, rules, evaluation.LABELS[outcome.label])
             self._pending.outcomes[key] = Outcome(
                 outcome.label, outcome.reported_us, outcome.received_us, index.hour
             )
@@ -403,7 +440,8 @@ class MonitorEngine:
                     for v, h in p.cohorts
                     if (v, h) in self.cohorts
                 ],
-                {"checkpoint_at": str(time.time())},
+                {"checkpoint_at": str(time.time()), _RULE_WATCH: self.rules.encode()},
+                [(k, h, encode_rules(r)) for k, (h, r) in p.fired.items()],
             )
             covered = p.events
             self._pending = _Pending()
@@ -423,6 +461,7 @@ class MonitorEngine:
                 del self._hours[key]
             for hour_key in [k for k in self.cohorts if k[1] < cohorts_before]:
                 del self.cohorts[hour_key]
+            self.rules.prune(cohorts_before)
             self.store.prune(
                 slices_before, cohorts_before, index_before, (now - 86_400 * p.index_days) * _US
             )
@@ -489,6 +528,14 @@ class MonitorEngine:
             "matured": evaluation.figures(matured, True),
             "immature": evaluation.figures(immature, False),
         }
+
+    def rule_views(self, now_s: float | None = None) -> list[RuleView]:
+        """Each fraud team's rule's fire rate over the rolling window and its precision over
+        the decisions of the evaluation's horizon."""
+        now = time.time() if now_s is None else now_s
+        since_hour = int(now - self.policy.window_s) // 3600
+        with self.lock:
+            return self.rules.views(since_hour, int(now) // 3600 - self._cohort_hours())
 
     def evaluated_versions(self) -> set[str]:
         """Versions with cohorts."""

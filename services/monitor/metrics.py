@@ -31,6 +31,9 @@ class MonitorMetrics:
         self.live_ap = catalogue.LIVE_AVERAGE_PRECISION.create(registry)
         self.labelled_ratio = catalogue.LABELLED_RATIO.create(registry)
         self.labelled_frauds = catalogue.LIVE_LABELLED_FRAUDS.create(registry)
+        self.rule_fires = catalogue.RULE_FIRES.create(registry)
+        self.rule_fire_ratio = catalogue.RULE_FIRE_RATIO.create(registry)
+        self.rule_precision = catalogue.RULE_PRECISION.create(registry)
         self.reference_precision = catalogue.REFERENCE_PRECISION.create(registry)
         self.reference_recall = catalogue.REFERENCE_RECALL.create(registry)
         self.advised = catalogue.RETRAINING_ADVISED.create(registry)
@@ -106,6 +109,11 @@ class MonitorMetrics:
                 put(self.labelled_ratio, (version, maturity), figures.labelled_ratio)
                 put(self.labelled_frauds, (version, maturity), figures.frauds)
             put(self.advised, (version,), 1.0 if version in advised else 0.0)
+        for rule in snapshot.rules:
+            rule_labels = (rule.name, rule.mode, rule.action)
+            put(self.rule_fires, rule_labels, rule.fires)
+            put(self.rule_fire_ratio, rule_labels, rule.fire_ratio)
+            put(self.rule_precision, rule_labels, rule.precision)
         for gauge, labels in self._published.items():
             for gone in labels - seen.get(gauge, set()):
                 gauge.remove(*gone)

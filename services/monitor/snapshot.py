@@ -15,6 +15,7 @@ from services.models.reference import ModelReference
 from services.monitor import tally
 from services.monitor.engine import MonitorEngine
 from services.monitor.evaluation import Figures
+from services.monitor.rulewatch import RuleView
 from services.monitor.tally import Drift
 
 
@@ -40,6 +41,8 @@ class Snapshot:
 
     at: float
     versions: dict[str, VersionView]
+    rules: list[RuleView] = field(default_factory=list)
+    """The fraud team's rules, live and in shadow: fire rate and precision."""
 
 
 def take(engine: MonitorEngine, now_s: float | None = None) -> Snapshot:
@@ -61,7 +64,7 @@ def take(engine: MonitorEngine, now_s: float | None = None) -> Snapshot:
             live=engine.evaluation(version, now),
             reference=layout.reference,
         )
-    return Snapshot(now, views)
+    return Snapshot(now, views, engine.rule_views(now))
 
 
 def finite(value: float) -> bool:

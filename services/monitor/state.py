@@ -14,6 +14,8 @@ Tables::
                                                horizon: what an outcome is joined to
     outcomes(key, label, reported, received,   the latest outcome of a transaction; hour is
              hour)                             its decision's (NULL until the decision came)
+    rule_fired(key, hour, rules)               the fraud team's rules that fired on a decision
+                                               (``rulewatch``), for its outcome to come
 
 ``key`` is a 64-bit hash of the transaction id (``transaction_key``); ``version`` in
 ``decided`` is a code from ``versions(code, version)``.
@@ -44,8 +46,11 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS outcomes (key INTEGER PRIMARY KEY, label INTEGER NOT NULL, "
     "reported INTEGER NOT NULL, received INTEGER NOT NULL, hour INTEGER)",
     "CREATE INDEX IF NOT EXISTS outcomes_by_received ON outcomes (received)",
+    "CREATE TABLE IF NOT EXISTS rule_fired (key INTEGER PRIMARY KEY, hour INTEGER NOT NULL, "
+    "rules TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS rule_fired_by_hour ON rule_fired (hour)",
 )
-_TABLES = ("meta", "versions", "slices", "cohorts", "decided", "outcomes")
+_TABLES = ("meta", "versions", "slices", "cohorts", "decided", "outcomes", "rule_fired")
 _CHUNK = 500
 """Keys per ``IN (...)`` query (well under SQLite's variable limit)."""
 
@@ -157,6 +162,16 @@ class MonitorStore:
                 found[key] = Outcome(label, reported, received, hour)
         return found
 
+    def fired(self, keys: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """The decision hour and stored rules of the decisions of ``keys`` a rule fired on."""
+        found: dict[int, tuple[int, str]] = {}
+        for chunk in _chunks(keys):
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT key, hour, rules FROM rule_fired WHERE key IN ({marks})"
+            for key, hour, rules in self._db.execute(query, chunk):
+                found[int(key)] = (int(hour), str(rules))
+        return found
+
     def counts(self) -> dict[str, int]:
         """Rows per table (for logs and tests)."""
         return {
@@ -173,8 +188,10 @@ class MonitorStore:
         slices: Iterable[tuple[str, str, int, bytes]],
         cohorts: Iterable[tuple[str, int, bytes]],
         meta: dict[str, str],
+        fired: Iterable[tuple[int, int, str]] = (),
     ) -> None:
-        """Writes one checkpoint in one transaction."""
+        """Writes one checkpoint in one transaction (``fired``: key, hour and rules of the
+        decisions a rule of the fraud team fired on)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -187,6 +204,7 @@ class MonitorStore:
             db.executemany("INSERT OR REPLACE INTO slices VALUES (?, ?, ?, ?)", slices)
             db.executemany("INSERT OR REPLACE INTO cohorts VALUES (?, ?, ?)", cohorts)
             db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+            db.executemany("INSERT OR IGNORE INTO rule_fired VALUES (?, ?, ?)", fired)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -218,6 +236,7 @@ class MonitorStore:
             db.execute("DELETE FROM slices WHERE start < ?", (slices_before,))
             db.execute("DELETE FROM cohorts WHERE hour < ?", (cohorts_before_hour,))
             db.execute("DELETE FROM decided WHERE hour < ?", (index_before_hour,))
+            db.execute("DELETE FROM rule_fired WHERE hour < ?", (index_before_hour,))
             db.execute(
                 "DELETE FROM outcomes WHERE received < ? AND (hour IS NULL OR hour < ?)",
                 (outcomes_received_before, index_before_hour),

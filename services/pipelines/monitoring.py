@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from services.models import repository
 from services.monitor import advice as monitor_advice
 from services.monitor import evaluation
 from services.monitor.engine import MonitorPolicy
+from services.monitor.rulewatch import RuleWatch, rules_fired
 from services.pipelines import decisions
 from services.pipelines.retraining import Labelling, labellings
 
@@ -55,6 +56,8 @@ _COLUMNS = (
     "shadow_score",
     "shadow_model_version",
     "scored_by",
+    "reasons",
+    "shadow_rules",
 )
 _DECISIONS = ("approve", "review", "decline")
 _FLAGGED = {"review": ("review", "decline"), "decline": ("decline",)}
@@ -81,6 +84,9 @@ class Report:
     params: ReportParams
     versions: dict[str, dict[str, Any]] = field(default_factory=dict)
     advice: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    """The fraud team's rules, live and in shadow: fires, fire ratio, labelled frauds and
+    good payments, precision (``rule_figures``)."""
     hourly: dict[str, pd.DataFrame] = field(default_factory=dict)
     """Decision counts per period and decision, per version (the PNG's last panel)."""
     score_bins: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -98,6 +104,7 @@ class Report:
                 },
                 "versions": self.versions,
                 "advice": self.advice,
+                "rules": self.rules,
             }
         )
 
@@ -144,6 +151,7 @@ def build(
         if len(shadowed) and known is not None:
             entry = report.versions.setdefault(version, {"decisions": 0})
             entry["shadow"] = _shadow(shadowed, known, p)
+    report.rules = rule_figures(frame)
     if advice_file is not None:
         report.advice = [
             entry
@@ -151,6 +159,28 @@ def build(
             if _within(float(entry.get("at_s", 0.0)), p)
         ]
     return report
+
+
+def rule_figures(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each rule's figures over the decisions of ``frame``, counted as the monitor counts
+    them (``services.monitor.rulewatch``)."""
+    watch = RuleWatch()
+    if "shadow_rules" not in frame.columns or "reasons" not in frame.columns:
+        return []
+    for row in frame[
+        ["scored_by", "model_version", "reasons", "decision", "shadow_rules", "outcome"]
+    ].itertuples(index=False):
+        rules = rules_fired(
+            row.scored_by == "rules",
+            str(row.model_version or ""),
+            list(row.reasons if row.reasons is not None else ()),
+            str(row.decision or ""),
+            list(row.shadow_rules if row.shadow_rules is not None else ()),
+        )
+        watch.decided(0, rules)
+        if isinstance(row.outcome, str):
+            watch.labelled(0, rules, row.outcome)
+    return [asdict(view) for view in watch.views(0, 0)]
 
 
 def _within(at_s: float, p: ReportParams) -> bool:
@@ -364,6 +394,23 @@ def _shadow(rows: pd.DataFrame, known: _Known, p: ReportParams) -> dict[str, Any
 # -- output -----------------------------------------------------------------------------------
 
 
+def _rule_lines(rules: list[dict[str, Any]]) -> list[str]:
+    if not rules:
+        return []
+    lines = [
+        "## The fraud team's rules",
+        "",
+        "| rule | mode | action | fires | fire ratio | frauds | good | precision |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rules:
+        lines.append(
+            f"| {r['name']} | {r['mode']} | {r['action']} | {r['fires']:,} | "
+            f"{_num(r['fire_ratio'])} | {r['frauds']:,} | {r['goods']:,} | {_num(r['precision'])} |"
+        )
+    return [*lines, ""]
+
+
 def markdown(report: Report, pngs: Mapping[str, str] | None = None) -> str:
     """The report as Markdown (tables; image links when ``pngs`` names them)."""
     p = report.params
@@ -390,6 +437,7 @@ def markdown(report: Report, pngs: Mapping[str, str] | None = None) -> str:
             ]
         if pngs and version in pngs:
             lines += [f"![version {version}]({pngs[version]})", ""]
+    lines += _rule_lines(report.rules)
     lines += ["## Retraining advice", ""]
     if not report.advice:
         lines.append("None in the window.")

@@ -132,6 +132,10 @@ class UpdateLoop(ConsumeLoop):
                     created = _seconds(envelope.decision.decided_at)
                 elif kind == "outcome":
                     created = _seconds(envelope.outcome.received_at)
+                elif kind == "list_change":
+                    # The lists' audit: no feature moves with it.
+                    m.records.labels(kind).inc()
+                    continue
                 else:
                     raise ValueError("the envelope carries no event")
                 applied = self._agg.apply(envelope, record.value)

@@ -12,6 +12,10 @@ the ``fraudmesh rules`` and ``fraudmesh lists`` commands, as an operator makes i
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+import os
 import subprocess
 import sys
 import time
@@ -24,11 +28,13 @@ import grpc
 import pandas as pd
 import pytest
 
-from fraud.v1 import events_pb2
+from fraud.v1 import events_pb2, outcomes_pb2, outcomes_pb2_grpc
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest.brokers import RedisServer
-from services.common.settings import to_env
+from services.common.settings import from_mapping, to_env
+from services.decisionlog.settings import DecisionLogSettings
+from services.domain import money
 from services.domain.lists import ListEntry, ListKind, ListName
 from services.eventlog import EventLogSettings, open_consumer
 from services.featurestore import layout
@@ -36,6 +42,7 @@ from services.featurestore.lists import open_lists
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig
 from services.models.policies import PolicyStore
+from services.pipelines import decisions as decisions_reader
 
 from .conftest import Known, first_full_quality, register_logs, score_request
 
@@ -278,13 +285,34 @@ def _wait_for_events(mesh: Mesh, ids: set[str]) -> list[events_pb2.DecisionEvent
 
 
 def _lists(var_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own."""
+    """``fraudmesh lists ARGS --var-dir DIR`` in a process of its own, auditing on the mesh's
+    event log."""
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "lists", *args, "--var-dir", str(var_dir)],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, **to_env(EventLogSettings, topic=EVENT_TOPIC)},
     )
+
+
+def _list_changes(mesh: Mesh, value: str, count: int) -> list[events_pb2.ListChangeEvent]:
+    """The audit records of the lists' changes of ``value`` on the mesh's event log, once
+    ``count`` arrived (and any more that came with them)."""
+    settings = EventLogSettings(var_dir=mesh.config.var_dir, topic=EVENT_TOPIC, groups=())
+    found: list[events_pb2.ListChangeEvent] = []
+    deadline = time.monotonic() + 30
+    with open_consumer(settings, f"lists-{uuid.uuid4().hex[:8]}") as consumer:
+        while time.monotonic() < deadline:
+            records = consumer.poll(5000, 0.5)
+            for record in records:
+                envelope = record.envelope()
+                kind = envelope.WhichOneof("event")
+                if kind == "list_change" and envelope.list_change.value == value:
+                    found.append(envelope.list_change)
+            if len(found) >= count and not records:
+                break
+    return found
 
 
 def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
@@ -314,6 +342,16 @@ def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
     assert expiring.returncode == 0, expiring.stderr
     _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
     _until_all(policy_mesh, pay, _by_model, timeout_s=30.0)
+    # Every change is on the event log, once: the add that changed nothing is not.
+    changes = _list_changes(policy_mesh, known.card_id, 3)
+    assert [c.change for c in changes] == [
+        events_pb2.LIST_CHANGE_ADD,
+        events_pb2.LIST_CHANGE_REMOVE,
+        events_pb2.LIST_CHANGE_ADD,
+    ]
+    assert {(c.list, c.kind) for c in changes} == {("block", "card")}
+    assert changes[0].reason == "confirmed fraud" and not changes[0].HasField("expires_at")
+    assert changes[2].HasField("expires_at")
 
 
 def test_the_lists_in_a_redis_online_store(tmp_path: Path) -> None:
@@ -365,3 +403,137 @@ def _other_merchant(data_dir: Path, known: Known) -> str:
     data = data_dir / layout.TRANSACTIONS_FILE
     merchants = pd.read_parquet(data, columns=["merchant_id"])["merchant_id"]
     return str(next(m for m in merchants.value_counts().index if m != known.merchant_id))
+
+
+def _backtest_policy(merchant: str, other: str) -> str:
+    """Live rules on the request and on a feature, a shadow rule, and one merchant's own
+    thresholds: every way the policy decides."""
+    return f"""
+rules:
+  - name: big-cnp
+    action: decline
+    priority: 10
+    when: {{channel: card_not_present, amount_eur: {{gt: 1000}}}}
+  - name: mid-amount-review
+    action: review
+    scope: {{merchants: [{other}]}}
+    when: {{features: {{amount_eur: {{gte: 700, lt: 900}}}}}}
+  - name: probe
+    action: review
+    when: {{terminal: [{PROBE_TERMINAL}]}}
+  - name: shadow-cnp
+    action: decline
+    mode: shadow
+    when: {{channel: card_not_present}}
+thresholds:
+  - merchants: [{merchant}]
+    review: 0.0001
+    decline: 0.5
+"""
+
+
+def _mixed_traffic(known: Known, other: str, marker: str) -> list[pb.ScoreRequest]:
+    """Payments each rule decides, some no rule decides, at two merchants, present or not."""
+    requests = []
+    kinds = itertools.product(
+        (1_000, 80_000, 120_000, 600_000), (False, True), (known.merchant_id, other)
+    )
+    for i, (amount, cnp, merchant) in enumerate(kinds):
+        channel = pb.CHANNEL_CARD_NOT_PRESENT if cnp else pb.CHANNEL_CARD_PRESENT
+        req = score_request(known, amount_minor=amount, merchant_id=merchant, channel=channel)
+        req.transaction_id = f"{marker}-{i}"
+        requests.append(req)
+    return requests
+
+
+def _report_outcomes(target: str, ids: list[str]) -> None:
+    """Every other payment a fraud, the rest legitimate, as a chargeback feed would."""
+    with grpc.insecure_channel(target) as channel:
+        stub = outcomes_pb2_grpc.OutcomeServiceStub(channel)
+        for i, tx in enumerate(ids):
+            req = outcomes_pb2.ReportOutcomeRequest(
+                transaction_id=tx,
+                outcome=outcomes_pb2.OUTCOME_FRAUD if i % 2 else outcomes_pb2.OUTCOME_LEGITIMATE,
+                source=outcomes_pb2.OUTCOME_SOURCE_CHARGEBACK,
+            )
+            req.reported_at.FromNanoseconds(time.time_ns())
+            stub.ReportOutcome(req, timeout=5)
+
+
+def _logged(root: Path, ids: set[str], timeout_s: float = 60) -> pd.DataFrame:
+    """The decision log's rows of ``ids`` once every one of them and its outcome landed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        table, _ = decisions_reader.joined(root)
+        frame = table.to_pandas()
+        frame = frame[frame["transaction_id"].isin(ids)]
+        if set(frame["transaction_id"]) == ids and frame["outcome"].notna().all():
+            return frame.set_index("transaction_id")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(frame)} of {len(ids)} decisions with outcomes in the log")
+        time.sleep(1.0)
+
+
+def _check_history(report: dict[str, Any], data_dir: Path) -> None:
+    """The request-field rule's figures over the imported history equal a computation from
+    the transactions file itself."""
+    tx = pd.read_parquet(data_dir / layout.TRANSACTIONS_FILE)
+    eur = [money.amount_eur(a, c) for a, c in zip(tx["amount_minor"], tx["currency"], strict=True)]
+    tx["amount_eur"] = eur
+    fired = tx[(tx["channel"] == "card_not_present") & (tx["amount_eur"] > 1000)]
+    big = next(r for r in report["rules"] if r["name"] == "big-cnp")
+    assert report["payments"] == len(tx) and report["frauds"]["count"] == int(tx["is_fraud"].sum())
+    assert big["fires"]["count"] == len(fired) > 0
+    assert big["frauds"]["count"] == int(fired["is_fraud"].sum())
+    assert math.isclose(big["fires"]["amount_eur"], float(fired["amount_eur"].sum()))
+
+
+def test_a_backtest_gives_the_live_paths_decisions(
+    policy_mesh: Mesh, known: Known, policy_dir: Path, tmp_path: Path, prepared_env: Any
+) -> None:
+    other = _other_merchant(prepared_env.data_dir, known)
+    path = tmp_path / "backtested.yaml"
+    path.write_text(_backtest_policy(known.merchant_id, other))
+    published = _rules(policy_dir, "publish", str(path))
+    assert published.returncode == 0, published.stderr
+    version = published.stdout.split("policy v", 1)[1].split()[0]
+    assert _rules(policy_dir, "promote", version).returncode == 0
+    _until_all(
+        policy_mesh,
+        lambda: score_request(known, terminal_id=PROBE_TERMINAL),
+        lambda a: a.model_version == f"policy-{version}",
+    )
+    marker = f"backtest-{uuid.uuid4().hex[:8]}"
+    targets = list(_targets(policy_mesh).values())
+    answers = {}
+    for i, req in enumerate(_mixed_traffic(known, other, marker)):
+        answers[req.transaction_id] = _answer(targets[i % len(targets)], req)
+    _report_outcomes(policy_mesh.config.envoy_target, sorted(answers))
+    root = from_mapping(DecisionLogSettings, policy_mesh.config.decisionlog_env()).root_path
+    logged = _logged(root, set(answers))
+    out = tmp_path / "backtest.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "rules", "backtest", version, "--source", "both",
+         "--policy-dir", str(policy_dir), "--log-root", str(root), "--out", str(out),
+         "--var-dir", str(prepared_env.var_dir)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out.read_text())
+    _check_history(document["history"], prepared_env.data_dir)
+    replayed = {d["transaction_id"]: d for d in document["log"]["decisions"]}
+    names = {pb.DECISION_APPROVE: "approve", pb.DECISION_REVIEW: "review",
+             pb.DECISION_DECLINE: "decline"}  # fmt: skip
+    why = set()
+    for tx, answer in answers.items():
+        mine, row = replayed[tx], logged.loc[tx]
+        assert mine["decision"] == names[answer.decision] == row["decision"], (tx, mine, answer)
+        by_rule = answer.model_version == f"policy-{version}"
+        rule = answer.reasons[0].split(":")[0].removeprefix("rule ") if by_rule else ""
+        assert (mine["rule"] or "") == rule, (tx, mine, answer.reasons)
+        assert mine["shadow_rules"] == list(row["shadow_rules"]), (tx, mine, row["shadow_rules"])
+        why.add(mine["why"])
+    # The traffic went every way the policy decides: a rule, or the model on the merchant's own
+    # thresholds or on the version's.
+    assert {"rule", "thresholds", "as logged"} <= why, why
+    assert _rules(policy_dir, "rollback").returncode == 0

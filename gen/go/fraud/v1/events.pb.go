@@ -74,6 +74,58 @@ func (Route) EnumDescriptor() ([]byte, []int) {
 	return file_fraud_v1_events_proto_rawDescGZIP(), []int{0}
 }
 
+// ListChange says what a change did to the fraud team's lists.
+type ListChange int32
+
+const (
+	ListChange_LIST_CHANGE_UNSPECIFIED ListChange = 0
+	// An entry was put on a list (or replaced with another reason or expiry).
+	ListChange_LIST_CHANGE_ADD ListChange = 1
+	// An entry was taken off a list.
+	ListChange_LIST_CHANGE_REMOVE ListChange = 2
+)
+
+// Enum value maps for ListChange.
+var (
+	ListChange_name = map[int32]string{
+		0: "LIST_CHANGE_UNSPECIFIED",
+		1: "LIST_CHANGE_ADD",
+		2: "LIST_CHANGE_REMOVE",
+	}
+	ListChange_value = map[string]int32{
+		"LIST_CHANGE_UNSPECIFIED": 0,
+		"LIST_CHANGE_ADD":         1,
+		"LIST_CHANGE_REMOVE":      2,
+	}
+)
+
+func (x ListChange) Enum() *ListChange {
+	p := new(ListChange)
+	*p = x
+	return p
+}
+
+func (x ListChange) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ListChange) Descriptor() protoreflect.EnumDescriptor {
+	return file_fraud_v1_events_proto_enumTypes[1].Descriptor()
+}
+
+func (ListChange) Type() protoreflect.EnumType {
+	return &file_fraud_v1_events_proto_enumTypes[1]
+}
+
+func (x ListChange) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ListChange.Descriptor instead.
+func (ListChange) EnumDescriptor() ([]byte, []int) {
+	return file_fraud_v1_events_proto_rawDescGZIP(), []int{1}
+}
+
 // DecisionEvent is one answered Score call: what was asked, what the model saw
 // and what was answered. Emitted after the answer was sent.
 type DecisionEvent struct {
@@ -467,6 +519,135 @@ func (x *OutcomeEvent) GetReportedBy() string {
 	return ""
 }
 
+// ListChangeEvent is one change to the fraud team's block and allow lists
+// (`fraudmesh lists add/remove`), written after the change is in the online
+// store: the audit of the lists. An add that changes nothing writes none.
+type ListChangeEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique id of this event.
+	EventId string `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// What the change did.
+	Change ListChange `protobuf:"varint,2,opt,name=change,proto3,enum=fraud.v1.ListChange" json:"change,omitempty"`
+	// The list: "block" or "allow".
+	List string `protobuf:"bytes,3,opt,name=list,proto3" json:"list,omitempty"`
+	// What the entry names: "card", "card_prefix", "merchant" or "terminal".
+	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The card, card prefix, merchant or terminal.
+	Value string `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	// The entry's reason (an add); empty for a removal.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When the entry expires (an add); absent when it never does.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Who made the change.
+	Actor string `protobuf:"bytes,8,opt,name=actor,proto3" json:"actor,omitempty"`
+	// When the change was made.
+	ChangedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=changed_at,json=changedAt,proto3" json:"changed_at,omitempty"`
+	// The lists' generation read right after the change.
+	Generation    int64 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListChangeEvent) Reset() {
+	*x = ListChangeEvent{}
+	mi := &file_fraud_v1_events_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListChangeEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListChangeEvent) ProtoMessage() {}
+
+func (x *ListChangeEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fraud_v1_events_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListChangeEvent.ProtoReflect.Descriptor instead.
+func (*ListChangeEvent) Descriptor() ([]byte, []int) {
+	return file_fraud_v1_events_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListChangeEvent) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetChange() ListChange {
+	if x != nil {
+		return x.Change
+	}
+	return ListChange_LIST_CHANGE_UNSPECIFIED
+}
+
+func (x *ListChangeEvent) GetList() string {
+	if x != nil {
+		return x.List
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *ListChangeEvent) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ListChangeEvent) GetChangedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ChangedAt
+	}
+	return nil
+}
+
+func (x *ListChangeEvent) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // EventEnvelope is one record on the event log: exactly one event.
 type EventEnvelope struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -476,6 +657,7 @@ type EventEnvelope struct {
 	//
 	//	*EventEnvelope_Decision
 	//	*EventEnvelope_Outcome
+	//	*EventEnvelope_ListChange
 	Event         isEventEnvelope_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -483,7 +665,7 @@ type EventEnvelope struct {
 
 func (x *EventEnvelope) Reset() {
 	*x = EventEnvelope{}
-	mi := &file_fraud_v1_events_proto_msgTypes[2]
+	mi := &file_fraud_v1_events_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +677,7 @@ func (x *EventEnvelope) String() string {
 func (*EventEnvelope) ProtoMessage() {}
 
 func (x *EventEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fraud_v1_events_proto_msgTypes[2]
+	mi := &file_fraud_v1_events_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +690,7 @@ func (x *EventEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventEnvelope.ProtoReflect.Descriptor instead.
 func (*EventEnvelope) Descriptor() ([]byte, []int) {
-	return file_fraud_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_fraud_v1_events_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EventEnvelope) GetEvent() isEventEnvelope_Event {
@@ -536,6 +718,15 @@ func (x *EventEnvelope) GetOutcome() *OutcomeEvent {
 	return nil
 }
 
+func (x *EventEnvelope) GetListChange() *ListChangeEvent {
+	if x != nil {
+		if x, ok := x.Event.(*EventEnvelope_ListChange); ok {
+			return x.ListChange
+		}
+	}
+	return nil
+}
+
 type isEventEnvelope_Event interface {
 	isEventEnvelope_Event()
 }
@@ -550,9 +741,17 @@ type EventEnvelope_Outcome struct {
 	Outcome *OutcomeEvent `protobuf:"bytes,2,opt,name=outcome,proto3,oneof"`
 }
 
+type EventEnvelope_ListChange struct {
+	// A change to the fraud team's lists, keyed by "list:<kind>:<value>". Consumers
+	// that do not audit lists skip it.
+	ListChange *ListChangeEvent `protobuf:"bytes,3,opt,name=list_change,json=listChange,proto3,oneof"`
+}
+
 func (*EventEnvelope_Decision) isEventEnvelope_Event() {}
 
 func (*EventEnvelope_Outcome) isEventEnvelope_Event() {}
+
+func (*EventEnvelope_ListChange) isEventEnvelope_Event() {}
 
 var File_fraud_v1_events_proto protoreflect.FileDescriptor
 
@@ -603,16 +802,39 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"\vreceived_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"receivedAt\x12\x1f\n" +
 	"\vreported_by\x18\a \x01(\tR\n" +
-	"reportedBy\"\x83\x01\n" +
+	"reportedBy\"\xdc\x02\n" +
+	"\x0fListChangeEvent\x12\x19\n" +
+	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12,\n" +
+	"\x06change\x18\x02 \x01(\x0e2\x14.fraud.v1.ListChangeR\x06change\x12\x12\n" +
+	"\x04list\x18\x03 \x01(\tR\x04list\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\tR\x05value\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x14\n" +
+	"\x05actor\x18\b \x01(\tR\x05actor\x129\n" +
+	"\n" +
+	"changed_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tchangedAt\x12\x1e\n" +
+	"\n" +
+	"generation\x18\n" +
+	" \x01(\x03R\n" +
+	"generation\"\xc1\x01\n" +
 	"\rEventEnvelope\x125\n" +
 	"\bdecision\x18\x01 \x01(\v2\x17.fraud.v1.DecisionEventH\x00R\bdecision\x122\n" +
-	"\aoutcome\x18\x02 \x01(\v2\x16.fraud.v1.OutcomeEventH\x00R\aoutcomeB\a\n" +
+	"\aoutcome\x18\x02 \x01(\v2\x16.fraud.v1.OutcomeEventH\x00R\aoutcome\x12<\n" +
+	"\vlist_change\x18\x03 \x01(\v2\x19.fraud.v1.ListChangeEventH\x00R\n" +
+	"listChangeB\a\n" +
 	"\x05event*@\n" +
 	"\x05Route\x12\x15\n" +
 	"\x11ROUTE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"ROUTE_LIVE\x10\x01\x12\x10\n" +
-	"\fROUTE_CANARY\x10\x02B\x94\x01\n" +
+	"\fROUTE_CANARY\x10\x02*V\n" +
+	"\n" +
+	"ListChange\x12\x1b\n" +
+	"\x17LIST_CHANGE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fLIST_CHANGE_ADD\x10\x01\x12\x16\n" +
+	"\x12LIST_CHANGE_REMOVE\x10\x02B\x94\x01\n" +
 	"\fcom.fraud.v1B\vEventsProtoP\x01Z6github.com/fraudmesh/fraudmesh/gen/go/fraud/v1;fraudv1\xa2\x02\x03FXX\xaa\x02\bFraud.V1\xca\x02\bFraud\\V1\xe2\x02\x14Fraud\\V1\\GPBMetadata\xea\x02\tFraud::V1b\x06proto3"
 
 var (
@@ -627,38 +849,44 @@ func file_fraud_v1_events_proto_rawDescGZIP() []byte {
 	return file_fraud_v1_events_proto_rawDescData
 }
 
-var file_fraud_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fraud_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_fraud_v1_events_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_fraud_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_fraud_v1_events_proto_goTypes = []any{
 	(Route)(0),                    // 0: fraud.v1.Route
-	(*DecisionEvent)(nil),         // 1: fraud.v1.DecisionEvent
-	(*OutcomeEvent)(nil),          // 2: fraud.v1.OutcomeEvent
-	(*EventEnvelope)(nil),         // 3: fraud.v1.EventEnvelope
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
-	(FeatureSource)(0),            // 5: fraud.v1.FeatureSource
-	(Decision)(0),                 // 6: fraud.v1.Decision
-	(ScoredBy)(0),                 // 7: fraud.v1.ScoredBy
-	(Outcome)(0),                  // 8: fraud.v1.Outcome
-	(OutcomeSource)(0),            // 9: fraud.v1.OutcomeSource
+	(ListChange)(0),               // 1: fraud.v1.ListChange
+	(*DecisionEvent)(nil),         // 2: fraud.v1.DecisionEvent
+	(*OutcomeEvent)(nil),          // 3: fraud.v1.OutcomeEvent
+	(*ListChangeEvent)(nil),       // 4: fraud.v1.ListChangeEvent
+	(*EventEnvelope)(nil),         // 5: fraud.v1.EventEnvelope
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(FeatureSource)(0),            // 7: fraud.v1.FeatureSource
+	(Decision)(0),                 // 8: fraud.v1.Decision
+	(ScoredBy)(0),                 // 9: fraud.v1.ScoredBy
+	(Outcome)(0),                  // 10: fraud.v1.Outcome
+	(OutcomeSource)(0),            // 11: fraud.v1.OutcomeSource
 }
 var file_fraud_v1_events_proto_depIdxs = []int32{
-	4,  // 0: fraud.v1.DecisionEvent.timestamp:type_name -> google.protobuf.Timestamp
-	5,  // 1: fraud.v1.DecisionEvent.feature_source:type_name -> fraud.v1.FeatureSource
-	6,  // 2: fraud.v1.DecisionEvent.decision:type_name -> fraud.v1.Decision
-	7,  // 3: fraud.v1.DecisionEvent.scored_by:type_name -> fraud.v1.ScoredBy
+	6,  // 0: fraud.v1.DecisionEvent.timestamp:type_name -> google.protobuf.Timestamp
+	7,  // 1: fraud.v1.DecisionEvent.feature_source:type_name -> fraud.v1.FeatureSource
+	8,  // 2: fraud.v1.DecisionEvent.decision:type_name -> fraud.v1.Decision
+	9,  // 3: fraud.v1.DecisionEvent.scored_by:type_name -> fraud.v1.ScoredBy
 	0,  // 4: fraud.v1.DecisionEvent.route:type_name -> fraud.v1.Route
-	4,  // 5: fraud.v1.DecisionEvent.decided_at:type_name -> google.protobuf.Timestamp
-	8,  // 6: fraud.v1.OutcomeEvent.outcome:type_name -> fraud.v1.Outcome
-	4,  // 7: fraud.v1.OutcomeEvent.reported_at:type_name -> google.protobuf.Timestamp
-	9,  // 8: fraud.v1.OutcomeEvent.source:type_name -> fraud.v1.OutcomeSource
-	4,  // 9: fraud.v1.OutcomeEvent.received_at:type_name -> google.protobuf.Timestamp
-	1,  // 10: fraud.v1.EventEnvelope.decision:type_name -> fraud.v1.DecisionEvent
-	2,  // 11: fraud.v1.EventEnvelope.outcome:type_name -> fraud.v1.OutcomeEvent
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 5: fraud.v1.DecisionEvent.decided_at:type_name -> google.protobuf.Timestamp
+	10, // 6: fraud.v1.OutcomeEvent.outcome:type_name -> fraud.v1.Outcome
+	6,  // 7: fraud.v1.OutcomeEvent.reported_at:type_name -> google.protobuf.Timestamp
+	11, // 8: fraud.v1.OutcomeEvent.source:type_name -> fraud.v1.OutcomeSource
+	6,  // 9: fraud.v1.OutcomeEvent.received_at:type_name -> google.protobuf.Timestamp
+	1,  // 10: fraud.v1.ListChangeEvent.change:type_name -> fraud.v1.ListChange
+	6,  // 11: fraud.v1.ListChangeEvent.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 12: fraud.v1.ListChangeEvent.changed_at:type_name -> google.protobuf.Timestamp
+	2,  // 13: fraud.v1.EventEnvelope.decision:type_name -> fraud.v1.DecisionEvent
+	3,  // 14: fraud.v1.EventEnvelope.outcome:type_name -> fraud.v1.OutcomeEvent
+	4,  // 15: fraud.v1.EventEnvelope.list_change:type_name -> fraud.v1.ListChangeEvent
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fraud_v1_events_proto_init() }
@@ -669,17 +897,18 @@ func file_fraud_v1_events_proto_init() {
 	file_fraud_v1_outcomes_proto_init()
 	file_fraud_v1_scoring_proto_init()
 	file_fraud_v1_events_proto_msgTypes[0].OneofWrappers = []any{}
-	file_fraud_v1_events_proto_msgTypes[2].OneofWrappers = []any{
+	file_fraud_v1_events_proto_msgTypes[3].OneofWrappers = []any{
 		(*EventEnvelope_Decision)(nil),
 		(*EventEnvelope_Outcome)(nil),
+		(*EventEnvelope_ListChange)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fraud_v1_events_proto_rawDesc), len(file_fraud_v1_events_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   3,
+			NumEnums:      2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -17,9 +17,18 @@ class Route(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTE_UNSPECIFIED: _ClassVar[Route]
     ROUTE_LIVE: _ClassVar[Route]
     ROUTE_CANARY: _ClassVar[Route]
+
+class ListChange(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LIST_CHANGE_UNSPECIFIED: _ClassVar[ListChange]
+    LIST_CHANGE_ADD: _ClassVar[ListChange]
+    LIST_CHANGE_REMOVE: _ClassVar[ListChange]
 ROUTE_UNSPECIFIED: Route
 ROUTE_LIVE: Route
 ROUTE_CANARY: Route
+LIST_CHANGE_UNSPECIFIED: ListChange
+LIST_CHANGE_ADD: ListChange
+LIST_CHANGE_REMOVE: ListChange
 
 class DecisionEvent(_message.Message):
     __slots__ = ("event_id", "transaction_id", "card_id", "merchant_id", "amount_minor", "currency", "timestamp", "terminal_id", "card_not_present", "features", "feature_names", "feature_schema", "feature_source", "score", "decision", "scored_by", "model_version", "route", "shadow_score", "shadow_model_version", "reasons", "elapsed_ms", "decided_at", "missing_features", "canary_failed_version", "canary_timed_out", "shadow_rules")
@@ -97,10 +106,36 @@ class OutcomeEvent(_message.Message):
     reported_by: str
     def __init__(self, event_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., outcome: _Optional[_Union[_outcomes_pb2.Outcome, str]] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[_Union[_outcomes_pb2.OutcomeSource, str]] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reported_by: _Optional[str] = ...) -> None: ...
 
+class ListChangeEvent(_message.Message):
+    __slots__ = ("event_id", "change", "list", "kind", "value", "reason", "expires_at", "actor", "changed_at", "generation")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    change: ListChange
+    list: str
+    kind: str
+    value: str
+    reason: str
+    expires_at: _timestamp_pb2.Timestamp
+    actor: str
+    changed_at: _timestamp_pb2.Timestamp
+    generation: int
+    def __init__(self, event_id: _Optional[str] = ..., change: _Optional[_Union[ListChange, str]] = ..., list: _Optional[str] = ..., kind: _Optional[str] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., actor: _Optional[str] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...
+
 class EventEnvelope(_message.Message):
-    __slots__ = ("decision", "outcome")
+    __slots__ = ("decision", "outcome", "list_change")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    LIST_CHANGE_FIELD_NUMBER: _ClassVar[int]
     decision: DecisionEvent
     outcome: OutcomeEvent
-    def __init__(self, decision: _Optional[_Union[DecisionEvent, _Mapping]] = ..., outcome: _Optional[_Union[OutcomeEvent, _Mapping]] = ...) -> None: ...
+    list_change: ListChangeEvent
+    def __init__(self, decision: _Optional[_Union[DecisionEvent, _Mapping]] = ..., outcome: _Optional[_Union[OutcomeEvent, _Mapping]] = ..., list_change: _Optional[_Union[ListChangeEvent, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,54 @@
+"""Audit records of the fraud team's lists on the event log: one ``ListChangeEvent`` per
+change (``fraudmesh lists add/remove``), written synchronously by the command that made it,
+so that the command can say when the audit could not be written."""
+
+from __future__ import annotations
+
+import time
+
+from fraud.v1 import events_pb2
+from services.eventlog.backends import open_writer
+from services.eventlog.events import key_of, new_event_id
+from services.eventlog.settings import EventLogSettings
+
+_CHANGES = {"add": events_pb2.LIST_CHANGE_ADD, "remove": events_pb2.LIST_CHANGE_REMOVE}
+
+
+def list_change(
+    change: str,
+    list_name: str,
+    kind: str,
+    value: str,
+    *,
+    reason: str = "",
+    expires_at_s: float | None = None,
+    actor: str = "",
+    generation: int = 0,
+    changed_at_s: float | None = None,
+) -> events_pb2.EventEnvelope:
+    """The envelope of one change (``change``: ``add`` or ``remove``)."""
+    envelope = events_pb2.EventEnvelope()
+    event = envelope.list_change
+    event.event_id = new_event_id()
+    event.change = _CHANGES[change]
+    event.list = list_name
+    event.kind = kind
+    event.value = value
+    event.reason = reason
+    if expires_at_s is not None:
+        event.expires_at.FromNanoseconds(int(expires_at_s * 1e9))
+    event.actor = actor
+    event.changed_at.FromNanoseconds(int((changed_at_s or time.time()) * 1e9))
+    event.generation = generation
+    return envelope
+
+
+def write(settings: EventLogSettings, envelope: events_pb2.EventEnvelope) -> None:
+    """Writes one event and returns once the backend stored it; raises the backend's
+    ``EventLogError`` when it could not."""
+    writer = open_writer(settings)
+    try:
+        writer.write([(key_of(envelope), envelope.SerializeToString())])
+        writer.sync()
+    finally:
+        writer.close()
