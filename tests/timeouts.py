@@ -50,6 +50,7 @@ LIMITS_S: dict[str, int] = {
     "test_cli_up.py": 300,
     "test_fallbacks.py": 300,
     "test_policy.py": 420,
+    "test_model_reasons.py": 300,
     "test_in_process.py": 300,
     "test_mesh_redis.py": 300,
     "test_tracing.py": 300,
