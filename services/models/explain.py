@@ -123,6 +123,11 @@ class TreeExplainer:
         self._booster = booster
         self.feature_order = tuple(order)
 
+    @property
+    def num_trees(self) -> int:
+        """How many trees the model holds."""
+        return int(self._booster.num_trees())
+
     @classmethod
     def load(cls, folder: Path, feature_order: Sequence[str]) -> TreeExplainer | None:
         """The explainer of the version in ``folder``; None when it has no booster text."""
