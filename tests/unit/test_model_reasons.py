@@ -21,6 +21,7 @@ from services.gateway.budget import Budget, BudgetPolicy
 from services.gateway.explain import LocalExplainer, LocalExplainerProvider
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Decision, Pipeline, ScoredBy, ScoreResult
+from services.gateway.ports import DependencyError
 from services.models import repository
 from services.models.explain import (
     BOOSTER_FILE,
@@ -138,7 +139,7 @@ def test_an_explanation_matches_only_its_served_probability(trees: TreeExplainer
     assert not explanation.matches(explanation.probability + 2e-6)
 
 
-def test_a_version_without_booster_text_has_no_explainer(
+async def test_a_version_without_booster_text_has_no_explainer(
     tmp_path: Path, booster: lgb.Booster
 ) -> None:
     assert TreeExplainer.load(tmp_path, ORDER) is None
@@ -146,6 +147,12 @@ def test_a_version_without_booster_text_has_no_explainer(
     assert TreeExplainer.load(tmp_path, ORDER) is not None
     with pytest.raises(BoosterMismatch):
         TreeExplainer.load(tmp_path, ORDER[:-1])
+    # The gateway's loader: no booster text in the version folder, no explainer.
+    metadata = _metadata()
+    (tmp_path / metadata.name / metadata.version).mkdir(parents=True)
+    provider = LocalExplainerProvider(tmp_path)
+    assert await provider.prepare(metadata) is None
+    provider.close()
     with pytest.raises(BoosterMismatch):
         TreeExplainer.load(tmp_path, list(reversed(ORDER)))
 
@@ -157,9 +164,15 @@ class TreesModel:
     """The scorer's stand-in: serves the trees' own probability as float32, as ONNX does."""
 
     def __init__(
-        self, trees: TreeExplainer, offset: float = 0.0, clock: Clock | None = None, at: float = 0
+        self,
+        trees: TreeExplainer,
+        offset: float = 0.0,
+        clock: Clock | None = None,
+        at: float = 0,
+        fail: bool = False,
     ) -> None:
         self.trees = trees
+        self.fail = fail
         self.offset = offset
         self.clock = clock
         self.at = at
@@ -168,6 +181,8 @@ class TreesModel:
     async def score(self, vector: list[float], timeout_s: float) -> float:
         if self.clock is not None:
             self.clock.now = self.at
+        if self.fail:
+            raise DependencyError("scorer", "unavailable")
         raw = self.trees.raw_score(vector)
         return float(np.float32(1.0 / (1.0 + math.exp(-raw)))) + self.offset
 
@@ -268,10 +283,15 @@ async def test_approvals_and_fallbacks_keep_their_reasons(
     declined = await on_defaults.score(TX, Budget(BudgetPolicy(), None))
     assert declined.decision is Decision.DECLINE
     assert not any(r.startswith("model feature") for r in declined.reasons)
+    # The rules' fallback: the model gave no answer to explain.
+    failing, failing_added = _pipeline(explainer, TreesModel(explainer.trees, fail=True), 0, 0)
+    fallback = await failing.score(TX, Budget(BudgetPolicy(), None))
+    assert fallback.scored_by is ScoredBy.RULES
+    assert not any(r.startswith("model feature") for r in fallback.reasons)
     off, off_added = _pipeline(explainer, model, 0.0, 0.0, k=0)
     plain = await off.score(TX, Budget(BudgetPolicy(), None))
     assert not any(r.startswith("model feature") for r in plain.reasons)
-    assert added() == on_defaults_added() == off_added() == {}
+    assert added() == on_defaults_added() == failing_added() == off_added() == {}
     provider.close()
 
 
