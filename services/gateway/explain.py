@@ -4,7 +4,7 @@ answers (``services.models.explain`` computes them; ``pipeline.py`` asks).
 The explanation runs here rather than in the scorer: the score is already in hand when the
 decision is known, so an approval costs nothing and an explanation that cannot finish in
 the budget is simply left out; in the scorer it would hold up the model's answer itself
-(docs/controls.md, "Reasons from the model", has the measured costs).
+(docs/cascade.md, "Reasons from the model", has the measured costs).
 
 One worker thread explains, one input at a time: LightGBM releases the interpreter while it
 walks the trees, so the event loop goes on serving, and the pipeline waits at most what the

@@ -106,7 +106,7 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         le=64,
         description="How many of the model's own features (their exact TreeSHAP contributions) "
         "a model's REVIEW or DECLINE answer names, largest first; 0 gives the threshold-written "
-        'reasons only (docs/controls.md, "Reasons from the model").',
+        'reasons only (docs/cascade.md, "Reasons from the model").',
     )
     explain_cap_ms: float = Field(
         _ms(_BUDGET.explain_cap_s),
