@@ -52,6 +52,7 @@ LIMITS_S: dict[str, int] = {
     "test_policy.py": 420,
     "test_admission.py": 240,
     "test_list_store.py": 120,
+    "test_model_reasons.py": 300,
     "test_in_process.py": 300,
     "test_mesh_redis.py": 300,
     "test_tracing.py": 300,

@@ -261,6 +261,9 @@ SMALL_MODEL_ANSWERS = _counter(
     "(first_stage: a clear approval of the cascade; fallback: the full model could not answer).",
     "gateway", ("route", "model_version", "role"),
 )  # fmt: skip
+MODEL_REASONS = _counter("fraudmesh_model_reasons_total", "The model's own reasons for "
+    "REVIEW and DECLINE answers by outcome: given, or no_budget/busy/timeout/error/mismatch.",
+    "gateway", ("outcome",))  # fmt: skip
 ROUTING_GENERATION = _gauge(
     "fraudmesh_routing_generation", "Generation of the lifecycle file the gateway routes by.",
     "gateway",

@@ -37,9 +37,10 @@ from services.gateway.dependencies import (
     GrpcModelProvider,
 )
 from services.gateway.events import EventEmitter
+from services.gateway.explain import LocalExplainerProvider
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline
-from services.gateway.ports import FeatureClient, ModelProvider
+from services.gateway.ports import FeatureClient, ModelExplainer, ModelProvider
 from services.gateway.rollout import Rollout
 from services.gateway.servicer import FraudScoringServicer, OutcomeServicer
 from services.gateway.settings import GatewaySettings
@@ -121,6 +122,7 @@ class GatewayApp:
         # Small models run here whatever the transport to the scorer: they answer when it cannot.
         small_provider = LocalSmallModelProvider(s.models_path)
         live_small = await small_provider.prepare(metadata)
+        explainers, live_explainer = await self._explainers(metadata)
         self._shadow = ShadowQueue(
             ShadowScorer(self.metrics, s.shadow_policy, cascade=s.cascade).score,
             self.metrics.shadow_dropped.inc,
@@ -139,6 +141,8 @@ class GatewayApp:
             small=live_small,
             cascade=s.cascade,
             controls=(*lists, policy.control),
+            explainer=live_explainer,
+            model_reasons=s.model_reasons,
         )
         self.rollout = Rollout(
             lifecycle,
@@ -151,6 +155,7 @@ class GatewayApp:
             actor=f"gateway:{s.port} pid {os.getpid()}@{socket.gethostname()}",
             pinned_version=s.model_version,
             small_provider=small_provider,
+            explainer_provider=explainers,
         )
         await self.rollout.apply(self.rollout.read())
         await self._warm_up(pipeline)
@@ -160,6 +165,17 @@ class GatewayApp:
         self._tasks.append(asyncio.create_task(policy.follow()))
         self._tasks += [asyncio.create_task(follow()) for follow in self._followers]
         self._log_ready(pipeline)
+
+    async def _explainers(
+        self, metadata: repository.ModelMetadata
+    ) -> tuple[LocalExplainerProvider | None, ModelExplainer | None]:
+        """What loads each routed version's trees for its model reasons, and the live
+        version's; None, None when the model reasons are off."""
+        if self.settings.model_reasons <= 0:
+            return None, None
+        provider = LocalExplainerProvider(self.settings.models_path)
+        self._closers.append(provider.close)
+        return provider, await provider.prepare(metadata)
 
     def _policy(self) -> PolicyFollower:
         """The fraud team's live policy, read now and followed once serving."""

@@ -30,6 +30,11 @@ class BudgetPolicy:
     or stalled scorer otherwise costs every call its whole slice until the breaker has judged
     enough calls to open, which takes seconds when the cascade leaves the scorer a few calls a
     second; the first answer ends the suspicion."""
+    explain_cap_s: float = 0.005
+    """Longest a model answer waits for its model's reasons (about 1 ms of work); without
+    them in time it goes with the threshold-written ones."""
+    explain_min_s: float = 0.001
+    """Below this much time left the model's reasons are not tried."""
 
 
 class Budget:
@@ -70,3 +75,8 @@ class Budget:
         cap = self.policy.scorer_suspect_cap_s if suspect else self.policy.scorer_cap_s
         left = min(cap, self.remaining() - self.policy.reserve_s)
         return left if left >= self.policy.scorer_min_s else 0.0
+
+    def explain_timeout(self) -> float:
+        """Longest the model's reasons may take; 0 means too little is left to try."""
+        left = min(self.policy.explain_cap_s, self.remaining() - self.policy.reserve_s)
+        return left if left >= self.policy.explain_min_s else 0.0

@@ -31,6 +31,7 @@ class GatewayMetrics:
 
         self.model_answers = catalogue.MODEL_ANSWERS.create(registry)
         self.small_model_answers = catalogue.SMALL_MODEL_ANSWERS.create(registry)
+        self.model_reasons = catalogue.MODEL_REASONS.create(registry)
         self.routing_generation = catalogue.ROUTING_GENERATION.create(registry)
         self.canary_percent = catalogue.CANARY_PERCENT.create(registry)
         self.canary_breaches = catalogue.CANARY_BREACHES.create(registry)

@@ -22,6 +22,10 @@ and hands it down the ladder; each rung answers or passes on:
 the canary watch hears of every model call and first-stage approval in ``Pipeline._watch``.
 A model or first-stage answer carries a shadow job while a shadow version is routed,
 scored once the answer has been sent (``followup.py``).
+
+A model's REVIEW or DECLINE answer on the store's features then carries the model's own
+reasons: the exact TreeSHAP contributions of the answering version's trees
+(``Pipeline._explained``), within what the budget leaves; approvals never wait for them.
 """
 
 from __future__ import annotations
@@ -45,11 +49,13 @@ from services.gateway.ports import (
     DependencyError,
     FeatureClient,
     ModelClient,
+    ModelExplainer,
     SmallModelClient,
 )
 from services.gateway.routing import ModelRoute, RouteTable
 from services.gateway.shadow import ShadowJob, ShadowQueue, ShadowResult
 from services.gateway.validate import Transaction
+from services.models.explain import DEFAULT_TOP_K
 from services.models.repository import ModelMetadata
 
 log = logging.getLogger(__name__)
@@ -276,8 +282,12 @@ class Pipeline:
         small: SmallModelClient | None = None,
         cascade: bool = CASCADE,
         controls: Sequence[Control] = (),
+        explainer: ModelExplainer | None = None,
+        model_reasons: int = DEFAULT_TOP_K,
     ) -> None:
-        self.routes = RouteTable(live=ModelRoute(metadata, model, small))
+        self.routes = RouteTable(live=ModelRoute(metadata, model, small, explainer))
+        self.model_reasons = model_reasons
+        """How many of the model's features a REVIEW or DECLINE answer names (0: none)."""
         """What answers now; replaced whole when the lifecycle changes."""
         self.cascade = cascade
         """Whether a routed version's small model approves clear cases first."""
@@ -301,6 +311,7 @@ class Pipeline:
         # Labelled counters, looked up once each: ``labels()`` takes a lock per call.
         self._counters: dict[tuple[ScoredBy, Arm, str], Any] = {}
         self._small_failed: set[str] = set()
+        self._mismatched: set[str] = set()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -352,12 +363,50 @@ class Pipeline:
             if answer is None:
                 call.go_live()
                 answer = self._first_stage(call)
-        return (
+        answer = (
             answer
             or await self._model(call)
             or self._small_model(call)
             or self._rules_fallback(call)
         )
+        return await self._explained(call, answer)
+
+    async def _explained(self, call: Call, result: ScoreResult) -> ScoreResult:
+        """``result`` with the model's own reasons after its first when the model gave a
+        REVIEW or DECLINE on the store's features and they come within the budget; as it
+        is otherwise (every other answer keeps its threshold-written reasons)."""
+        explainer = call.route.explainer
+        if (
+            explainer is None
+            or self.model_reasons <= 0
+            or result.scored_by is not ScoredBy.MODEL
+            or result.decision is Decision.APPROVE
+            or call.source is Source.DEFAULT
+        ):
+            return result
+        timeout = call.budget.explain_timeout()
+        if timeout <= 0:
+            self.metrics.model_reasons.labels("no_budget").inc()
+            return result
+        try:
+            explanation = await explainer.explain(call.vector, timeout)
+        except DependencyError as error:
+            self.metrics.model_reasons.labels(error.reason).inc()
+            return result
+        # The trees explained must be the ones that served: otherwise no model reasons.
+        if not explanation.matches(result.score):
+            self.metrics.model_reasons.labels("mismatch").inc()
+            if call.route.version not in self._mismatched:
+                self._mismatched.add(call.route.version)
+                log.error(
+                    "the version's trees do not give its served scores; no model reasons",
+                    extra={"version": call.route.version, "served": result.score,
+                           "explained": explanation.probability},
+                )  # fmt: skip
+            return result
+        self.metrics.model_reasons.labels("given").inc()
+        result.reasons[1:1] = explanation.reasons(self.model_reasons)
+        return result
 
     # The rungs ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import enum
 from collections.abc import Mapping
 from typing import Protocol
 
+from services.models.explain import Explanation
 from services.models.repository import ModelMetadata
 
 __all__ = [
@@ -21,8 +22,10 @@ __all__ = [
     "Arm",
     "BatchModelClient",
     "DependencyError",
+    "ExplainerProvider",
     "FeatureClient",
     "ModelClient",
+    "ModelExplainer",
     "ModelProvider",
     "SmallModelClient",
     "SmallModelProvider",
@@ -138,4 +141,23 @@ class SmallModelProvider(Protocol):
         """A ready (loaded and warmed) small model of this version, or None when the version
         has none or it cannot be loaded (logged): the version then runs without a cascade
         and the rules are its only fallback."""
+        ...
+
+
+class ModelExplainer(Protocol):
+    """A version's own trees in the gateway's process: the exact TreeSHAP contributions of
+    one input to the model's raw score (``services.models.explain``)."""
+
+    async def explain(self, vector: list[float], timeout_s: float) -> Explanation:
+        """The explanation of ``vector``; raises DependencyError (``busy``, ``timeout``,
+        ``error``) when it cannot be given within ``timeout_s``."""
+        ...
+
+
+class ExplainerProvider(Protocol):
+    """Loads a version's trees into the gateway's process for its answers' reasons."""
+
+    async def prepare(self, metadata: ModelMetadata) -> ModelExplainer | None:
+        """A ready explainer of this version, or None when the version keeps no booster text
+        or it cannot be loaded (logged): its answers then carry the threshold-written reasons."""
         ...

@@ -30,7 +30,7 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryLimits, CanaryWatch
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.pipeline import Pipeline
-from services.gateway.ports import ModelProvider, SmallModelProvider
+from services.gateway.ports import ExplainerProvider, ModelProvider, SmallModelProvider
 from services.gateway.routing import ModelRoute, RouteTable
 from services.models import repository
 from services.models.lifecycle import FileKey, LifecycleState, ModelLifecycle
@@ -56,6 +56,7 @@ class Rollout:
         actor: str = "gateway",
         pinned_version: str | None = None,
         small_provider: SmallModelProvider | None = None,
+        explainer_provider: ExplainerProvider | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.pipeline = pipeline
@@ -69,6 +70,7 @@ class Rollout:
         self._actor = actor
         self._pinned = pinned_version
         self._small_provider = small_provider
+        self._explainer_provider = explainer_provider
         self._key: FileKey | None = None
         self._retry_at: float | None = None
         self._breached: dict[str, str] = {}
@@ -221,18 +223,21 @@ class Rollout:
             except Exception:
                 log.warning("warm-up call failed", extra={"version": version}, exc_info=True)
                 break
-        small = None
+        small = explainer = None
         if self._small_provider is not None:
             small = await self._small_provider.prepare(metadata)
+        if self._explainer_provider is not None:
+            explainer = await self._explainer_provider.prepare(metadata)
         log.info(
             "model version ready",
             extra={
                 "version": version,
                 "seconds": round(time.perf_counter() - started, 3),
                 "small_model": small is not None,
+                "model_reasons": explainer is not None,
             },
         )
-        return ModelRoute(metadata, client, small)
+        return ModelRoute(metadata, client, small, explainer)
 
     # Automatic rollback -----------------------------------------------------------------
 

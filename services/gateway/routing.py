@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from services.domain import featurespec
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.canary import CanaryWatch
-from services.gateway.ports import Arm, ModelClient, SmallModelClient
+from services.gateway.ports import Arm, ModelClient, ModelExplainer, SmallModelClient
 from services.gateway.validate import Transaction
 from services.models.lifecycle import CANARY_BUCKETS
 from services.models.repository import ModelMetadata, Thresholds
@@ -46,6 +46,9 @@ class ModelRoute:
     small: SmallModelClient | None = None
     """The version's small model, loaded here (None: the version has none, or it could not
     be loaded): the cascade's first stage and the first fallback."""
+    explainer: ModelExplainer | None = None
+    """The version's own trees, loaded here for the reasons of its model answers (None: the
+    version keeps no booster text, or it could not be loaded)."""
     order: tuple[str, ...] = field(init=False)
     positions: tuple[int, ...] | None = field(init=False)
     """Where each input of ``order`` sits in ``SERVABLE_FEATURES``; None for the code's own

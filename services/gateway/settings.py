@@ -20,6 +20,7 @@ from services.gateway.pipeline import CANARY_CAP_S, CASCADE
 from services.gateway.shadow import ShadowPolicy
 from services.gateway.streams import StreamSettings
 from services.gateway.validate import Limits
+from services.models.explain import DEFAULT_TOP_K
 from services.models.settings import CanarySettings, ModelServerSettings
 
 _BUDGET = BudgetPolicy()
@@ -98,6 +99,20 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         "and approve below its clear-approve threshold without calling the scorer; false "
         "calls the scorer for every transaction. Either way the small model answers, with its "
         "own thresholds, when the scorer cannot (docs/cascade.md).",
+    )
+    model_reasons: int = Field(
+        DEFAULT_TOP_K,
+        ge=0,
+        le=64,
+        description="How many of the model's own features (their exact TreeSHAP contributions) "
+        "a model's REVIEW or DECLINE answer names, largest first; 0 gives the threshold-written "
+        'reasons only (docs/cascade.md, "Reasons from the model").',
+    )
+    explain_cap_ms: float = Field(
+        _ms(_BUDGET.explain_cap_s),
+        gt=0,
+        description="Longest a model answer waits for its model's reasons; without them in "
+        "time it goes with the threshold-written ones.",
     )
     features_target: str = Field("127.0.0.1:50052", description="host:port of the feature service.")
     scorer_target: str = Field("127.0.0.1:50053", description="host:port of the scorer.")
@@ -314,6 +329,7 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
             scorer_cap_s=self.scorer_cap_ms / 1000,
             scorer_min_s=self.scorer_min_ms / 1000,
             scorer_suspect_cap_s=self.scorer_suspect_cap_ms / 1000,
+            explain_cap_s=self.explain_cap_ms / 1000,
         )
 
     @property
