@@ -23,8 +23,8 @@ from rich.table import Table
 
 from services.cli.exits import BAD_INPUT, REFUSED, fail
 from services.common.errors import InvalidArgument
-from services.domain.lists import ListEntry, ListKind, ListName, check_entry
-from services.featurestore.lists import ListStore, open_lists
+from services.domain.lists import ListKind, ListName, check_entry
+from services.featurestore.lists import ListStore, add_entry, open_lists
 from services.featurestore.settings import from_env
 from services.models.lifecycle import default_actor
 
@@ -73,9 +73,8 @@ def add(
         check_entry(kind, value, reason, expires, now)
     except InvalidArgument as error:
         fail("add rejected", error.message, BAD_INPUT)
-    entry = ListEntry(kind, value, list_name, reason, expires, now, default_actor())
     with _store(var_dir, "add") as store:
-        changed = store.add(entry)
+        changed = add_entry(store, kind, value, list_name, reason, expires, default_actor(), now)
     what = f"{kind.value} {value} on the {list_name.value} list"
     console.print(f"added {what}" if changed else f"unchanged: {what} already, as given")
 
