@@ -435,3 +435,25 @@ def test_conditions_are_described_one_per_line() -> None:
         "channel = card_not_present",
         "amount_eur > 5000 and <= 90000",
     )
+
+
+def test_fraudmesh_token_puts_each_role_in_the_roles_claim(folder: Path) -> None:
+    import jwt as pyjwt
+    from typer.testing import CliRunner
+
+    from services.cli.main import app as cli
+
+    certs.write_dev_credentials(folder / "tls")
+    result = CliRunner().invoke(
+        cli,
+        ["token", "--subject", "lead@bank", "--role", "fraud-controls", "--var-dir", str(folder)],
+    )
+    assert result.exit_code == 0, result.output
+    verifier = identity.TokenVerifier(
+        folder / "tls" / DEV_FILES["jwks"], "fraudmesh-dev", "fraudmesh"
+    )
+    principal = verifier.principal(f"Bearer {result.stdout.strip()}")
+    assert (principal.name, principal.roles) == ("lead@bank", frozenset({"fraud-controls"}))
+    plain = CliRunner().invoke(cli, ["token", "--subject", "a", "--var-dir", str(folder)])
+    claims = pyjwt.decode(plain.stdout.strip(), options={"verify_signature": False})
+    assert "roles" not in claims
