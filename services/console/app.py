@@ -26,6 +26,7 @@ from services.console.sources import (
     NoMonitor,
     NoPrometheus,
     PrometheusMonitor,
+    PrometheusSource,
 )
 from services.console.verdicts import OutcomeReporter, RecentVerdicts
 from services.featurestore.settings import FeatureStoreSettings
@@ -224,6 +225,21 @@ def check_exposure(settings: ConsoleSettings, edge: EdgeSettings) -> None:
     )
 
 
+def _sources(settings: ConsoleSettings) -> tuple[PrometheusSource, MonitorSource]:
+    """Where the overview's figures and the monitor's gauges come from."""
+    prometheus: PrometheusSource = (
+        HttpPrometheus(settings.prometheus_url, settings.source_timeout_s)
+        if settings.prometheus_url
+        else NoPrometheus()
+    )
+    monitor: MonitorSource = NoMonitor()
+    if settings.monitor_url:
+        monitor = MetricsPageMonitor(settings.monitor_url, settings.source_timeout_s)
+    elif settings.prometheus_url:
+        monitor = PrometheusMonitor(prometheus)
+    return prometheus, monitor
+
+
 def create(
     settings: ConsoleSettings,
     edge: EdgeSettings,
@@ -237,16 +253,7 @@ def create(
         if edge.auth == "jwt"
         else None
     )
-    prometheus = (
-        HttpPrometheus(settings.prometheus_url, settings.source_timeout_s)
-        if settings.prometheus_url
-        else NoPrometheus()
-    )
-    monitor: MonitorSource = NoMonitor()
-    if settings.monitor_url:
-        monitor = MetricsPageMonitor(settings.monitor_url, settings.source_timeout_s)
-    elif settings.prometheus_url:
-        monitor = PrometheusMonitor(prometheus)
+    prometheus, monitor = _sources(settings)
     reporter = reporter or _reporter(settings, edge)
     console = pages.Console(
         view=DecisionLogView(
@@ -285,18 +292,25 @@ def create(
     if verifier is not None:
         middleware.append(Middleware(RequireToken, verifier=verifier))
     middleware.append(Middleware(BodyLimit))
-    controls = control_pages.ControlPages(
-        console=console,
-        controls=Controls(PolicyStore(settings.policy_path), store or _store_settings(settings)),
-        controls_role=settings.controls_role,
-        # Without tokens only on loopback, where the same person could run the commands.
-        unauthenticated_may_change=is_loopback(settings.host),
-        page_size=settings.entries_page_size,
-    )
+    controls = _control_pages(settings, console, store or _store_settings(settings))
     return Starlette(
         routes=[*pages.routes(console), *control_pages.routes(controls)],
         middleware=middleware,
         lifespan=lifespan,
+    )
+
+
+def _control_pages(
+    settings: ConsoleSettings, console: pages.Console, store: FeatureStoreSettings
+) -> control_pages.ControlPages:
+    """The Rules and Lists pages over the policy folder and the lists' online store."""
+    return control_pages.ControlPages(
+        console=console,
+        controls=Controls(PolicyStore(settings.policy_path), store),
+        controls_role=settings.controls_role,
+        # Without tokens only on loopback, where the same person could run the commands.
+        unauthenticated_may_change=is_loopback(settings.host),
+        page_size=settings.entries_page_size,
     )
 
 

@@ -21,7 +21,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from services.common.errors import FailedPrecondition, FraudmeshError, InvalidArgument, NotFound
-from services.console import identity
+from services.console import csrf, identity
 from services.console.controls import (
     Controls,
     ControlsUnavailable,
@@ -41,7 +41,9 @@ from services.models.policies import CorruptPolicyState
 log = logging.getLogger(__name__)
 
 LIST_KINDS = tuple(k.value for k in ListKind)
+"""The kinds the add form offers."""
 LIST_NAMES = tuple(n.value for n in ListName)
+"""The lists the add form offers."""
 
 
 def _status(error: Exception) -> int:
@@ -219,7 +221,7 @@ class ControlPages:
         if refusal is not None:
             return refusal
         assert form is not None
-        given = {k: v[:200] for k, v in form.items() if isinstance(v, str) and k != "csrf_token"}
+        given = {k: v[:200] for k, v in form.items() if isinstance(v, str) and k != csrf.FIELD}
         try:
             new: NewEntry = parse_entry_form(form)
             changed = await asyncio.to_thread(
