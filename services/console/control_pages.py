@@ -104,7 +104,8 @@ class ControlPages:
         try:
             view = await asyncio.to_thread(self.controls.rules, version)
         except (FraudmeshError, OSError) as error:
-            view, status, problem = RulesView(None, None), _status(error), _message(error)
+            status, problem = _status(error), _message(error)
+            view = await self._live_view() if version else RulesView(None, None)
         models = await asyncio.to_thread(
             read_models, self.console.model_root, self.console.model_name, 0
         )
@@ -121,6 +122,13 @@ class ControlPages:
             },
             status,
         )
+
+    async def _live_view(self) -> RulesView:
+        """The live version's view after a bad ``?version=``; empty when that fails too."""
+        try:
+            return await asyncio.to_thread(self.controls.rules, None)
+        except (FraudmeshError, OSError):
+            return RulesView(None, None)
 
     async def promote(self, request: Request) -> Response:
         """Makes a version live, as ``fraudmesh rules promote`` does."""

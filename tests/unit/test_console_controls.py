@@ -199,6 +199,16 @@ def test_without_a_policy_or_with_a_bad_version_the_rules_page_says_so(folder: P
     assert status == 400 and "no policy version 7" in page
     status, page = client.get("/rules?version=" + "x" * 5000)
     assert status == 400 and "is not a policy version number" in page
+    PolicyStore(folder / "policy").publish(POLICY)
+    PolicyStore(folder / "policy").promote("1")
+    status, page = client.get("/rules?version=7")
+    # The live version stays in view beside the problem.
+    assert (
+        status == 400 and "no policy version 7" in page and 'data-live="1" data-shown="1"' in page
+    )
+    (folder / "policy" / "state.json").write_text("{not json")
+    status, page = client.get("/rules")
+    assert status == 503 and "is not a policy state" in page and "No policy is live" not in page
 
 
 def test_promote_and_rollback_from_the_console_record_who(folder: Path) -> None:
