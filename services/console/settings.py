@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.models import repository
+from services.models.policies import POLICY_DIR
 
 
 def is_loopback(host: str) -> bool:
@@ -150,7 +151,7 @@ class ConsoleSettings(BaseSettings):
     @property
     def policy_path(self) -> Path:
         """Folder of the policy versions."""
-        return self.policy_dir or self.var_dir / "policy"
+        return self.policy_dir or self.var_dir / POLICY_DIR
 
     @property
     def models_path(self) -> Path:
