@@ -66,6 +66,8 @@ LIMITS_S: dict[str, int] = {
     # The same, with the console, Chromium and verdicts waited for in the decision log.
     "test_console.py": 480,
     "test_console_secured.py": 420,
+    # A mesh without the loop, the console beside it, Chromium, a few changes followed.
+    "test_console_controls.py": 420,
     "test_cascade.py": 600,
     # A mesh with the monitor on a store it materializes first, a few thousand calls through
     # Envoy per test, and the report and export commands (each bounded at 300 s).

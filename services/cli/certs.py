@@ -218,8 +218,10 @@ def mint_token(
     issuer: str = "fraudmesh-dev",
     audience: str = "fraudmesh",
     now: dt.datetime | None = None,
+    roles: Sequence[str] = (),
 ) -> str:
-    """A JWT for ``subject`` signed with the key at ``key_path``, valid ``ttl_s`` seconds."""
+    """A JWT for ``subject`` signed with the key at ``key_path``, valid ``ttl_s`` seconds,
+    with ``roles`` in its ``roles`` claim when given (the console's controls role)."""
     key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{key_path} does not hold an EC private key")
@@ -233,6 +235,8 @@ def mint_token(
         "exp": issued + dt.timedelta(seconds=ttl_s),
         "jti": uuid.uuid4().hex,
     }
+    if roles:
+        claims["roles"] = list(roles)
     return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"kid": public_jwk(key)["kid"]})
 
 
@@ -274,6 +278,10 @@ def token_command(
     key: Annotated[
         Path | None, typer.Option(help="Signing key (PEM); default <var-dir>/tls/jwt-key.pem.")
     ] = None,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="A role in the token's roles claim (repeatable), e.g. fraud-controls."),
+    ] = None,
 ) -> None:
     """Print a signed bearer token for the edge (auth jwt) on standard output."""
     edge = EdgeSettings(var_dir=var_dir)
@@ -282,7 +290,12 @@ def token_command(
         console.print(f"[red]no signing key at {key_path}[/red]: run fraudmesh certs first")
         raise typer.Exit(1)
     token = mint_token(
-        key_path, subject, ttl_s=ttl, issuer=edge.jwt_issuer, audience=edge.jwt_audience
+        key_path,
+        subject,
+        ttl_s=ttl,
+        issuer=edge.jwt_issuer,
+        audience=edge.jwt_audience,
+        roles=tuple(role or ()),
     )
     # Standard output only, for the caller to capture; never logged.
     print(token)

@@ -15,7 +15,8 @@ from starlette.responses import PlainTextResponse
 
 from services.common import logs
 from services.common.edge_security import DEV_FILES, EdgeSettings
-from services.console import csrf, identity, outcomes, pages
+from services.console import control_pages, csrf, identity, outcomes, pages
+from services.console.controls import Controls
 from services.console.reviews import DecisionLogView
 from services.console.settings import ConsoleSettings, is_loopback
 from services.console.sources import (
@@ -25,8 +26,12 @@ from services.console.sources import (
     NoMonitor,
     NoPrometheus,
     PrometheusMonitor,
+    PrometheusSource,
 )
 from services.console.verdicts import OutcomeReporter, RecentVerdicts
+from services.eventlog import EventLogSettings
+from services.featurestore.settings import FeatureStoreSettings
+from services.models.policies import PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,8 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 ]
+MAX_BODY_BYTES = 64 * 1024
+"""Largest request body taken: every form of the console is a few hundred bytes."""
 PUBLIC_PATHS = ("/healthz", "/static/")
 """Served without a token: the probe, and the stylesheet and script (nothing personal)."""
 
@@ -77,6 +84,55 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class BodyLimit:
+    """Refuses a request whose body is larger than ``limit`` with 413 before the application
+    reads it (a form is parsed whole, so an unbounded one would be held whole in memory)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        # Read (a declared length can be wrong, a chunked body has none) up to the limit.
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body"))
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = PlainTextResponse(
+            f"413: the request body is larger than {self.limit} bytes\n", status_code=413
+        )
+        await response(scope, receive, send)
 
 
 def host_name(header: str) -> str:
@@ -170,18 +226,9 @@ def check_exposure(settings: ConsoleSettings, edge: EdgeSettings) -> None:
     )
 
 
-def create(
-    settings: ConsoleSettings,
-    edge: EdgeSettings,
-    reporter: OutcomeReporter | None = None,
-) -> Starlette:
-    """The console application on these settings (``reporter``: another outcome channel)."""
-    verifier = (
-        identity.TokenVerifier(edge.jwks_file, edge.jwt_issuer, edge.jwt_audience)
-        if edge.auth == "jwt"
-        else None
-    )
-    prometheus = (
+def _sources(settings: ConsoleSettings) -> tuple[PrometheusSource, MonitorSource]:
+    """Where the overview's figures and the monitor's gauges come from."""
+    prometheus: PrometheusSource = (
         HttpPrometheus(settings.prometheus_url, settings.source_timeout_s)
         if settings.prometheus_url
         else NoPrometheus()
@@ -191,6 +238,23 @@ def create(
         monitor = MetricsPageMonitor(settings.monitor_url, settings.source_timeout_s)
     elif settings.prometheus_url:
         monitor = PrometheusMonitor(prometheus)
+    return prometheus, monitor
+
+
+def create(
+    settings: ConsoleSettings,
+    edge: EdgeSettings,
+    reporter: OutcomeReporter | None = None,
+    store: FeatureStoreSettings | None = None,
+) -> Starlette:
+    """The console application on these settings (``reporter``: another outcome channel;
+    ``store``: another online store for the lists)."""
+    verifier = (
+        identity.TokenVerifier(edge.jwks_file, edge.jwt_issuer, edge.jwt_audience)
+        if edge.auth == "jwt"
+        else None
+    )
+    prometheus, monitor = _sources(settings)
     reporter = reporter or _reporter(settings, edge)
     console = pages.Console(
         view=DecisionLogView(
@@ -228,7 +292,38 @@ def create(
     ]
     if verifier is not None:
         middleware.append(Middleware(RequireToken, verifier=verifier))
-    return Starlette(routes=pages.routes(console), middleware=middleware, lifespan=lifespan)
+    middleware.append(Middleware(BodyLimit))
+    controls = _control_pages(settings, console, store or _store_settings(settings))
+    return Starlette(
+        routes=[*pages.routes(console), *control_pages.routes(controls)],
+        middleware=middleware,
+        lifespan=lifespan,
+    )
+
+
+def _control_pages(
+    settings: ConsoleSettings, console: pages.Console, store: FeatureStoreSettings
+) -> control_pages.ControlPages:
+    """The Rules and Lists pages over the policy folder and the lists' online store."""
+    return control_pages.ControlPages(
+        console=console,
+        controls=Controls(
+            PolicyStore(settings.policy_path), store, EventLogSettings(var_dir=settings.var_dir)
+        ),
+        controls_role=settings.controls_role,
+        # Without tokens only on loopback, where the same person could run the commands.
+        unauthenticated_may_change=is_loopback(settings.host),
+        page_size=settings.entries_page_size,
+    )
+
+
+def _store_settings(settings: ConsoleSettings) -> FeatureStoreSettings:
+    """The online store the lists live in: the features' settings (``FRAUD_FEATURES_*``, as
+    the gateways read them), in the console's state folder unless they name their own."""
+    found = FeatureStoreSettings()
+    if "var_dir" in found.model_fields_set:
+        return found
+    return FeatureStoreSettings(var_dir=settings.var_dir)
 
 
 def serve(settings: ConsoleSettings, edge: EdgeSettings) -> None:

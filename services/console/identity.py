@@ -6,6 +6,12 @@ a key of the edge's JSON Web Key Set, with its issuer and audience, unexpired. T
 in the ``Authorization: Bearer`` header (set by the organisation's sign-in proxy in front of the
 console, or by any client). Its ``sub`` is the identity a verdict records, and the token itself
 goes with the verdict to the edge, which checks it again and limits calls per subject.
+
+Who may change what: everyone who may open the console may view every page and give
+verdicts (an analyst). Changing the fraud team's controls (lists, the live policy) needs
+more: with tokens, the controls role (``FRAUD_CONSOLE_CONTROLS_ROLE``) among the token's
+``roles`` claim; without tokens, a console on loopback, where whoever reaches it could run
+``fraudmesh lists`` and ``fraudmesh rules`` on the same machine anyway.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ ANALYST_COOKIE = "console-analyst"
 """Remembers the name typed in, without authentication (a convenience, not an identity)."""
 ALGORITHMS = ("ES256", "RS256")
 """Signature algorithms accepted (those the edge's identity providers use)."""
+ROLES_CLAIM = "roles"
+"""The token claim listing the subject's roles (a list of strings)."""
+MAX_ROLES = 64
+"""Most roles read from one token; more are ignored."""
 
 
 class Unauthenticated(Exception):
@@ -38,6 +48,39 @@ class Principal:
     """The bearer token that proved it (None without authentication)."""
     verified: bool = False
     """True when ``name`` comes from a verified token, not from what was typed in."""
+    roles: frozenset[str] = frozenset()
+    """The verified token's roles (none without authentication)."""
+
+
+def controls_refusal(
+    principal: Principal | None, controls_role: str, unauthenticated_may_change: bool
+) -> str | None:
+    """Why ``principal`` may not change the controls, or None when they may."""
+    if principal is None:
+        return "give your name before your first change"
+    if principal.verified:
+        if controls_role in principal.roles:
+            return None
+        held = ", ".join(sorted(principal.roles)[:8]) or "none"
+        return (
+            f"changing the controls needs the role {controls_role!r} in your token's "
+            f"{ROLES_CLAIM!r} claim (yours: {held}); you may view them"
+        )
+    if unauthenticated_may_change:
+        return None
+    return (
+        "without sign-in the controls may be changed on a loopback console only; you may view them"
+    )
+
+
+def _roles(claims: dict[str, object]) -> frozenset[str]:
+    """The ``roles`` claim's strings; anything else in it gives no role (view only)."""
+    value = claims.get(ROLES_CLAIM)
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(
+        r for r in value[:MAX_ROLES] if isinstance(r, str) and 0 < len(r) <= 128 and r.isprintable()
+    )
 
 
 def analyst_name_problem(name: str) -> str | None:
@@ -80,4 +123,4 @@ class TokenVerifier:
         problem = id_problem(subject)
         if problem is not None:
             raise Unauthenticated(f"the token's subject {problem}")
-        return Principal(subject, token=token, verified=True)
+        return Principal(subject, token=token, verified=True, roles=_roles(claims))

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.models import repository
+from services.models.policies import POLICY_DIR
 
 
 def is_loopback(host: str) -> bool:
@@ -116,6 +117,21 @@ class ConsoleSettings(BaseSettings):
         "rebinding) cannot read it or act as it. Add the names analysts reach it by (its "
         "Ingress host, its Service name); '*' turns the check off.",
     )
+    policy_dir: Path | None = Field(
+        None,
+        description="Folder of the fraud team's policy versions the Rules page shows and "
+        "changes; default <var_dir>/policy (the gateway's FRAUD_GATEWAY_POLICY_DIR).",
+    )
+    controls_role: str = Field(
+        "fraud-controls",
+        min_length=1,
+        max_length=128,
+        description="With tokens: the role (in the token's 'roles' claim) that may change the "
+        "lists and the live policy; every signed-in analyst may view them.",
+    )
+    entries_page_size: int = Field(
+        100, ge=1, le=1000, description="List entries per page of the Lists page."
+    )
     log_level: str = Field("INFO", description="Python logging level name.")
 
     @property
@@ -131,6 +147,11 @@ class ConsoleSettings(BaseSettings):
     def decisions_path(self) -> Path:
         """The decision log's folder."""
         return self.decisions_root or self.var_dir / "decisions"
+
+    @property
+    def policy_path(self) -> Path:
+        """Folder of the policy versions."""
+        return self.policy_dir or self.var_dir / POLICY_DIR
 
     @property
     def models_path(self) -> Path:

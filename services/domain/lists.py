@@ -76,6 +76,23 @@ def check_entry(
         raise InvalidArgument("expires", "must be in the future")
 
 
+def parse_kind(text: str) -> ListKind:
+    """The kind named by ``text``; InvalidArgument naming ``kind`` for any other."""
+    try:
+        return ListKind(text)
+    except ValueError:
+        names = ", ".join(k.value for k in ListKind)
+        raise InvalidArgument("kind", f"{text[:32]!r} is not a kind: one of {names}") from None
+
+
+def parse_list(text: str) -> ListName:
+    """The list named by ``text``; InvalidArgument naming ``list`` for any other."""
+    try:
+        return ListName(text)
+    except ValueError:
+        raise InvalidArgument("list", f"{text[:32]!r} is not a list: block or allow") from None
+
+
 class ListIndex:
     """Every entry by list, kind and value: a payment is matched with a few dict lookups."""
 

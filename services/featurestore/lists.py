@@ -17,7 +17,7 @@ from typing import Protocol, cast
 
 import redis
 
-from services.domain.lists import ListEntry, ListKind, ListName
+from services.domain.lists import ListEntry, ListKind, ListName, check_entry
 from services.featurestore.settings import FeatureStoreSettings
 
 _ENTRIES = "team_list_entries"
@@ -258,6 +258,23 @@ class RedisListStore:
     def close(self) -> None:
         """Closes the connection."""
         self._client.close()
+
+
+def add_entry(
+    store: ListStore,
+    kind: ListKind,
+    value: str,
+    name: ListName,
+    reason: str,
+    expires_at_s: float | None,
+    actor: str,
+    now_s: float,
+) -> bool:
+    """Checks an entry (InvalidArgument naming the field, nothing written) and puts it on
+    its list; False when the same entry was already there (adding is idempotent). The one
+    way in for ``fraudmesh lists add`` and the console."""
+    check_entry(kind, value, reason, expires_at_s, now_s)
+    return store.add(ListEntry(kind, value, name, reason, expires_at_s, now_s, actor))
 
 
 def _same(old: ListEntry, new: ListEntry) -> bool:

@@ -277,6 +277,8 @@ class MeshConfig:
                 var_dir=self.var_dir,
                 decisions_root=decisions,
                 outcome_target=self.envoy_target,
+                # The Rules page shows and changes the policy the gateways follow.
+                policy_dir=from_mapping(GatewaySettings, self.service_env()).policy_dir,
                 prometheus_url=f"http://{self.host}:{self.prometheus_port}",
                 monitor_url=f"http://{self.host}:{monitor_metrics}/metrics"
                 if monitor_metrics

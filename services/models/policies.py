@@ -134,8 +134,9 @@ class PolicyStore:
             self._record(state, "publish", version)
         return version
 
-    def promote(self, version: str) -> PolicyState:
-        """Makes ``version`` live; the version live before becomes the rollback target."""
+    def promote(self, version: str, actor: str | None = None) -> PolicyState:
+        """Makes ``version`` live; the version live before becomes the rollback target.
+        ``actor`` is recorded as who did it (default: this process's user)."""
         policy_domain.parse(self.text(version))
         with locked(self._lock):
             state = self.read_state()
@@ -143,16 +144,17 @@ class PolicyStore:
                 raise FailedPrecondition(f"policy version {version} is already live")
             state.previous.append(state.live)
             state.live = version
-            return self._record(state, "promote", version)
+            return self._record(state, "promote", version, actor)
 
-    def rollback(self) -> PolicyState:
-        """Makes live again what was live before the current version (possibly no policy)."""
+    def rollback(self, actor: str | None = None) -> PolicyState:
+        """Makes live again what was live before the current version (possibly no policy);
+        ``actor`` as for ``promote``."""
         with locked(self._lock):
             state = self.read_state()
             if not state.previous:
                 raise FailedPrecondition("nothing to roll back to: no policy was live before")
             state.live = state.previous.pop()
-            return self._record(state, "rollback", state.live)
+            return self._record(state, "rollback", state.live, actor)
 
     def listing(self) -> list[PolicyVersion]:
         """Every published version with its state and rule counts, newest first."""
@@ -175,11 +177,15 @@ class PolicyStore:
             rows.append(PolicyVersion(version, where, live, shadow))
         return rows
 
-    def _record(self, state: PolicyState, action: str, version: str | None) -> PolicyState:
+    def _record(
+        self, state: PolicyState, action: str, version: str | None, actor: str | None = None
+    ) -> PolicyState:
         """Adds the change to the history and replaces the state file whole."""
         self.root.mkdir(parents=True, exist_ok=True)
         state.history.append(
-            PolicyChange(at=time.time(), action=action, version=version, actor=default_actor())
+            PolicyChange(
+                at=time.time(), action=action, version=version, actor=actor or default_actor()
+            )
         )
         data = json.dumps(state.model_dump(mode="json"), indent=1).encode()
         replace_bytes(self.state_path, data)

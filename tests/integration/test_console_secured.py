@@ -18,6 +18,9 @@ import pytest
 from services import client
 from services.cli import certs
 from services.common.edge_security import DEV_FILES, EdgeSettings
+from services.domain.lists import ListEntry
+from services.featurestore.lists import open_lists
+from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 
 from .live import copy_state, start_live_mesh, wait_for
@@ -39,8 +42,10 @@ def secured(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     mesh.stop()
 
 
-def _token(mesh: Mesh, subject: str = SUBJECT) -> str:
-    return certs.mint_token(mesh.config.var_dir / "tls" / DEV_FILES["jwt_key"], subject)
+def _token(mesh: Mesh, subject: str = SUBJECT, roles: tuple[str, ...] = ()) -> str:
+    return certs.mint_token(
+        mesh.config.var_dir / "tls" / DEV_FILES["jwt_key"], subject, roles=roles
+    )
 
 
 class Browser:
@@ -113,3 +118,29 @@ def test_a_verdict_is_recorded_under_the_tokens_subject(secured: Mesh, tmp_path:
     wait_for(landed, "the verdict in the export", timeout_s=60)
     assert (found["outcome"], found["outcome_source"]) == ("fraud", "analyst")
     assert found["outcome_reported_by"] == SUBJECT
+
+
+def _entries(mesh: Mesh) -> list[ListEntry]:
+    store = open_lists(FeatureStoreSettings(var_dir=mesh.config.var_dir), reader=True)
+    if store is None:
+        return []
+    try:
+        return store.entries()[1]
+    finally:
+        store.close()
+
+
+def test_only_the_controls_role_changes_the_lists(secured: Mesh) -> None:
+    entry = {"list": "block", "kind": "card", "value": "card-role-check", "reason": "stolen"}
+    analyst = Browser(secured, _token(secured))
+    status, page = analyst.get("/lists")
+    assert status == 200 and 'action="/lists/add"' not in page and 'id="view-only"' in page
+    token = page.split('"x-csrf-token": "', 1)[1].split('"', 1)[0]
+    assert analyst.post("/lists/add", {**entry, "csrf_token": token}) == 403
+    assert all(e.value != entry["value"] for e in _entries(secured))
+    lead = Browser(secured, _token(secured, "lead@bank.example", ("fraud-controls",)))
+    _, page = lead.get("/lists")
+    token = page.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    assert lead.post("/lists/add", {**entry, "csrf_token": token}) == 200
+    added = [e for e in _entries(secured) if e.value == entry["value"]]
+    assert [(e.actor, e.reason) for e in added] == [("lead@bank.example", "stolen")]
