@@ -264,14 +264,10 @@ SMALL_MODEL_ANSWERS = _counter(
 MODEL_REASONS = _counter("fraudmesh_model_reasons_total", "The model's own reasons for "
     "REVIEW and DECLINE answers by outcome: given, or no_budget/busy/timeout/error/mismatch.",
     "gateway", ("outcome",))  # fmt: skip
-ROUTING_GENERATION = _gauge(
-    "fraudmesh_routing_generation", "Generation of the lifecycle file the gateway routes by.",
-    "gateway",
-)  # fmt: skip
-CANARY_PERCENT = _gauge(
-    "fraudmesh_canary_percent", "Share of cards routed to the canary (0 without a canary).",
-    "gateway",
-)  # fmt: skip
+ROUTING_GENERATION = _gauge("fraudmesh_routing_generation",
+    "Generation of the lifecycle file the gateway routes by.", "gateway")  # fmt: skip
+CANARY_PERCENT = _gauge("fraudmesh_canary_percent",
+    "Share of cards routed to the canary (0 without a canary).", "gateway")  # fmt: skip
 CANARY_BREACHES = _counter(
     "fraudmesh_canary_breaches_total",
     "Canaries this gateway found beyond their limits, by version.",

@@ -82,7 +82,7 @@ class BreakerConfig:
     """Probe calls let through while half-open; their outcomes decide the next state."""
     max_wait_duration_in_half_open_state_s: float = 0.0
     """Longest stay in half-open before opening again; 0 waits for the probes indefinitely."""
-    max_outcome_age_s: float = 0.0
+    max_outcome_age_s: float = 30.0
     """COUNT_BASED only: an outcome older than this leaves the window even before
     ``sliding_window_size`` newer ones push it out, so that sparse traffic is judged on what
     the dependency does now, not on calls of minutes ago; 0 keeps outcomes until pushed out

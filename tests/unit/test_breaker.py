@@ -771,7 +771,7 @@ def test_random_calls_match_the_reference_model(window_type: WindowType, seed: i
 
 def test_failures_of_long_ago_do_not_count_with_a_max_age() -> None:
     clock = FakeClock()
-    aged, plain = make(clock, max_outcome_age_s=30.0), make(clock)
+    aged, plain = make(clock, max_outcome_age_s=30.0), make(clock, max_outcome_age_s=0.0)
     for _ in range(9):
         call(aged, fail=True)
         call(plain, fail=True)
