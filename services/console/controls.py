@@ -124,8 +124,13 @@ def describe_when(when: policy_domain.When) -> tuple[str, ...]:
     return tuple(out) or ("always",)
 
 
+def _scoped(entry: policy_domain.Scope | policy_domain.MerchantThresholds) -> tuple[str, ...]:
+    """The merchants an entry names, then its merchant categories as ``category <MCC>``."""
+    return (*(entry.merchants or ()), *(f"category {c}" for c in entry.categories or ()))
+
+
 def _rule_view(rule: policy_domain.RuleSpec) -> RuleView:
-    scope = _values("merchants", list(rule.scope.merchants)) if rule.scope else "all merchants"
+    scope = _values("merchants", list(_scoped(rule.scope))) if rule.scope else "all merchants"
     return RuleView(
         name=rule.name,
         action=rule.action.value,
@@ -290,7 +295,7 @@ class Controls:
             description=spec.description,
             rules=tuple(_rule_view(r) for r in ordered),
             thresholds=tuple(
-                ThresholdView(tuple(t.merchants), t.review, t.decline) for t in spec.thresholds
+                ThresholdView(_scoped(t), t.review, t.decline) for t in spec.thresholds
             ),
         )
 

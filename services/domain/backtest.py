@@ -102,7 +102,7 @@ def _without_rule(policy: Policy, row: LoggedPayment) -> tuple[str | None, str]:
         return None, "not logged"
     if row.decided_by_rule:
         return None, "no score"
-    own = policy.merchant_thresholds.get(row.merchant_id)
+    own = policy.thresholds_for(row.merchant_id, _features(policy, row))
     logged_own = any(r.startswith(_OWN_THRESHOLDS) for r in row.reasons)
     if row.scored_by == "model" and own is not None and row.score is not None:
         return decide(row.score, own[0], own[1]).value, "thresholds"

@@ -16,10 +16,18 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
 
 from services.domain import featurespec, money
 
@@ -101,10 +109,29 @@ class When(_Strict):
     features: dict[str, Compare] | None = Field(None, max_length=64)
 
 
-class Scope(_Strict):
-    """Where a rule applies: the merchants listed (every merchant when absent)."""
+_MCC = Annotated[int, Field(ge=0, le=9999, strict=True)]
+"""A merchant category code (ISO 18245), as the store keeps it in ``merchant_category``."""
 
-    merchants: list[_TEXT] = Field(min_length=1, max_length=MAX_VALUES)
+CATEGORY_FEATURE = "merchant_category"
+"""The feature that gives a call's merchant category (the store's, by merchant)."""
+
+
+class _ByMerchant(_Strict):
+    """Merchants listed, merchant categories listed, or both (a merchant in either)."""
+
+    merchants: list[_TEXT] | None = Field(None, min_length=1, max_length=MAX_VALUES)
+    categories: list[_MCC] | None = Field(None, min_length=1, max_length=MAX_VALUES)
+
+    @model_validator(mode="after")
+    def _one_at_least(self) -> Self:
+        if self.merchants is None and self.categories is None:
+            raise ValueError("name merchants, categories or both")
+        return self
+
+
+class Scope(_ByMerchant):
+    """Where a rule applies: the merchants and merchant categories listed (every merchant
+    when absent)."""
 
 
 class RuleSpec(_Strict):
@@ -122,10 +149,10 @@ class RuleSpec(_Strict):
 _Probability = Annotated[float, Field(ge=0.0, le=1.0, strict=True)]
 
 
-class MerchantThresholds(_Strict):
-    """Review and decline thresholds of the model's score for some merchants."""
+class MerchantThresholds(_ByMerchant):
+    """Review and decline thresholds of the model's score for some merchants or merchant
+    categories (a merchant's own entry wins over its category's)."""
 
-    merchants: list[_TEXT] = Field(min_length=1, max_length=MAX_VALUES)
     review: _Probability
     decline: _Probability
 
@@ -266,6 +293,8 @@ class Policy:
     shadow: tuple[CompiledRule, ...]
     merchant_thresholds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Merchant → (review, decline) of the model's score, where the policy sets them."""
+    category_thresholds: Mapping[float, tuple[float, float]] = field(default_factory=dict)
+    """Merchant category → (review, decline), for a merchant without its own."""
     uses_features: bool = field(init=False)
     """Whether any rule reads a feature (the caller builds them by name only then)."""
     _live: RuleIndex = field(init=False)
@@ -274,10 +303,22 @@ class Policy:
     def __post_init__(self) -> None:
         # Frozen: the derived fields are set once, here.
         object.__setattr__(
-            self, "uses_features", any(r.uses_features for r in self.live + self.shadow)
+            self,
+            "uses_features",
+            bool(self.category_thresholds) or any(r.uses_features for r in self.live + self.shadow),
         )
         object.__setattr__(self, "_live", RuleIndex.of(self.live))
         object.__setattr__(self, "_shadow", RuleIndex.of(self.shadow))
+
+    def thresholds_for(
+        self, merchant_id: str, features: Mapping[str, float]
+    ) -> tuple[float, float] | None:
+        """(review, decline) of the model's score the policy sets for this merchant: its own,
+        else its category's (from ``features``), else None (the model version's)."""
+        own = self.merchant_thresholds.get(merchant_id) if self.merchant_thresholds else None
+        if own is None and self.category_thresholds:
+            own = self.category_thresholds.get(features.get(CATEGORY_FEATURE, math.nan))
+        return own
 
     def decide(self, payment: Payment, features: Mapping[str, float]) -> CompiledRule | None:
         """The first live rule that fires, by priority (highest first, then file order)."""
@@ -350,17 +391,19 @@ def parse(text: str) -> PolicySpec:
 
 
 def _check_thresholds(spec: PolicySpec) -> None:
-    """Review at most decline, and each merchant in one entry only."""
-    seen: set[str] = set()
+    """Review at most decline, and each merchant and category in one entry only."""
+    seen: set[tuple[str, str | int]] = set()
     for i, entry in enumerate(spec.thresholds):
         if entry.review > entry.decline:
             raise PolicyError("", f"thresholds.{i}.review", "must not be above decline")
-        for merchant in entry.merchants:
-            if merchant in seen:
-                raise PolicyError(
-                    "", f"thresholds.{i}.merchants", f"{merchant[:64]!r} has thresholds already"
-                )
-            seen.add(merchant)
+        for key, values in (("merchants", entry.merchants), ("categories", entry.categories)):
+            for value in values or ():
+                if (key, value) in seen:
+                    shown = repr(value[:64]) if isinstance(value, str) else value
+                    raise PolicyError(
+                        "", f"thresholds.{i}.{key}", f"{shown} has thresholds already"
+                    )
+                seen.add((key, value))
 
 
 def _check_meaning(spec: PolicySpec) -> None:
@@ -448,10 +491,10 @@ def compile_policy(spec: PolicySpec, version: str) -> Policy:
             rule.reason or f"{rule.action.value} by rule {rule.name}",
             rule.priority,
             rule.mode,
-            tuple(_checks(rule)),
-            bool(rule.when.features),
+            tuple(_scope_checks(rule.scope) + _checks(rule)),
+            bool(rule.when.features) or _by_category(rule.scope),
             rank,
-            frozenset(rule.scope.merchants) if rule.scope is not None else None,
+            _indexed_merchants(rule.scope),
         )
         for rank, (_, rule) in enumerate(ordered)
     ]
@@ -459,8 +502,33 @@ def compile_policy(spec: PolicySpec, version: str) -> Policy:
         version,
         tuple(r for r in compiled if r.mode is Mode.LIVE),
         tuple(r for r in compiled if r.mode is Mode.SHADOW),
-        {m: (t.review, t.decline) for t in spec.thresholds for m in t.merchants},
+        {m: (t.review, t.decline) for t in spec.thresholds for m in t.merchants or ()},
+        {float(c): (t.review, t.decline) for t in spec.thresholds for c in t.categories or ()},
     )
+
+
+def _by_category(scope: Scope | None) -> bool:
+    return scope is not None and scope.categories is not None
+
+
+def _indexed_merchants(scope: Scope | None) -> frozenset[str] | None:
+    """The merchants the index files the rule under; None (asked for every call) when the
+    rule applies everywhere or by category, which only the call's features tell."""
+    if scope is None or scope.categories is not None:
+        return None
+    return frozenset(scope.merchants or ())
+
+
+def _scope_checks(scope: Scope | None) -> list[Check]:
+    """A category scope as a check, first: a listed merchant, or one whose category (the
+    store's feature) is listed."""
+    if scope is None or scope.categories is None:
+        return []
+    merchants = frozenset(scope.merchants or ())
+    categories = frozenset(float(c) for c in scope.categories)
+    return [
+        lambda p, f: p.merchant_id in merchants or f.get(CATEGORY_FEATURE, math.nan) in categories
+    ]
 
 
 def load(text: str, version: str) -> Policy:

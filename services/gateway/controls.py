@@ -61,9 +61,6 @@ class PolicyControl:
         if policy is None:
             return None
         tx = call.tx
-        own = policy.merchant_thresholds.get(tx.merchant_id) if policy.merchant_thresholds else None
-        if own is not None:
-            call.thresholds = ThresholdOverride(own[0], own[1], policy_version(policy))
         payment = payment_of(
             tx.card_id,
             tx.merchant_id,
@@ -77,6 +74,9 @@ class PolicyControl:
             if policy.uses_features
             else _NO_FEATURES
         )
+        own = policy.thresholds_for(tx.merchant_id, features)
+        if own is not None:
+            call.thresholds = ThresholdOverride(own[0], own[1], policy_version(policy))
         if policy.shadow:
             call.shadow_rules = policy.shadowed(payment, features)
         rule = policy.decide(payment, features)

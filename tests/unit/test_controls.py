@@ -212,3 +212,20 @@ async def test_a_merchant_held_below_clear_approve_skips_the_first_stage() -> No
         if control is strict:
             # The model's 0.03 is over the strict merchant's review threshold.
             assert result.decision is Decision.REVIEW and model.calls == 1
+
+
+async def test_a_categorys_thresholds_follow_the_merchants_category_in_the_store() -> None:
+    control = PolicyControl(
+        P.load("thresholds: [{categories: [5944], review: 0.1, decline: 0.4}]", "6")
+    )
+
+    async def decided(category: float) -> ScoreResult:
+        pipeline = _pipeline(Features(_store(merchant_category=category)), Model(0.5))
+        pipeline.controls = (control,)
+        return await pipeline.score(TX, Budget(POLICY, None))
+
+    jewellery, grocery = await decided(5944.0), await decided(5411.0)
+    # 0.5 declines on the category's thresholds; on the model's own it is a review.
+    assert (jewellery.decision, grocery.decision) == (Decision.DECLINE, Decision.REVIEW)
+    assert "the merchant's own thresholds (policy-6)" in jewellery.reasons
+    assert not any("own thresholds" in r for r in grocery.reasons)

@@ -323,3 +323,72 @@ def test_every_write_changes_the_file_key(tmp_path: Path) -> None:
     first = store.file_key()
     store.promote("1")
     assert store.file_key() not in (None, first)
+
+
+# -- merchant categories ------------------------------------------------------------------------
+
+GROCERY, JEWELLERY = 5411.0, 5944.0
+
+
+def test_a_category_scope_applies_where_the_merchants_category_is_listed() -> None:
+    text = """
+rules:
+  - {name: jewellery, action: review, scope: {categories: [5944]}, when: {amount_eur: {gt: 1000}}}
+  - {name: both, action: decline, priority: 5, scope: {merchants: [merch-00009], categories: [7995]}}
+"""
+    policy = P.load(text, "1")
+    assert policy.uses_features  # the category is the store's, read with the features
+    fired = policy.decide(_pay(), {P.CATEGORY_FEATURE: JEWELLERY})
+    assert fired is not None and fired.name == "jewellery"
+    assert policy.decide(_pay(), {P.CATEGORY_FEATURE: GROCERY}) is None
+    # No category known for the call (default features): a category scope does not apply.
+    assert policy.decide(_pay(), {}) is None
+    # Merchants and categories together: a listed merchant, or a listed category.
+    listed = policy.decide(_pay(merchant_id="merch-00009"), {P.CATEGORY_FEATURE: GROCERY})
+    assert listed is not None and listed.name == "both"
+    gambling = policy.decide(_pay(merchant_id="merch-00002"), {P.CATEGORY_FEATURE: 7995.0})
+    assert gambling is not None and gambling.name == "both"
+
+
+def test_thresholds_by_category_and_a_merchants_own_first() -> None:
+    text = """
+thresholds:
+  - {categories: [5944], review: 0.2, decline: 0.5}
+  - {merchants: [merch-00001], review: 0.4, decline: 0.9}
+"""
+    policy = P.load(text, "1")
+    jewellery = {P.CATEGORY_FEATURE: JEWELLERY}
+    assert policy.thresholds_for("merch-00002", jewellery) == (0.2, 0.5)
+    assert policy.thresholds_for("merch-00001", jewellery) == (0.4, 0.9)
+    assert policy.thresholds_for("merch-00002", {P.CATEGORY_FEATURE: GROCERY}) is None
+    assert policy.thresholds_for("merch-00002", {}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("rules: [{name: a, action: decline, scope: {}}]", "scope"),
+        ("rules: [{name: a, action: decline, scope: {categories: [10000]}}]", "scope.categories.0"),
+        (
+            "rules: [{name: a, action: decline, scope: {categories: ['5411']}}]",
+            "scope.categories.0",
+        ),
+        ("rules: [{name: a, action: decline, scope: {categories: []}}]", "scope.categories"),
+    ],
+)
+def test_a_bad_category_scope_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(P.PolicyError) as raised:
+        P.parse(text)
+    assert (raised.value.rule, raised.value.field) == ("a", field)
+
+
+def test_a_category_with_two_thresholds_is_refused() -> None:
+    text = """
+thresholds:
+  - {categories: [5944], review: 0.2, decline: 0.5}
+  - {categories: [5411, 5944], review: 0.3, decline: 0.6}
+"""
+    with pytest.raises(P.PolicyError) as raised:
+        P.parse(text)
+    assert raised.value.field == "thresholds.1.categories"
+    assert "5944 has thresholds already" in str(raised.value)
