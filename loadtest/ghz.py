@@ -166,6 +166,8 @@ class Result:
             "mean_ms": round(self.mean_ms, 3),
             "error_share": self.error_share,
             "status_counts": dict(self.status_counts),
+            # Per status: a refusal's latency is judged apart from an answer's.
+            "status_p99_ms": {k: round(v, 3) for k, v in self.status_p99_ms.items()},
             "errors": dict(self.errors),
         }
 
