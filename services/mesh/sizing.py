@@ -25,10 +25,12 @@ from pathlib import Path
 SMALL_MACHINE_CORES = 3
 """Up to this many cores the mesh runs one Envoy, feature service and scorer (two gateways)."""
 
-IN_FLIGHT_PER_CORE = 3
-"""Calls the edge lets in at once per core. A Score costs the whole mesh about 9 ms of CPU
-on this project's reference machine, so three calls per core share it for about 27 ms:
-inside the 42 ms budget with room for the tail (measured: docs/performance.md)."""
+IN_FLIGHT_PER_CORE = 2
+"""Calls the edge lets in at once per core. A Score costs the whole mesh 9–12 ms of CPU on
+this project's 2-core reference machine, so two calls per core share a core for about
+20–25 ms, inside the 42 ms budget with room for the tail. Side by side past saturation,
+four calls in flight left fewer admitted calls late than six (at 600 calls/s 3.0–9.9 %
+against 10.9–18.6 %), at some goodput (docs/reliability.md, "Admission at the edge")."""
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 """cgroup v2 CPU quota of this process's group ("max 100000" when unlimited)."""
