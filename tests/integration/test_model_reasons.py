@@ -3,8 +3,10 @@ own features, and their contributions with the base add up to the score it serve
 
 from __future__ import annotations
 
+import html
 import math
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,9 +16,15 @@ import pytest
 
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
+from services.common.edge_security import EdgeSettings
+from services.console.app import create
+from services.console.settings import ConsoleSettings
 from services.featurestore import layout
+from services.featurestore.settings import FeatureStoreSettings
+from services.mesh import Mesh
 from services.models import repository
 from services.models.explain import DEFAULT_TOP_K
+from tests.unit.test_console_controls import Client
 
 from .conftest import Known, score_request
 
@@ -57,6 +65,8 @@ def _model_decline(stub: pb_grpc.FraudScoringStub, requests: Iterator[pb.ScoreRe
     seen = []
     for request in requests:
         for _ in range(3):
+            # A fresh id each try: the decision log keeps a transaction's first decision.
+            request.transaction_id = f"t-{time.time_ns()}"
             response = stub.Score(request, timeout=2.0)
             seen.append((response.decision, response.scored_by, round(response.score, 3)))
             if response.scored_by == pb.SCORED_BY_MODEL:
@@ -94,3 +104,29 @@ def test_a_decline_carries_the_models_contributions_summing_to_its_score(
     assert abs(1.0 / (1.0 + math.exp(-raw)) - response.score) <= 1e-6, (raw, response.score)
     # Threshold-written reasons of the rules that fired still follow the model's own.
     assert not any(LINE.match(r) for r in reasons[2 + DEFAULT_TOP_K :])
+
+
+def test_the_models_reasons_reach_the_decision_log_and_the_consoles_decision_page(
+    edge: grpc.Channel, known: Known, prepared_env: Any, mesh: Mesh
+) -> None:
+    stub = pb_grpc.FraudScoringStub(edge)
+    response = _model_decline(stub, _risky(prepared_env, known))
+    contributions = [r for r in response.reasons if LINE.match(r)]
+    assert len(contributions) == DEFAULT_TOP_K, list(response.reasons)
+    var_dir = mesh.config.var_dir
+    app = create(
+        ConsoleSettings(var_dir=var_dir, prometheus_url=None, allow_unauthenticated_remote=True),
+        EdgeSettings(var_dir=var_dir),
+        store=FeatureStoreSettings(var_dir=var_dir),
+    )
+    page = ""
+    deadline = time.monotonic() + 60
+    # The decision sink writes the log a batch at a time: wait for this decision's row.
+    while time.monotonic() < deadline:
+        status, page = Client(app).get(f"/decisions?transaction_id={response.transaction_id}")
+        assert status == 200
+        if html.escape(contributions[0], quote=False) in page:
+            break
+        time.sleep(1.0)
+    for line in contributions:
+        assert html.escape(line, quote=False) in page, (line, page[-3000:])
