@@ -24,9 +24,10 @@ from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 from services.models import repository
 from services.models.explain import DEFAULT_TOP_K
+from tests.timeouts import register_logs
 from tests.unit.test_console_controls import Client
 
-from .conftest import Known, score_request
+from .conftest import Known, score_request, start_mesh
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,17 @@ SUMMARY = re.compile(
 )
 AMOUNTS_MINOR = (900_000, 4_000_000, 20_000_000, 90_000_000)
 """Large payments, up to the plausibility limit: the model's declines are among them."""
+
+
+@pytest.fixture(scope="module")
+def mesh(
+    prepared_env: Any, known: Known, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> Iterator[Mesh]:
+    """A mesh whose gateways give the model's own reasons (off by default)."""
+    logs = register_logs(request, tmp_path_factory.mktemp("reasons-logs"))
+    m = start_mesh(prepared_env, logs, known=known, FRAUD_GATEWAY_MODEL_REASONS=str(DEFAULT_TOP_K))
+    yield m
+    m.stop()
 
 
 def _risky(prepared_env: Any, known: Known, n: int = 6) -> Iterator[pb.ScoreRequest]:
