@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from services.domain import money
 from services.domain.decision import Decision, decide
-from services.domain.policy import CompiledRule, Policy, payment_of
+from services.domain.policy import CompiledRule, Payment, Policy, payment_of
 
 FRAUD = "fraud"
 """The outcome of a fraudulent payment (the decision log's stored name)."""
@@ -119,14 +119,7 @@ def replay(policy: Policy, row: LoggedPayment) -> Replayed:
     """The answer the gateway would have given ``row`` with ``policy`` live."""
     if row.decided_by_list:
         return Replayed(row.transaction_id, row.decision, None, (), "list")
-    payment = payment_of(
-        row.card_id,
-        row.merchant_id,
-        row.terminal_id,
-        row.amount_minor,
-        row.currency,
-        row.card_not_present,
-    )
+    payment = _payment(row)
     features = _features(policy, row)
     shadow = policy.shadowed(payment, features) if policy.shadow else ()
     rule = policy.decide(payment, features)
@@ -225,11 +218,9 @@ class BacktestReport:
     replayed: tuple[Replayed, ...]
 
 
-def _rule_fires(rule: CompiledRule, policy: Policy, row: LoggedPayment) -> bool:
-    """Whether ``rule`` alone fires on ``row`` (in its scope), whatever its rank."""
-    if rule.merchants is not None and row.merchant_id not in rule.merchants:
-        return False
-    payment = payment_of(
+def _payment(row: LoggedPayment) -> Payment:
+    """The logged request as the policy judges it (the gateway's ``payment_of``)."""
+    return payment_of(
         row.card_id,
         row.merchant_id,
         row.terminal_id,
@@ -237,7 +228,13 @@ def _rule_fires(rule: CompiledRule, policy: Policy, row: LoggedPayment) -> bool:
         row.currency,
         row.card_not_present,
     )
-    return rule.fires(payment, _features(policy, row))
+
+
+def _rule_fires(rule: CompiledRule, policy: Policy, row: LoggedPayment) -> bool:
+    """Whether ``rule`` alone fires on ``row`` (in its scope), whatever its rank."""
+    if rule.merchants is not None and row.merchant_id not in rule.merchants:
+        return False
+    return rule.fires(_payment(row), _features(policy, row))
 
 
 def _held(decision: str | None) -> bool:
