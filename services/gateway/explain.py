@@ -84,7 +84,7 @@ class LocalExplainerProvider:
 
     def _load(self, metadata: ModelMetadata) -> TreeExplainer | None:
         folder = self._model_root / metadata.name / metadata.version
-        trees = TreeExplainer.load(folder, metadata.feature_order)
+        trees = TreeExplainer.load(folder, metadata.feature_order, lean=True)
         if trees is not None:
             row: Sequence[float] = [metadata.default_features[n] for n in metadata.feature_order]
             for _ in range(self._warmup_calls):

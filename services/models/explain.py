@@ -26,24 +26,32 @@ if TYPE_CHECKING:
     import lightgbm as lgb
 
 
-def _lightgbm() -> Any:
-    """LightGBM, imported on first use. A process that has not imported scikit-learn yet (a
-    gateway) imports LightGBM without it: LightGBM loads scikit-learn for its estimator
-    classes whenever it is installed, 1.8 s of CPU of a 2.4 s import here, and explaining
-    needs only the Booster. That CPU would be taken from the calls the other gateway serves
-    while this one restarts."""
+_OPTIONAL = ("sklearn", "pandas", "pyarrow", "dask", "matplotlib", "graphviz", "datatable")
+"""What LightGBM imports whenever it is installed, for its estimator classes and the data
+frames it accepts, and what explaining one numpy row never needs."""
+
+
+def _lightgbm(lean: bool = False) -> Any:
+    """LightGBM, imported on first use. ``lean`` (a gateway, which only ever explains numpy
+    rows with a Booster) imports it without the optional packages in ``_OPTIONAL`` that this
+    process has not loaded yet: here they are 0.7 of its 1.0 s of CPU, and 100 MB, taken from
+    the calls the other gateway serves while this one restarts. A lean import must be the
+    process's first import of LightGBM; after it, LightGBM takes no data frame."""
     import sys
 
-    if "lightgbm" in sys.modules or "sklearn" in sys.modules:
+    if not lean or "lightgbm" in sys.modules:
         import lightgbm
 
         return lightgbm
-    sys.modules["sklearn"] = None  # type: ignore[assignment]
+    blocked = [name for name in _OPTIONAL if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
     try:
         import lightgbm
     finally:
-        if sys.modules.get("sklearn", 0) is None:
-            del sys.modules["sklearn"]
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
     return lightgbm
 
 
@@ -154,12 +162,15 @@ class TreeExplainer:
         return int(self._booster.num_trees())
 
     @classmethod
-    def load(cls, folder: Path, feature_order: Sequence[str]) -> TreeExplainer | None:
-        """The explainer of the version in ``folder``; None when it has no booster text."""
+    def load(
+        cls, folder: Path, feature_order: Sequence[str], lean: bool = False
+    ) -> TreeExplainer | None:
+        """The explainer of the version in ``folder``; None when it has no booster text.
+        ``lean``: see ``_lightgbm``."""
         path = folder / BOOSTER_FILE
         if not path.is_file():
             return None
-        return cls(_lightgbm().Booster(model_file=str(path)), feature_order)
+        return cls(_lightgbm(lean).Booster(model_file=str(path)), feature_order)
 
     def explain(self, vector: Sequence[float]) -> Explanation:
         """The exact TreeSHAP decomposition of the input ``vector`` (in feature order)."""
