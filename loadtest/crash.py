@@ -48,12 +48,12 @@ from loadtest.drive import VERSION_ANSWERS, score_request
 from loadtest.runner import copy_state
 from services import client
 from services.common.settings import from_mapping, to_env
+from services.decisionlog import reader
 from services.decisionlog.settings import DecisionLogSettings
 from services.featurestore import admin as store_admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.gateway.settings import GatewaySettings
 from services.mesh import CrashLoop, Mesh, MeshConfig, RestartPolicy, Supervisor
-from services.pipelines import decisions
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_MS = faultwindow.BUDGET_MS
@@ -536,7 +536,7 @@ class Crash:
         deadline = time.monotonic() + self.plan.log_wait_s
         held: set[str] = set()
         while True:
-            table = decisions.read_table(root, "decisions", columns=["transaction_id"])
+            table = reader.read_table(root, "decisions", columns=["transaction_id"])
             held = set(table.column("transaction_id").to_pylist())
             if wanted <= held or time.monotonic() >= deadline:
                 break

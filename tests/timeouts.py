@@ -53,6 +53,7 @@ LIMITS_S: dict[str, int] = {
     "test_admission.py": 240,
     "test_list_store.py": 120,
     "test_model_reasons.py": 300,
+    "test_merchant_thresholds.py": 300,
     "test_in_process.py": 300,
     "test_mesh_redis.py": 300,
     "test_tracing.py": 300,

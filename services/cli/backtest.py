@@ -24,6 +24,7 @@ from services.cli.exits import BAD_INPUT, fail
 from services.cli.policyfile import read_policy_file
 from services.common import filecommit
 from services.common.errors import FraudmeshError
+from services.decisionlog import payments as logged
 from services.decisionlog.settings import DecisionLogSettings
 from services.domain import backtest as domain
 from services.domain import policy as policy_domain
@@ -109,12 +110,12 @@ def _reports(
     try:
         if source in ("log", "both"):
             root = log_root or DecisionLogSettings(var_dir=var_dir, root=None).root_path
-            payments, _ = sources.from_log(root, _utc(since), _utc(until))
+            payments, _ = logged.from_log(root, _utc(since), _utc(until))
             reports["log"] = domain.backtest(policy, payments)
         if source in ("history", "both"):
             history = sources.from_history(from_env(var_dir=var_dir))
             reports["history"] = domain.backtest(policy, history)
-    except sources.BacktestSourceError as error:
+    except logged.BacktestSourceError as error:
         fail("backtest rejected", error.message, BAD_INPUT)
     return reports
 

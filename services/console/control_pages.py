@@ -1,5 +1,5 @@
 """The HTTP edge of the fraud team's controls: the Rules page (the live policy, its rules and
-per-merchant thresholds, every version and change; promote and roll back) and the Lists page
+per-merchant thresholds, every version and change; publish, promote and roll back) and the Lists page
 (every entry; add and remove).
 
 Every change is a POST with the page's CSRF token (``Console.checked_form``), made by someone
@@ -23,6 +23,7 @@ from starlette.routing import Route
 from services.common.errors import FailedPrecondition, FraudmeshError, InvalidArgument, NotFound
 from services.console import csrf, identity
 from services.console.controls import (
+    MAX_POLICY_CHARS,
     Controls,
     ControlsUnavailable,
     EntriesFilter,
@@ -129,6 +130,22 @@ class ControlPages:
             return await asyncio.to_thread(self.controls.rules, None)
         except (FraudmeshError, OSError):
             return RulesView(None, None)
+
+    async def publish(self, request: Request) -> Response:
+        """Stores a policy written in the page as the next version, a candidate, as
+        ``fraudmesh rules publish`` does; a policy that does not check is refused naming the
+        rule and the field, and nothing is stored."""
+        form, refusal = await self._change_form(request)
+        if refusal is not None:
+            return refusal
+        assert form is not None
+        try:
+            text = form_text(form, "policy", max_chars=MAX_POLICY_CHARS)
+            version = await asyncio.to_thread(self.controls.publish, text, self._actor(request))
+        except (FraudmeshError, policy_domain.PolicyError, OSError) as error:
+            return self.console.refused(request, _status(error), "Not published", _message(error))
+        log.info("policy published", extra={"version": version, "by": self._actor(request)})
+        return RedirectResponse(f"/rules?version={version}", status_code=303)
 
     async def promote(self, request: Request) -> Response:
         """Makes a version live, as ``fraudmesh rules promote`` does."""
@@ -270,6 +287,7 @@ def routes(pages: ControlPages) -> list[Route]:
     """The controls' routes."""
     return [
         Route("/rules", pages.rules_page, name="rules"),
+        Route("/rules/publish", pages.publish, methods=["POST"], name="rules-publish"),
         Route("/rules/promote", pages.promote, methods=["POST"], name="rules-promote"),
         Route("/rules/rollback", pages.rollback, methods=["POST"], name="rules-rollback"),
         Route("/lists", pages.lists_page, name="lists"),

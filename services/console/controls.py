@@ -32,6 +32,9 @@ SHOWN_VALUES = 6
 """Values of a long membership condition shown before ``(+N more)``."""
 MAX_FIELD_CHARS = 1024
 """Longest text a list form's field may carry; the entry's own checks are tighter."""
+MAX_POLICY_CHARS = 60_000
+"""Longest policy the Rules page publishes (the console takes no body over 64 KiB; a larger
+policy goes through ``fraudmesh rules publish``)."""
 _OPERATORS = (("gt", ">"), ("gte", ">="), ("lt", "<"), ("lte", "<="), ("eq", "="))
 
 
@@ -198,9 +201,11 @@ class NewEntry:
     expires_at_s: float | None
 
 
-def form_text(form: Mapping[str, object], name: str, required: bool = True) -> str:
+def form_text(
+    form: Mapping[str, object], name: str, required: bool = True, max_chars: int = MAX_FIELD_CHARS
+) -> str:
     """A form field's text; InvalidArgument naming it when missing, not text (a file) or
-    longer than any field may be."""
+    longer than ``max_chars``."""
     value = form.get(name)
     if value is None or value == "":
         if required:
@@ -208,8 +213,8 @@ def form_text(form: Mapping[str, object], name: str, required: bool = True) -> s
         return ""
     if not isinstance(value, str):
         raise InvalidArgument(name, "must be text")
-    if len(value) > MAX_FIELD_CHARS:
-        raise InvalidArgument(name, f"is longer than {MAX_FIELD_CHARS} characters")
+    if len(value) > max_chars:
+        raise InvalidArgument(name, f"is longer than {max_chars} characters")
     return value.strip()
 
 
@@ -298,6 +303,12 @@ class Controls:
                 ThresholdView(_scoped(t), t.review, t.decline) for t in spec.thresholds
             ),
         )
+
+    def publish(self, text: str, actor: str) -> str:
+        """Checks a policy's text and stores it as the next version, a candidate
+        (``fraudmesh rules publish``); returns the version. ``PolicyError`` naming the rule
+        and the field when it does not check: nothing is written."""
+        return self.policy.publish(text, actor)
 
     def promote(self, version: str, actor: str) -> str | None:
         """Makes ``version`` live (``fraudmesh rules promote``); the version now live."""

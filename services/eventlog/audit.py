@@ -1,6 +1,7 @@
 """Audit records of the fraud team's lists on the event log: one ``ListChangeEvent`` per
-change (``fraudmesh lists add/remove``), written synchronously by the command that made it,
-so that the command can say when the audit could not be written."""
+change (``fraudmesh lists add/remove``, the console), written synchronously by what made it,
+so that it can say when the audit could not be written; an entry's expiry is written by the
+feature updater, which sweeps it off (``services.updater.expiry``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from services.eventlog.backends import open_writer
 from services.eventlog.events import key_of, new_event_id
 from services.eventlog.settings import EventLogSettings
 
-_CHANGES = {"add": events_pb2.LIST_CHANGE_ADD, "remove": events_pb2.LIST_CHANGE_REMOVE}
+_CHANGES = {
+    "add": events_pb2.LIST_CHANGE_ADD,
+    "remove": events_pb2.LIST_CHANGE_REMOVE,
+    "expire": events_pb2.LIST_CHANGE_EXPIRE,
+}
 
 
 def list_change(
@@ -26,7 +31,7 @@ def list_change(
     generation: int = 0,
     changed_at_s: float | None = None,
 ) -> events_pb2.EventEnvelope:
-    """The envelope of one change (``change``: ``add`` or ``remove``)."""
+    """The envelope of one change (``change``: ``add``, ``remove`` or ``expire``)."""
     envelope = events_pb2.EventEnvelope()
     event = envelope.list_change
     event.event_id = new_event_id()

@@ -69,6 +69,11 @@ class ListStore(Protocol):
         """Removes an entry; False when there was none."""
         ...
 
+    def remove_entry(self, entry: ListEntry) -> bool:
+        """Removes ``entry`` only if it is still the one on its list (not replaced or removed
+        since it was read); False otherwise."""
+        ...
+
     def entries(self) -> tuple[int, list[ListEntry]]:
         """The generation and every entry, read together."""
         ...
@@ -162,6 +167,21 @@ class SqliteListStore:
                 self._bump()
         return bool(gone)
 
+    def remove_entry(self, entry: ListEntry) -> bool:
+        """Removes ``entry`` if it is still the one on its list; False otherwise."""
+        key = (entry.list.value, entry.kind.value, entry.value)
+        with self._write():
+            row = self._db.execute(
+                f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
+            ).fetchone()
+            if row is None or _from_json(row[0]) != entry:
+                return False
+            self._db.execute(
+                f"DELETE FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
+            )
+            self._bump()
+        return True
+
     def entries(self) -> tuple[int, list[ListEntry]]:
         """The generation and every entry, read in one transaction (none before the first
         change made the tables)."""
@@ -242,6 +262,24 @@ class RedisListStore:
             # After the removal: a reader that saw the old generation reads again.
             self._client.incr(REDIS_GENERATION)
         return bool(gone)
+
+    def remove_entry(self, entry: ListEntry) -> bool:
+        """Removes ``entry`` if it is still the one on its list; False otherwise (also when
+        it changed while this ran: the transaction is then refused)."""
+        field = f"{entry.list.value}|{entry.kind.value}|{entry.value}"
+        with self._client.pipeline() as pipe:
+            pipe.watch(REDIS_ENTRIES)
+            old = cast("bytes | None", pipe.hget(REDIS_ENTRIES, field))
+            if old is None or _from_json(old) != entry:
+                return False
+            pipe.multi()
+            pipe.hdel(REDIS_ENTRIES, field)
+            pipe.incr(REDIS_GENERATION)
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
 
     def entries(self) -> tuple[int, list[ListEntry]]:
         """The generation and every entry, read in one transaction."""

@@ -373,18 +373,27 @@ class Mesh:
         raise RuntimeError(f"Envoy did not report every gateway healthy within {timeout_s} s")
 
     def stop(self) -> None:
-        """Stops every process, front to back: Envoy first, redis-server last."""
+        """Stops every process, front to back, tier by tier: the Envoys, the gateways, the
+        loop's consumers (and any other child), the backends, redis-server, observability
+        last. The processes of a tier stop together: each drains on its own clock (a
+        gateway's second of NOT_SERVING), so one after another they would add up."""
         with self._lock:
             self._stopping = True
-        order = [*self._named("envoy"), *self._named("gateway")]
-        backends = [*self._named("features", "scorer"), "redis"]
+        front = [self._named("envoy"), self._named("gateway")]
+        backends = [self._named("features", "scorer"), ("redis",)]
+        tiers = [*front, (), *backends, OBSERVABILITY]
+        placed = {name for tier in tiers for name in tier}
         # Any other child (added by a later component) stops before the backends it may use.
-        last = [*backends, *OBSERVABILITY]
-        order += [n for n in self.processes if n not in order and n not in last]
-        order += last
-        for name in order:
-            if name in self.processes:
-                self.processes[name].stop()
+        tiers[len(front)] = tuple(n for n in self.processes if n not in placed)
+        for tier in tiers:
+            running = [self.processes[n] for n in tier if n in self.processes]
+            threads = [
+                threading.Thread(target=p.stop, name=f"stop-{p.name}", daemon=True) for p in running
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
 
     def dead(self) -> list[Process]:
         """Processes that were started and have exited."""

@@ -121,9 +121,10 @@ class PolicyStore:
         found = [p.stem for p in self.versions.glob("*.yaml") if p.stem.isdigit()]
         return sorted(found, key=int)
 
-    def publish(self, text: str) -> str:
+    def publish(self, text: str, actor: str | None = None) -> str:
         """Checks ``text`` (``PolicyError`` when bad, nothing written) and stores it as the
-        next version, a candidate; returns the version."""
+        next version, a candidate; returns the version. ``actor`` is recorded as who did it
+        (default: this process's user)."""
         policy_domain.parse(text)
         self.versions.mkdir(parents=True, exist_ok=True)
         with locked(self._lock):
@@ -131,7 +132,7 @@ class PolicyStore:
             existing = self.published()
             version = str(int(existing[-1]) + 1 if existing else 1)
             replace_bytes(self.versions / f"{version}.yaml", text.encode())
-            self._record(state, "publish", version)
+            self._record(state, "publish", version, actor)
         return version
 
     def promote(self, version: str, actor: str | None = None) -> PolicyState:

@@ -17,16 +17,22 @@ import logging
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from services.eventlog import EventLogSettings, open_consumer
+from fraud.v1 import events_pb2
+from services.domain.lists import ListEntry
+from services.eventlog import EventLogSettings, audit, open_consumer
 from services.featurestore import layout
+from services.featurestore.lists import open_lists
 from services.featurestore.settings import FeatureStoreSettings
 from services.featurestore.writer import OnlineFeatureWriter
 from services.updater import seed
 from services.updater.engine import LiveAggregator
+from services.updater.expiry import ACTOR, ListExpiry
 from services.updater.loop import UpdateLoop
 from services.updater.metrics import UpdaterMetrics
 from services.updater.settings import UpdaterSettings
@@ -59,6 +65,10 @@ class UpdaterApp:
         self._writer: OnlineFeatureWriter | None = None
         self._loop: UpdateLoop | None = None
         self._thread: threading.Thread | None = None
+        self._expiry: ListExpiry | None = None
+        self._closers: list[Callable[[], None]] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self.failed = False
         """Set when the loop thread died of an unexpected error (the exit status says so)."""
         self._stop = threading.Event()
@@ -73,6 +83,8 @@ class UpdaterApp:
         assert self._loop is not None
         self._thread = threading.Thread(target=self._run_loop, name="updater-loop", daemon=True)
         self._thread.start()
+        if self._expiry is not None:
+            self._sweeper = asyncio.create_task(self._sweep(self._expiry))
         log.info(
             "updater consuming",
             extra={"backend": self.events.backend, "group": self.settings.group},
@@ -94,8 +106,43 @@ class UpdaterApp:
             log.exception("the updater loop died; stopping the process for a restart")
             os.kill(os.getpid(), signal.SIGTERM)
 
+    async def _sweep(self, expiry: ListExpiry) -> None:
+        """Sweeps the lists' expired entries every ``list_sweep_s`` until closed; a failed
+        sweep (store or log down) is logged and tried again on the next."""
+        while not self._closing.is_set():
+            try:
+                await asyncio.wait_for(self._closing.wait(), self.settings.list_sweep_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await asyncio.to_thread(expiry.sweep, time.time())
+            except Exception:
+                log.warning("cannot sweep the lists' expired entries; trying again", exc_info=True)
+
+    def _expiry_envelope(self, entry: ListEntry, generation: int) -> events_pb2.EventEnvelope:
+        assert entry.expires_at_s is not None
+        return audit.list_change(
+            "expire",
+            entry.list.value,
+            entry.kind.value,
+            entry.value,
+            reason=entry.reason,
+            expires_at_s=entry.expires_at_s,
+            actor=ACTOR,
+            generation=generation,
+            changed_at_s=entry.expires_at_s,
+        )
+
     def _prepare(self) -> None:
         s = self.settings
+        if s.list_sweep_s > 0:
+            lists = open_lists(self.store, timeout_s=s.store_timeout_ms / 1000)
+            assert lists is not None
+            self._closers.append(lists.close)
+            self._expiry = ListExpiry(
+                lists, lambda envelope: audit.write(self.events, envelope), self._expiry_envelope
+            )
         state = StateStore(s.state_file)
         self._state = state
         if s.seed:
@@ -178,6 +225,10 @@ class UpdaterApp:
 
     async def close(self) -> None:
         """Stops the loop after its last checkpoint and closes the store and the state file."""
+        # A sweep under way finishes first: the store it writes is closed below.
+        self._closing.set()
+        if self._sweeper is not None:
+            await self._sweeper
         self._stop.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
@@ -185,3 +236,5 @@ class UpdaterApp:
             self._writer.close()
         if self._state is not None:
             self._state.close()
+        for close in self._closers:
+            close()

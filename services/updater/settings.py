@@ -70,6 +70,13 @@ class UpdaterSettings(ServerSettings):
     retry_backoff_s: float = Field(
         0.5, gt=0, description="Wait before retrying a log or store that failed."
     )
+    list_sweep_s: float = Field(
+        5.0,
+        ge=0,
+        description="How often expired entries of the fraud team's lists are audited on the "
+        "event log and swept off the store (an expired entry matches nothing meanwhile); "
+        "a sweep reads one counter while nothing changed and nothing expired. 0: never.",
+    )
 
     @property
     def state_file(self) -> Path:

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from services.common import scrape
 from services.domain import aggregation as agg
 from services.domain import featurespec
 from services.featurestore import admin as store_admin
+from services.featurestore import layout
 from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
+from services.pipelines import dataset
 
 REL = 1e-9
 STATE_FOLDERS = ("data", "feast", "models")
@@ -40,6 +43,52 @@ def copy_state(source: Path, target: Path) -> Path:
         if (source / name).exists():
             shutil.copytree(source / name, target / name)
     return target
+
+
+@dataclass(frozen=True)
+class DayState:
+    """A state folder whose store holds the history before the dataset's last whole day, and
+    that day's payments in time order: a day to replay as it happened."""
+
+    var_dir: Path
+    day: pd.DataFrame
+    start: datetime
+
+
+def day_state(prepared_env: Any, folder: Path) -> DayState:
+    """The prepared state's models, and its dataset up to its last whole day, applied and
+    materialized in ``folder``; the day itself is kept apart for replaying."""
+    tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
+    end = tx["timestamp"].max().floor("D")
+    start = end - pd.Timedelta(days=1)
+    history = tx[tx["timestamp"] < start]
+    day = tx[(tx["timestamp"] >= start) & (tx["timestamp"] < end)]
+    shutil.copytree(prepared_env.model_root, folder / "models")
+    settings = FeatureStoreSettings(var_dir=folder, store="sqlite")
+    dataset.write(dataset.Dataset.from_transactions(history), settings.data_path)
+    store_admin.apply(settings)
+    store_admin.materialize(settings)
+    return DayState(folder, day.sort_values("timestamp"), start.to_pydatetime())
+
+
+def day_request(row: Any, suffix: str = "") -> pb.ScoreRequest:
+    """The Score request of one of the dataset's payments (a row of ``itertuples``), at its
+    own time; ``suffix`` makes its transaction id another payment's."""
+    request = pb.ScoreRequest(
+        transaction_id=f"{row.transaction_id}{suffix}",
+        card_id=row.card_id,
+        merchant_id=row.merchant_id,
+        amount_minor=int(row.amount_minor),
+        currency=row.currency,
+        terminal_id=row.terminal_id if isinstance(row.terminal_id, str) else "",
+        channel=(
+            pb.CHANNEL_CARD_NOT_PRESENT
+            if row.channel == featurespec.CARD_NOT_PRESENT
+            else pb.CHANNEL_CARD_PRESENT
+        ),
+    )
+    request.timestamp.FromDatetime(row.timestamp.to_pydatetime())
+    return request
 
 
 def start_live_mesh(

@@ -10,7 +10,6 @@ training report's estimate.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 from collections import Counter
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pandas as pd
 import pytest
 
 from fraud.v1 import scoring_pb2 as pb
@@ -28,16 +26,12 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import data, faultwindow
 from loadtest.drive import Call, Calls, Driver
 from services.common import metric_catalogue as catalogue
-from services.domain import featurespec
-from services.featurestore import admin, layout
-from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
-from services.pipelines import dataset
 
 from .conftest import CASCADE_ENV
-from .live import copy_state, metric, metrics_url, start_live_mesh
+from .live import DayState, copy_state, day_request, day_state, metric, metrics_url, start_live_mesh
 
 pytestmark = pytest.mark.integration
 
@@ -171,59 +165,25 @@ def test_a_stopped_scorer_is_answered_on_time_by_the_small_model_then_by_the_mod
 class ReplayDay:
     """A state folder holding the history before a day, and that day's payments in order."""
 
-    var_dir: Path
-    day: pd.DataFrame
+    state: DayState
     estimate: float
     """The training report's first-stage share on the test period."""
 
 
 @pytest.fixture(scope="module")
 def replay_day(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> ReplayDay:
-    tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
-    end = tx["timestamp"].max().floor("D")
-    start = end - pd.Timedelta(days=1)
-    history, day = (
-        tx[tx["timestamp"] < start],
-        tx[(tx["timestamp"] >= start) & (tx["timestamp"] < end)],
-    )
-    var_dir = tmp_path_factory.mktemp("replay-day")
-    models = var_dir / "models"
-    shutil.copytree(prepared_env.model_root, models)
-    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
-    dataset.write(dataset.Dataset.from_transactions(history), settings.data_path)
-    admin.apply(settings)
-    admin.materialize(settings)
-    live = ModelLifecycle(models).read().routing.live
-    metadata, _ = repository.load(models, version=live)
+    state = day_state(prepared_env, tmp_path_factory.mktemp("replay-day"))
+    live = ModelLifecycle(state.var_dir / "models").read().routing.live
+    metadata, _ = repository.load(state.var_dir / "models", version=live)
     window = metadata.training_window
-    assert window.holdout_start <= start.to_pydatetime(), "the day must be in the test period"
-    return ReplayDay(
-        var_dir, day.sort_values("timestamp"), metadata.metrics["cascade_first_stage_share"]
-    )
-
-
-def _request(row: Any) -> pb.ScoreRequest:
-    request = pb.ScoreRequest(
-        transaction_id=str(row.transaction_id),
-        card_id=row.card_id,
-        merchant_id=row.merchant_id,
-        amount_minor=int(row.amount_minor),
-        currency=row.currency,
-        terminal_id=row.terminal_id if isinstance(row.terminal_id, str) else "",
-        channel=(
-            pb.CHANNEL_CARD_NOT_PRESENT
-            if row.channel == featurespec.CARD_NOT_PRESENT
-            else pb.CHANNEL_CARD_PRESENT
-        ),
-    )
-    request.timestamp.FromDatetime(row.timestamp.to_pydatetime())
-    return request
+    assert window.holdout_start <= state.start, "the day must be in the test period"
+    return ReplayDay(state, metadata.metrics["cascade_first_stage_share"])
 
 
 def test_the_first_stage_share_of_a_replayed_day_matches_the_training_estimate(
     replay_day: ReplayDay, tmp_path: Path
 ) -> None:
-    mesh = start_live_mesh(replay_day.var_dir, tmp_path / "logs", extra_env=CASCADE_ON)
+    mesh = start_live_mesh(replay_day.state.var_dir, tmp_path / "logs", extra_env=CASCADE_ON)
     try:
         gateway = metrics_url(mesh, "gateway")
         before = {
@@ -233,10 +193,10 @@ def test_the_first_stage_share_of_a_replayed_day_matches_the_training_estimate(
         engines: Counter[int] = Counter()
         with grpc.insecure_channel(mesh.config.envoy_target) as channel:
             stub = pb_grpc.FraudScoringStub(channel)
-            for row in replay_day.day.itertuples():
+            for row in replay_day.state.day.itertuples():
                 # In order and paced, so the live loop has applied a card's previous payment
                 # before its next one is scored, as in production.
-                answer = stub.Score(_request(row), timeout=2.0)
+                answer = stub.Score(day_request(row), timeout=2.0)
                 engines[answer.scored_by] += 1
                 time.sleep(0.005)
         answered = sum(engines.values())
@@ -251,7 +211,7 @@ def test_the_first_stage_share_of_a_replayed_day_matches_the_training_estimate(
         f"replayed {answered} payments: first stage {share:.1%}, "
         f"training estimate {replay_day.estimate:.1%}; {engines}"
     )
-    assert answered == len(replay_day.day)
+    assert answered == len(replay_day.state.day)
     assert engines[pb.SCORED_BY_RULES] == 0 and engines[pb.SCORED_BY_MODEL] > 0
     # The metric counts what the answers said.
     assert counted["first_stage"] == engines[pb.SCORED_BY_FIRST_STAGE], counted

@@ -43,9 +43,9 @@ AMOUNTS_MINOR = (900_000, 4_000_000, 20_000_000, 90_000_000)
 def mesh(
     prepared_env: Any, known: Known, request: pytest.FixtureRequest, tmp_path_factory: Any
 ) -> Iterator[Mesh]:
-    """A default mesh: its gateways give the model's own reasons."""
+    """A mesh whose gateways give the model's own reasons (off by default)."""
     logs = register_logs(request, tmp_path_factory.mktemp("reasons-logs"))
-    m = start_mesh(prepared_env, logs, known=known)
+    m = start_mesh(prepared_env, logs, known=known, FRAUD_GATEWAY_MODEL_REASONS=str(DEFAULT_TOP_K))
     yield m
     m.stop()
 

@@ -6,7 +6,8 @@ EUR at merchant M" is published, promoted, and every replica then declines such 
 with the rule named, while other payments still go to the model; a rule in shadow leaves
 the answers alone and is recorded in the decision event; a rollback restores the model's
 answers. A merchant's own thresholds change that merchant's answers only. A card on the
-block list is declined on every replica until removed or expired. Every change goes through
+block list is declined on every replica until removed or expired; its expiry is audited and
+swept off by the feature updater. Every change goes through
 the ``fraudmesh rules`` and ``fraudmesh lists`` commands, as an operator makes it.
 """
 
@@ -342,16 +343,27 @@ def test_a_blocked_card_is_declined_on_every_replica_until_removed_or_expired(
     assert expiring.returncode == 0, expiring.stderr
     _until_all(policy_mesh, pay, lambda a: a.reasons[:1] == [reason])
     _until_all(policy_mesh, pay, _by_model, timeout_s=30.0)
-    # Every change is on the event log, once: the add that changed nothing is not.
-    changes = _list_changes(policy_mesh, known.card_id, 3)
+    # Every change is on the event log, once: the add that changed nothing is not, and the
+    # expiry is, written by the feature updater when it swept the entry off the store.
+    changes = _list_changes(policy_mesh, known.card_id, 4)
     assert [c.change for c in changes] == [
         events_pb2.LIST_CHANGE_ADD,
         events_pb2.LIST_CHANGE_REMOVE,
         events_pb2.LIST_CHANGE_ADD,
+        events_pb2.LIST_CHANGE_EXPIRE,
     ]
     assert {(c.list, c.kind) for c in changes} == {("block", "card")}
     assert changes[0].reason == "confirmed fraud" and not changes[0].HasField("expires_at")
     assert changes[2].HasField("expires_at")
+    expired = changes[3]
+    assert expired.actor == "expiry" and expired.reason == "confirmed fraud"
+    assert expired.expires_at == changes[2].expires_at == expired.changed_at
+    store = open_lists(FeatureStoreSettings(var_dir=var_dir), reader=True)
+    assert store is not None
+    try:
+        assert [e for e in store.entries()[1] if e.value == known.card_id] == []
+    finally:
+        store.close()
 
 
 def test_the_lists_in_a_redis_online_store(tmp_path: Path) -> None:

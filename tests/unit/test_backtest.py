@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from fraud.v1 import outcomes_pb2, scoring_pb2
 from services.cli.main import app
+from services.decisionlog import payments as logged
 from services.domain import backtest, featurespec, money
 from services.domain import policy as policy_domain
 from services.domain.backtest import LoggedPayment
-from services.pipelines import backtest as sources
 
 from .test_decisionlog import decision, outcome, write_flush
 
@@ -197,7 +197,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_the_decision_log_keeps_the_shadow_rules(tmp_path: Path) -> None:
     root = tmp_path / "decisions"
     _log(root)
-    payments, _ = sources.from_log(root)
+    payments, _ = logged.from_log(root)
     by_id = {p.transaction_id: p for p in payments}
     assert by_id["t0"].shadow_rules == ("watch-gbp=review",)
     assert set(by_id["t0"].features) == set(featurespec.MODEL_FEATURES)

@@ -246,6 +246,41 @@ def test_promote_and_rollback_from_the_console_record_who(folder: Path) -> None:
     ]
 
 
+def test_a_policy_written_in_the_console_is_published_as_a_candidate_or_refused_naming_field(
+    folder: Path,
+) -> None:
+    store = PolicyStore(folder / "policy")
+    client = _named(_app(folder))
+    token = client.token("/rules")
+    assert 'action="/rules/publish"' in client.get("/rules")[1]
+    bad = POLICY.replace("{gt: 5000, lte: 90000}", "{gt: five thousand}")
+    status, page = client.post("/rules/publish", {"policy": bad, "csrf_token": token}, csrf=False)
+    assert status == 400
+    assert "rule &#39;cnp-over-5000&#39;, field &#39;when.amount_eur.gt&#39;" in page, page[-800:]
+    assert store.published() == []
+    status, headers, _ = client.call(
+        "POST",
+        "/rules/publish",
+        urllib.parse.urlencode({"policy": POLICY, "csrf_token": token}).encode(),
+    )
+    assert status == 303 and headers["location"] == "/rules?version=1"
+    assert store.published() == ["1"] and store.read_state().live is None
+    assert store.text("1") == POLICY.strip()
+    assert [(c.action, c.version, c.actor) for c in store.read_state().history] == [
+        ("publish", "1", "Ana Lyst")
+    ]
+    page = client.get("/rules?version=1")[1]
+    assert 'data-version="1" data-state="candidate"' in page
+    # Oversized or missing: refused naming the field, nothing stored.
+    status, page = client.post("/rules/publish", {"csrf_token": token}, csrf=False)
+    assert status == 400 and "policy" in page and store.published() == ["1"]
+    # Beyond loopback without tokens: view only, no form, and a post is refused.
+    viewer = _named(_app(folder, host="0.0.0.0"))
+    assert 'action="/rules/publish"' not in viewer.get("/rules")[1]
+    status, _ = viewer.post("/rules/publish", {"policy": POLICY})
+    assert status == 403 and store.published() == ["1"]
+
+
 # -- the Lists page ----------------------------------------------------------------------------
 
 
@@ -421,6 +456,8 @@ def test_with_tokens_an_analyst_views_and_only_the_controls_role_changes(folder:
     PolicyStore(folder / "policy").publish(POLICY)
     status, page = analyst.post("/rules/promote", {"version": "1"})
     assert status == 403 and PolicyStore(folder / "policy").read_state().live is None
+    assert analyst.post("/rules/publish", {"policy": POLICY})[0] == 403
+    assert PolicyStore(folder / "policy").published() == ["1"]
     assert _entries(folder) == []
     token = certs.mint_token(key, "lead@bank", roles=("fraud-controls",))
     lead = Client(app, {"authorization": f"Bearer {token}"})

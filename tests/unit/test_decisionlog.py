@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fraud.v1 import events_pb2, outcomes_pb2, scoring_pb2
-from services.decisionlog import layout, writer
+from services.decisionlog import joined, layout, writer
 from services.decisionlog.rows import AddResult, Batch, RecentIds
 from services.domain import featurespec
 from services.eventlog import Record, events
@@ -185,7 +185,7 @@ def test_export_keeps_the_first_decision_of_a_transaction_and_its_latest_outcome
     )
     table, summary = reader.joined(tmp_path)
     rows = {r["transaction_id"]: r for r in table.to_pylist()}
-    assert list(table.column_names[: len(reader.LEADING_COLUMNS)]) == list(reader.LEADING_COLUMNS)
+    assert list(table.column_names[: len(joined.LEADING_COLUMNS)]) == list(joined.LEADING_COLUMNS)
     assert set(rows) == {"tx-1", "tx-2"}
     assert rows["tx-1"]["event_id"] == "e1" and rows["tx-1"]["score"] == 0.1
     assert rows["tx-1"]["outcome"] == "fraud"

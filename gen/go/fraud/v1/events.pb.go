@@ -83,6 +83,9 @@ const (
 	ListChange_LIST_CHANGE_ADD ListChange = 1
 	// An entry was taken off a list.
 	ListChange_LIST_CHANGE_REMOVE ListChange = 2
+	// An entry's expiry passed and it was swept off its list; the change's time
+	// is the expiry, its actor "expiry" (the feature updater sweeps).
+	ListChange_LIST_CHANGE_EXPIRE ListChange = 3
 )
 
 // Enum value maps for ListChange.
@@ -91,11 +94,13 @@ var (
 		0: "LIST_CHANGE_UNSPECIFIED",
 		1: "LIST_CHANGE_ADD",
 		2: "LIST_CHANGE_REMOVE",
+		3: "LIST_CHANGE_EXPIRE",
 	}
 	ListChange_value = map[string]int32{
 		"LIST_CHANGE_UNSPECIFIED": 0,
 		"LIST_CHANGE_ADD":         1,
 		"LIST_CHANGE_REMOVE":      2,
+		"LIST_CHANGE_EXPIRE":      3,
 	}
 )
 
@@ -520,8 +525,10 @@ func (x *OutcomeEvent) GetReportedBy() string {
 }
 
 // ListChangeEvent is one change to the fraud team's block and allow lists
-// (`fraudmesh lists add/remove`), written after the change is in the online
-// store: the audit of the lists. An add that changes nothing writes none.
+// (`fraudmesh lists add/remove`, the console, or an entry's expiry), written
+// after the change is in the online store (an expiry: just before it is swept
+// off, so at least once): the audit of the lists. An add that changes nothing
+// writes none.
 type ListChangeEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Unique id of this event.
@@ -829,12 +836,13 @@ const file_fraud_v1_events_proto_rawDesc = "" +
 	"\x11ROUTE_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"ROUTE_LIVE\x10\x01\x12\x10\n" +
-	"\fROUTE_CANARY\x10\x02*V\n" +
+	"\fROUTE_CANARY\x10\x02*n\n" +
 	"\n" +
 	"ListChange\x12\x1b\n" +
 	"\x17LIST_CHANGE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLIST_CHANGE_ADD\x10\x01\x12\x16\n" +
-	"\x12LIST_CHANGE_REMOVE\x10\x02B\x94\x01\n" +
+	"\x12LIST_CHANGE_REMOVE\x10\x02\x12\x16\n" +
+	"\x12LIST_CHANGE_EXPIRE\x10\x03B\x94\x01\n" +
 	"\fcom.fraud.v1B\vEventsProtoP\x01Z6github.com/fraudmesh/fraudmesh/gen/go/fraud/v1;fraudv1\xa2\x02\x03FXX\xaa\x02\bFraud.V1\xca\x02\bFraud\\V1\xe2\x02\x14Fraud\\V1\\GPBMetadata\xea\x02\tFraud::V1b\x06proto3"
 
 var (

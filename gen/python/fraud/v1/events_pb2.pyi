@@ -23,12 +23,14 @@ class ListChange(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIST_CHANGE_UNSPECIFIED: _ClassVar[ListChange]
     LIST_CHANGE_ADD: _ClassVar[ListChange]
     LIST_CHANGE_REMOVE: _ClassVar[ListChange]
+    LIST_CHANGE_EXPIRE: _ClassVar[ListChange]
 ROUTE_UNSPECIFIED: Route
 ROUTE_LIVE: Route
 ROUTE_CANARY: Route
 LIST_CHANGE_UNSPECIFIED: ListChange
 LIST_CHANGE_ADD: ListChange
 LIST_CHANGE_REMOVE: ListChange
+LIST_CHANGE_EXPIRE: ListChange
 
 class DecisionEvent(_message.Message):
     __slots__ = ("event_id", "transaction_id", "card_id", "merchant_id", "amount_minor", "currency", "timestamp", "terminal_id", "card_not_present", "features", "feature_names", "feature_schema", "feature_source", "score", "decision", "scored_by", "model_version", "route", "shadow_score", "shadow_model_version", "reasons", "elapsed_ms", "decided_at", "missing_features", "canary_failed_version", "canary_timed_out", "shadow_rules")
