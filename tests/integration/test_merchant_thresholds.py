@@ -3,8 +3,7 @@ no other's.
 
 The dataset's last whole day is replayed through Envoy and two gateway replicas twice, on a
 store holding the history before it: once on the model's thresholds, then with the day's
-busiest merchant held to its own (review from a score of 0.0001, the model's decline
-threshold), published and promoted with ``fraudmesh rules`` as an operator would. The live
+busiest merchant held to its own (review from a score of 0, the model's decline threshold), published and promoted with ``fraudmesh rules`` as an operator would. The live
 loop is off, so both passes see the same features: what differs is the policy alone.
 
 Every other merchant's answers are the same in both passes, decision, score and engine.
@@ -17,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,18 +38,22 @@ from .live import DayState, day_request, day_state
 
 pytestmark = pytest.mark.integration
 
-OWN_REVIEW = 0.0001
-"""The merchant's own review threshold: a merchant whose every payment a person looks at."""
+OWN_REVIEW = 0.0
+"""The merchant's own review threshold: a merchant under investigation, whose every payment
+a person looks at (its decline threshold stays the model's)."""
 PROTO = {
     Decision.APPROVE: pb.DECISION_APPROVE,
     Decision.REVIEW: pb.DECISION_REVIEW,
     Decision.DECLINE: pb.DECISION_DECLINE,
 }
+APPROVE = pb.DECISION_APPROVE
 FOLLOW_S = 10.0
 """Longest a promote may take to reach both replicas (they poll every 200 ms)."""
-MIN_COMPARED = 0.9
-"""Share of the other merchants' payments answered at full quality in both passes, so
-compared: the rest met a slow dependency in one pass (a loaded machine) and took a fallback."""
+MIN_COMPARED = 0.75
+"""Share of the other merchants' payments answered by an engine on the same features in both
+passes, so compared: the rest met a slow feature service in one pass and were answered on
+default features (2 % of them on an idle 2-core machine); it only keeps the test from
+passing on next to nothing."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,14 @@ class Answer:
     reasons: tuple[str, ...]
 
     @property
-    def full_quality(self) -> bool:
-        """Answered by the cascade or the model, on the store's features."""
-        engines = (pb.SCORED_BY_MODEL, pb.SCORED_BY_FIRST_STAGE)
-        return self.scored_by in engines and self.source != pb.FEATURE_SOURCE_DEFAULT
+    def engine(self) -> bool:
+        """Answered by the cascade or the model, not by a fallback."""
+        return self.scored_by in (pb.SCORED_BY_MODEL, pb.SCORED_BY_FIRST_STAGE)
+
+    def comparable(self, other: Answer) -> bool:
+        """Both by an engine on the same features (a payment of a card, merchant and terminal
+        the store does not know is on default features in both passes)."""
+        return self.engine and other.engine and self.source == other.source
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +108,7 @@ def day_mesh(
 
 
 def _replay(mesh: Mesh, day: DayState, suffix: str) -> dict[str, Answer]:
-    """Each payment's answer through Envoy, four at a time, by its transaction id."""
+    """Each payment's answer through Envoy, two at a time, by its transaction id."""
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
         grpc.channel_ready_future(channel).result(timeout=10)
         stub = pb_grpc.FraudScoringStub(channel)
@@ -110,7 +118,7 @@ def _replay(mesh: Mesh, day: DayState, suffix: str) -> dict[str, Answer]:
             answer = Answer(a.decision, a.score, a.scored_by, a.feature_source, tuple(a.reasons))
             return str(row.transaction_id), answer
 
-        with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(2) as pool:
             return dict(pool.map(score, day.day.itertuples()))
 
 
@@ -168,8 +176,13 @@ def test_a_merchants_thresholds_change_its_decisions_only_over_a_replayed_day(
 
     # Every other merchant: the same answers.
     others = [t for t in before if t not in at_merchant]
-    compared = [t for t in others if before[t].full_quality and after[t].full_quality]
-    assert len(compared) >= MIN_COMPARED * len(others), (len(compared), len(others))
+    compared = [t for t in others if before[t].comparable(after[t])]
+    apart = Counter(
+        (before[t].scored_by, before[t].source, after[t].scored_by, after[t].source)
+        for t in others
+        if t not in compared
+    )
+    assert len(compared) >= MIN_COMPARED * len(others), (len(compared), len(others), apart)
     changed = {
         t: (before[t], after[t])
         for t in compared
@@ -180,7 +193,7 @@ def test_a_merchants_thresholds_change_its_decisions_only_over_a_replayed_day(
     assert not any(own in after[t].reasons for t in others)
 
     # The merchant: the model on its own thresholds, naming them; its approvals now reviews.
-    mine = [t for t in at_merchant if after[t].full_quality]
+    mine = [t for t in at_merchant if after[t].engine]
     assert len(mine) >= MIN_COMPARED * len(at_merchant), (len(mine), len(at_merchant))
     for t in mine:
         answer = after[t]
@@ -188,15 +201,11 @@ def test_a_merchants_thresholds_change_its_decisions_only_over_a_replayed_day(
         assert own in answer.reasons, (t, answer)
         expected = PROTO[decide(answer.score, OWN_REVIEW, decline)]
         assert answer.decision == expected, (t, answer)
-    turned = [
-        t
-        for t in mine
-        if before[t].full_quality
-        and before[t].decision == pb.DECISION_APPROVE
-        and after[t].decision == pb.DECISION_REVIEW
-    ]
+    approved = {t for t in mine if before[t].comparable(after[t]) and before[t].decision == APPROVE}
+    turned = {t for t in approved if after[t].decision == pb.DECISION_REVIEW}
     print(
         f"merchant {merchant}: {len(at_merchant)} payments, {len(turned)} approvals now reviews; "
-        f"{len(compared)} of {len(others)} other payments compared, all the same"
+        f"{len(compared)} of {len(others)} other payments compared, all the same; not compared "
+        f"(engine, features before and after): {dict(apart)}"
     )
-    assert len(turned) >= len(at_merchant) // 2, (len(turned), len(at_merchant))
+    assert turned == approved and len(turned) >= len(at_merchant) // 2, (turned, at_merchant)
