@@ -308,7 +308,10 @@ def _control_pages(
     return control_pages.ControlPages(
         console=console,
         controls=Controls(
-            PolicyStore(settings.policy_path), store, EventLogSettings(var_dir=settings.var_dir)
+            PolicyStore(settings.policy_path),
+            store,
+            EventLogSettings(var_dir=settings.var_dir),
+            decisions_root=settings.decisions_path,
         ),
         controls_role=settings.controls_role,
         # Without tokens only on loopback, where the same person could run the commands.

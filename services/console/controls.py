@@ -15,12 +15,15 @@ import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import redis
 
 from fraud.v1 import events_pb2
 from services.common.errors import FraudmeshError, InvalidArgument
+from services.decisionlog import payments
+from services.domain import backtest as backtest_domain
 from services.domain import policy as policy_domain
 from services.domain.lists import ListEntry, ListKind, ListName, parse_kind, parse_list
 from services.eventlog import EventLogError, EventLogSettings, audit
@@ -32,6 +35,9 @@ SHOWN_VALUES = 6
 """Values of a long membership condition shown before ``(+N more)``."""
 MAX_FIELD_CHARS = 1024
 """Longest text a list form's field may carry; the entry's own checks are tighter."""
+BACKTEST_DAYS = 30
+"""The backtest page's window by default: the payments decided in the last this many days."""
+MAX_BACKTEST_DAYS = 366
 MAX_POLICY_CHARS = 60_000
 """Longest policy the Rules page publishes (the console takes no body over 64 KiB; a larger
 policy goes through ``fraudmesh rules publish``)."""
@@ -260,9 +266,12 @@ class Controls:
         policy: PolicyStore,
         store_settings: FeatureStoreSettings,
         eventlog: EventLogSettings | None = None,
+        decisions_root: Path | None = None,
     ) -> None:
         self.policy = policy
         self.store_settings = store_settings
+        # The decision log a backtest replays; None: backtests are not offered.
+        self.decisions_root = decisions_root
         # Where list changes are audited, as `fraudmesh lists` audits them; None: not at all
         # (a console without the mesh's event log).
         self.eventlog = eventlog
@@ -309,6 +318,17 @@ class Controls:
         (``fraudmesh rules publish``); returns the version. ``PolicyError`` naming the rule
         and the field when it does not check: nothing is written."""
         return self.policy.publish(text, actor)
+
+    def backtest(self, version: str, days: int, now: datetime) -> backtest_domain.BacktestReport:
+        """What published ``version`` would have done to the payments decided in the ``days``
+        before ``now``, by their outcomes, as ``fraudmesh rules backtest VERSION --since``
+        computes it: ``NotFound`` for an unknown version, ``FailedPrecondition`` when the log
+        holds no decision or no outcome in that window."""
+        if self.decisions_root is None:
+            raise ControlsUnavailable("this console reads no decision log")
+        policy = policy_domain.load(self.policy.text(version), version)
+        rows, _ = payments.from_log(self.decisions_root, since=now - timedelta(days=days))
+        return backtest_domain.backtest(policy, rows)
 
     def promote(self, version: str, actor: str) -> str | None:
         """Makes ``version`` live (``fraudmesh rules promote``); the version now live."""

@@ -11,24 +11,29 @@ import re
 import time
 import urllib.parse
 import uuid
+from datetime import UTC, datetime, timedelta
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fraud.v1 import events_pb2
+from fraud.v1 import events_pb2, outcomes_pb2
 from services.cli import certs
 from services.common.edge_security import DEV_FILES, EdgeSettings
 from services.console import controls, identity
 from services.console.app import MAX_BODY_BYTES, create
 from services.console.settings import ConsoleSettings
+from services.decisionlog import payments as logged
+from services.domain import backtest, featurespec
 from services.domain import policy as policy_domain
 from services.domain.lists import ListEntry, ListKind, ListName
 from services.eventlog import EventLogSettings, Record, open_consumer
 from services.featurestore.lists import open_lists
 from services.featurestore.settings import FeatureStoreSettings
 from services.models.policies import PolicyStore
+
+from .test_decisionlog import decision, outcome, write_flush
 
 POLICY = """
 description: card-not-present limits
@@ -279,6 +284,54 @@ def test_a_policy_written_in_the_console_is_published_as_a_candidate_or_refused_
     assert 'action="/rules/publish"' not in viewer.get("/rules")[1]
     status, _ = viewer.post("/rules/publish", {"policy": POLICY})
     assert status == 403 and store.published() == ["1"]
+
+
+def test_a_published_version_is_backtested_over_the_decision_log_as_the_command_does(
+    folder: Path,
+) -> None:
+    """The page's figures are those of ``services.domain.backtest`` over the same payments
+    (what ``fraudmesh rules backtest`` prints); payments older than the window are left out."""
+    now = datetime.now(UTC)
+    vector = [0.0] * len(featurespec.MODEL_FEATURES)
+    envelopes = [decision(f"e{i}", f"t{i}", features=vector, at=now) for i in range(3)]
+    big = envelopes[0].decision
+    big.card_not_present, big.amount_minor, big.merchant_id = True, 700_000, "merch-00001"
+    old = decision("e9", "t9", features=vector, at=now - timedelta(days=40))
+    old.decision.card_not_present, old.decision.amount_minor = True, 700_000
+    old.decision.merchant_id = "merch-00001"
+    envelopes += [old, outcome("o0", "t0", reported=now), outcome("o9", "t9", reported=now)]
+    envelopes.append(outcome("o1", "t1", outcomes_pb2.OUTCOME_LEGITIMATE, reported=now))
+    write_flush(folder / "decisions", 1, envelopes)
+    store = PolicyStore(folder / "policy")
+    store.publish(POLICY)
+    client = _named(_app(folder))
+    assert 'href="/rules/backtest?version=1"' in client.get("/rules")[1]
+    status, page = client.get("/rules/backtest?version=1&days=30")
+    assert status == 200, page[-600:]
+    payments, _ = logged.from_log(folder / "decisions", since=now - timedelta(days=30))
+    expected = backtest.backtest(policy_domain.load(POLICY, "1"), payments)
+    assert expected.payments == 3 and f'data-payments="{expected.payments}"' in page
+    for rule in expected.rules:
+        f = rule.figures
+        row = f'data-rule="{rule.name}" data-fires="{f.fires.count}" data-frauds="{f.frauds.count}"'
+        assert row in page, (rule.name, page[-1500:])
+    cnp = next(r for r in expected.rules if r.name == "cnp-over-5000")
+    assert (cnp.figures.fires.count, cnp.figures.frauds.count) == (1, 1)
+    # Bad requests name the field; an unknown version, or a log without outcomes, say so.
+    for query, status_wanted, said in [
+        ("", 400, "version"),
+        ("version=1&days=0", 400, "days"),
+        ("version=1&days=x", 400, "days"),
+        ("version=7", 400, "no policy version 7"),
+        ("version=1&days=1&x=1", 200, "payments"),
+    ]:
+        status, page = client.get(f"/rules/backtest?{query}")
+        assert status == status_wanted and said in page, (query, status, page[-400:])
+    empty = folder / "empty"
+    (empty / "decisions").mkdir(parents=True)
+    PolicyStore(empty / "policy").publish(POLICY)
+    status, page = _named(_app(empty)).get("/rules/backtest?version=1")
+    assert status == 409 and "holds no decision" in page
 
 
 # -- the Lists page ----------------------------------------------------------------------------
