@@ -84,6 +84,8 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     selection: list[dict[str, float]] = field(default_factory=list)
     """Each candidate: leaves, trees grown to early stopping, rows fitted on."""
+    train_peaks_mb: dict[str, float] = field(default_factory=dict)
+    """The training process's peak RSS when each of its steps ended (``memory.json``)."""
 
     @property
     def total_s(self) -> float:
@@ -188,6 +190,8 @@ def measure(rows: int, work: Path) -> Run:
     )
     metadata, folder = repository.load(var_dir / "models")
     run.train.steps = json.loads((folder / "timings.json").read_text())
+    memory = folder / "memory.json"
+    run.train_peaks_mb = json.loads(memory.read_text()) if memory.is_file() else {}
     run.selection = json.loads((folder / "selection.json").read_text())
     run.test_rows = int(metadata.metrics.get("test_rows", 0))
     run.metrics = {
@@ -223,6 +227,10 @@ def markdown(runs: Sequence[Run]) -> str:
         assert i is not None and t is not None
         steps = ", ".join(f"{k} {v:.1f}" for k, v in i.steps.items())
         train_steps = ", ".join(f"{k} {v:.1f}" for k, v in t.steps.items())
+        if r.train_peaks_mb:
+            train_steps += "; training's peak RSS when each step ended (MB): " + ", ".join(
+                f"{k} {v:,.0f}" for k, v in r.train_peaks_mb.items()
+            )
         grown = ", ".join(
             f"{c['num_leaves']:.0f} leaves: {c['trees']:.0f} trees" for c in r.selection
         )
