@@ -61,17 +61,7 @@ def _store(var_dir: Path | None, action: str) -> Iterator[ListStore]:
 def _audit(var_dir: Path | None, change: str, entry: ListEntry, generation: int) -> None:
     """Writes the change's audit record on the event log; exit 1 when it cannot."""
     settings = EventLogSettings(var_dir=var_dir) if var_dir is not None else EventLogSettings()
-    envelope = audit.list_change(
-        change,
-        entry.list.value,
-        entry.kind.value,
-        entry.value,
-        reason=entry.reason,
-        expires_at_s=entry.expires_at_s,
-        actor=entry.actor,
-        generation=generation,
-        changed_at_s=entry.added_at_s,
-    )
+    envelope = audit.entry_change(change, entry, generation, entry.added_at_s)
     try:
         audit.write(settings, envelope)
     except (EventLogError, OSError) as error:

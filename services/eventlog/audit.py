@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from fraud.v1 import events_pb2
+from services.domain.lists import ListEntry
 from services.eventlog.backends import open_writer
 from services.eventlog.events import key_of, new_event_id
 from services.eventlog.settings import EventLogSettings
@@ -46,6 +47,24 @@ def list_change(
     event.changed_at.FromNanoseconds(int((changed_at_s or time.time()) * 1e9))
     event.generation = generation
     return envelope
+
+
+def entry_change(
+    change: str, entry: ListEntry, generation: int, changed_at_s: float, actor: str | None = None
+) -> events_pb2.EventEnvelope:
+    """The envelope of ``change`` to ``entry`` (its list, kind, value, reason and expiry), by
+    ``actor`` (default: whoever added the entry)."""
+    return list_change(
+        change,
+        entry.list.value,
+        entry.kind.value,
+        entry.value,
+        reason=entry.reason,
+        expires_at_s=entry.expires_at_s,
+        actor=entry.actor if actor is None else actor,
+        generation=generation,
+        changed_at_s=changed_at_s,
+    )
 
 
 def write(settings: EventLogSettings, envelope: events_pb2.EventEnvelope) -> None:

@@ -120,19 +120,10 @@ class UpdaterApp:
             except Exception:
                 log.warning("cannot sweep the lists' expired entries; trying again", exc_info=True)
 
-    def _expiry_envelope(self, entry: ListEntry, generation: int) -> events_pb2.EventEnvelope:
+    @staticmethod
+    def _expiry_envelope(entry: ListEntry, generation: int) -> events_pb2.EventEnvelope:
         assert entry.expires_at_s is not None
-        return audit.list_change(
-            "expire",
-            entry.list.value,
-            entry.kind.value,
-            entry.value,
-            reason=entry.reason,
-            expires_at_s=entry.expires_at_s,
-            actor=ACTOR,
-            generation=generation,
-            changed_at_s=entry.expires_at_s,
-        )
+        return audit.entry_change("expire", entry, generation, entry.expires_at_s, ACTOR)
 
     def _prepare(self) -> None:
         s = self.settings

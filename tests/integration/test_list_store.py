@@ -90,16 +90,8 @@ def test_expired_entries_are_audited_then_swept_once(store: ListStore) -> None:
     written: list[events_pb2.EventEnvelope] = []
 
     def envelope(e: ListEntry, generation: int) -> events_pb2.EventEnvelope:
-        return audit.list_change(
-            "expire",
-            e.list.value,
-            e.kind.value,
-            e.value,
-            expires_at_s=e.expires_at_s,
-            actor="expiry",
-            generation=generation,
-            changed_at_s=e.expires_at_s,
-        )
+        assert e.expires_at_s is not None
+        return audit.entry_change("expire", e, generation, e.expires_at_s, "expiry")
 
     counting = _Counting(store)
     expiry = ListExpiry(counting, written.append, envelope)  # type: ignore[arg-type]
