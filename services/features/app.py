@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from fraud.v1 import features_pb2_grpc as pb_grpc
+from services.common.errors import Unavailable
 from services.domain import featurespec
 from services.features.servicer import FeatureServicer
 from services.features.settings import FeaturesSettings
@@ -19,6 +20,10 @@ from services.featurestore.settings import FeatureStoreSettings
 log = logging.getLogger(__name__)
 
 WARMUP_READS = 20
+WARMUP_RETRY_S = 0.5
+"""First wait before a warm-up read the online store did not answer is tried again."""
+WARMUP_RETRY_MAX_S = 5.0
+"""Longest wait between warm-up tries (the wait doubles from ``WARMUP_RETRY_S``)."""
 
 
 class FeaturesApp:
@@ -48,13 +53,33 @@ class FeaturesApp:
         """Opens the Feast store and makes warm-up reads before serving."""
         loop = asyncio.get_running_loop()
         reader = await loop.run_in_executor(self.executor, OnlineFeatureReader, self.store)
-        now = time.time()
-        for _ in range(WARMUP_READS):
-            await loop.run_in_executor(self.executor, reader.read, "warmup-card", "warmup-m", now)
+        await self._warm(reader)
         self.reader = reader
         self.servicer.read_many = reader.read_many
         self.servicer.read = reader.read
         log.info("feature store ready", extra={"store": self.store.store})
+
+    async def _warm(self, reader: OnlineFeatureReader) -> None:
+        """Makes ``WARMUP_READS`` reads. A store that does not answer one (Redis still
+        starting, or too slow on a loaded node) is waited for, the wait doubling up to
+        ``WARMUP_RETRY_MAX_S``: the service stays not ready meanwhile instead of exiting, so
+        that a slow store at start does not become a restart loop."""
+        loop = asyncio.get_running_loop()
+        done, wait = 0, WARMUP_RETRY_S
+        while done < WARMUP_READS:
+            try:
+                await loop.run_in_executor(
+                    self.executor, reader.read, "warmup-card", "warmup-m", time.time()
+                )
+            except Unavailable as error:
+                log.warning(
+                    "the online store did not answer a warm-up read; trying again",
+                    extra={"error": error.message, "retry_in_s": wait},
+                )
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, WARMUP_RETRY_MAX_S)
+                continue
+            done += 1
 
     async def close(self) -> None:
         """Closes the store and the read threads."""

@@ -6,6 +6,7 @@ generated feature_store.yaml works with the stock ``feast`` CLI.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -20,9 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from loadtest.brokers import RedisServer
 from services.common.errors import Unavailable
 from services.domain import featurespec
 from services.domain.featurespec import FeatureStatus
+from services.features.app import FeaturesApp
+from services.features.settings import FeaturesSettings
 from services.featurestore import admin
 from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.repo import definitions
@@ -330,3 +334,29 @@ def test_stock_feast_cli_uses_the_generated_config(
     assert result.returncode == 0, result.stderr
     assert definitions.card_features.name in result.stdout
     assert definitions.merchant_features.name in result.stdout
+
+
+async def test_the_feature_service_waits_for_a_store_that_is_not_up_yet(
+    dataset: tuple[Path, Dataset], tmp_path: Path
+) -> None:
+    """Started before its Redis, the feature service does not exit: it retries its warm-up
+    reads (not ready meanwhile) and is ready once the store answers."""
+    var_dir, _ = dataset
+    server = RedisServer(tmp_path / "late-redis")
+    settings = FeatureStoreSettings(
+        var_dir=var_dir, store="redis", redis_connection=f"{server.host}:{server.port}"
+    )
+    app = FeaturesApp(FeaturesSettings(var_dir=var_dir), settings)
+    starting = asyncio.create_task(app.start())
+    try:
+        await asyncio.sleep(2.0)
+        assert not starting.done() and app.reader is None
+        await asyncio.to_thread(server.start)
+        await asyncio.wait_for(starting, timeout=30)
+        assert app.reader is not None
+        reads = await asyncio.to_thread(app.reader.read, "no-such-card", "no-such-merchant", END_S)
+        assert {r.status for r in reads} == {FeatureStatus.MISSING}
+    finally:
+        starting.cancel()
+        await app.close()
+        server.stop()
