@@ -117,6 +117,13 @@ class SqliteListStore:
             raise
         self._db.execute("COMMIT")
 
+    def _stored(self, key: tuple[str, str, str]) -> ListEntry | None:
+        """The entry on (list, kind, value), or None (inside the caller's transaction)."""
+        row = self._db.execute(
+            f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
+        ).fetchone()
+        return None if row is None else _from_json(row[0])
+
     def _bump(self) -> None:
         self._db.execute(f"UPDATE {_GENERATION} SET n = n + 1 WHERE id = 1")
 
@@ -124,10 +131,8 @@ class SqliteListStore:
         """Adds or replaces ``entry``; False when the same entry was already there."""
         key = (entry.list.value, entry.kind.value, entry.value)
         with self._write():
-            row = self._db.execute(
-                f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
-            ).fetchone()
-            if row is not None and _same(_from_json(row[0]), entry):
+            old = self._stored(key)
+            if old is not None and _same(old, entry):
                 return False
             self._db.execute(
                 f"INSERT OR REPLACE INTO {_ENTRIES} VALUES (?, ?, ?, ?)", (*key, _as_json(entry))
@@ -142,10 +147,8 @@ class SqliteListStore:
         with self._write():
             for entry in entries:
                 key = (entry.list.value, entry.kind.value, entry.value)
-                row = self._db.execute(
-                    f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
-                ).fetchone()
-                if row is not None and _same(_from_json(row[0]), entry):
+                old = self._stored(key)
+                if old is not None and _same(old, entry):
                     continue
                 self._db.execute(
                     f"INSERT OR REPLACE INTO {_ENTRIES} VALUES (?, ?, ?, ?)",
@@ -171,10 +174,7 @@ class SqliteListStore:
         """Removes ``entry`` if it is still the one on its list; False otherwise."""
         key = (entry.list.value, entry.kind.value, entry.value)
         with self._write():
-            row = self._db.execute(
-                f"SELECT entry FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
-            ).fetchone()
-            if row is None or _from_json(row[0]) != entry:
+            if self._stored(key) != entry:
                 return False
             self._db.execute(
                 f"DELETE FROM {_ENTRIES} WHERE list = ? AND kind = ? AND value = ?", key
