@@ -215,35 +215,62 @@ async def _responses(
 
 
 class GcPauses:
-    """Times each garbage collection through ``gc.callbacks``, by generation."""
+    """Times each garbage collection through ``gc.callbacks``, by generation.
+
+    The callback only notes the pause; ``flush`` observes the notes. A collection starts on
+    whichever thread allocates, which may be inside a metric's ``with lock:`` (in
+    prometheus_client's multiprocess mode, one lock for every value, held while the file is
+    written). Observing from the callback would wait on that lock on the thread that holds it,
+    for ever. Appending to a list takes no lock.
+    """
 
     def __init__(self, metrics: ServerMetrics | None = None) -> None:
         histogram = (metrics or server_metrics()).gc_pause
         self._children = [histogram.labels(str(generation)) for generation in range(3)]
+        self._pending: list[list[float]] = [[], [], []]
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        """The ``gc.callbacks`` hook."""
+        """The ``gc.callbacks`` hook: notes the pause, observes nothing."""
         if phase == "start":
             self._started = time.perf_counter()
         else:
-            self._children[min(info.get("generation", 2), 2)].observe(
+            self._pending[min(info.get("generation", 2), 2)].append(
                 time.perf_counter() - self._started
             )
+
+    def flush(self) -> None:
+        """Observes the pauses noted since the last flush (call it outside a collection)."""
+        for generation, child in enumerate(self._children):
+            # The swap hands over the list a callback may still append to: nothing is lost.
+            noted, self._pending[generation] = self._pending[generation], []
+            for seconds in noted:
+                child.observe(seconds)
 
     def install(self) -> None:
         """Starts timing collections in this process."""
         if self not in gc.callbacks:
             gc.callbacks.append(self)
 
+    def uninstall(self) -> None:
+        """Stops timing collections and observes what was noted."""
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+        self.flush()
+
 
 async def watch_loop_lag(
-    metrics: ServerMetrics | None = None, interval_s: float = LOOP_LAG_INTERVAL_S
+    metrics: ServerMetrics | None = None,
+    interval_s: float = LOOP_LAG_INTERVAL_S,
+    gc_pauses: GcPauses | None = None,
 ) -> None:
-    """Runs until cancelled: sleeps ``interval_s`` and observes how late it woke."""
+    """Runs until cancelled: sleeps ``interval_s``, observes how late it woke and flushes the
+    garbage collections ``gc_pauses`` noted meanwhile."""
     histogram = (metrics or server_metrics()).loop_lag
     loop = asyncio.get_running_loop()
     while True:
         due = loop.time() + interval_s
         await asyncio.sleep(interval_s)
         histogram.observe(max(loop.time() - due, 0.0))
+        if gc_pauses is not None:
+            gc_pauses.flush()

@@ -124,6 +124,7 @@ class Runtime:
         self._names: list[str] = []
         self._follower: asyncio.Task[None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
+        self._gc_pauses: rpc_observer.GcPauses | None = None
 
     async def _set_all(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ["", *self._names]:
@@ -142,16 +143,19 @@ class Runtime:
             raise RuntimeError(f"cannot bind {address}")
         await self.server.start()
         if self.settings.observe_rpcs:
-            self._loop_lag = asyncio.create_task(rpc_observer.watch_loop_lag())
+            self._gc_pauses = rpc_observer.GcPauses()
+            self._loop_lag = asyncio.create_task(
+                rpc_observer.watch_loop_lag(gc_pauses=self._gc_pauses)
+            )
         log.info("listening", extra={"port": self.port, "phase": "warming"})
         await self.service.start()
         # Objects alive after warm-up live for the whole process: keep them out of the
         # collector's generations so full collections stay short on the request path.
         gc.collect()
         gc.freeze()
-        if self.settings.observe_rpcs:
+        if self._gc_pauses is not None:
             # Collections from here on are the ones a request can meet: time them.
-            rpc_observer.GcPauses().install()
+            self._gc_pauses.install()
         ready = getattr(self.service, "ready", None)
         if callable(ready):
             self._follower = asyncio.create_task(self._follow(ready))
@@ -179,6 +183,8 @@ class Runtime:
         for task in (self._follower, self._loop_lag):
             if task is not None:
                 task.cancel()
+        if self._gc_pauses is not None:
+            self._gc_pauses.uninstall()
         await self.health.enter_graceful_shutdown()
         log.info("draining", extra={"drain_seconds": self.settings.drain_seconds})
         await asyncio.sleep(self.settings.drain_seconds)
