@@ -8,6 +8,8 @@ version of DIR and times, per call, in rounds that take turns on the same inputs
   the event loop, with the reasons written (what a REVIEW or DECLINE adds there);
 - ``inline``: the same explanation run on the event loop itself (no worker thread: cheaper,
   but it could not be abandoned when late);
+- ``lightgbm``: ``inline`` by LightGBM's own TreeSHAP (``pred_contrib``) instead of the
+  version's contribution tables (``services/models/treeshap.py``): what the tables save;
 - ``scorer``: the explanation as the scorer would give it: the same TreeSHAP run, plus the
   contributions carried back as one more v2 output tensor (FP64 [1, n+1]: serialized in
   the scorer, parsed and decoded in the gateway) and the reasons written in the gateway;
@@ -42,6 +44,8 @@ from services.models.onnx import OnnxModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "explain-cost"
+_ORDER = ("score", "gateway", "inline", "lightgbm", "scorer", "approval")
+"""Every variant, in the order of even rounds (odd rounds reverse it)."""
 
 
 def _inputs(metadata: repository.ModelMetadata, n: int, seed: int) -> list[list[float]]:
@@ -94,6 +98,9 @@ async def _rounds(model_root: Path, rounds: int, calls: int) -> dict[str, Any]:
     def inline(row: list[float]) -> None:
         trees.explain(row).reasons(DEFAULT_TOP_K)
 
+    def by_lightgbm(row: list[float]) -> None:
+        trees.explain_by_predict(row).reasons(DEFAULT_TOP_K)
+
     def scorer(row: list[float]) -> None:
         _scorer_side(trees.explain(row), template).reasons(DEFAULT_TOP_K)
 
@@ -112,18 +119,24 @@ async def _rounds(model_root: Path, rounds: int, calls: int) -> dict[str, Any]:
     for r in range(rounds):
         inputs = _inputs(metadata, calls, seed=r)
         # Each round reverses the order, so the machine's drift falls on every variant alike.
-        order = ["score", "gateway", "inline", "scorer", "approval"]
-        for name in order if r % 2 == 0 else list(reversed(order)):
+        for name in _ORDER if r % 2 == 0 else list(reversed(_ORDER)):
             if name == "gateway":
                 figures.setdefault(name, []).append(await gateway_async(inputs))
             else:
-                work = {"score": score, "inline": inline, "scorer": scorer, "approval": approval}
+                work = {
+                    "score": score,
+                    "inline": inline,
+                    "lightgbm": by_lightgbm,
+                    "scorer": scorer,
+                    "approval": approval,
+                }
                 figures.setdefault(name, []).append(_timed(work[name], inputs))
     provider.close()
     return {
         "model_version": metadata.version,
         "features": len(metadata.feature_order),
         "trees": trees.num_trees,
+        "tabulated": trees.tabulated,
         "rounds": rounds,
         "calls_per_round": calls,
         "per_call_us": {
@@ -150,7 +163,7 @@ def _markdown(result: dict[str, Any]) -> str:
         "| what | CPU µs | wall µs | CPU per round |",
         "|---|---:|---:|---|",
     ]
-    for name in ("score", "gateway", "inline", "scorer", "approval"):
+    for name in _ORDER:
         row = rows[name]
         per_round = ", ".join(f"{v:.0f}" for v in row["cpu_rounds"])
         lines.append(

@@ -1,9 +1,11 @@
 """Reasons from the model itself: exact TreeSHAP contributions of a version's own trees.
 
 A published version keeps the LightGBM model it was exported from (``BOOSTER_FILE``) beside
-``model.onnx``. LightGBM's ``pred_contrib`` computes each feature's exact TreeSHAP
-contribution to the raw score (the log-odds) of one input, plus the expected value over
-the training data (the base): base + contributions = raw score, and sigmoid(raw score) is
+``model.onnx``. Each feature's exact TreeSHAP contribution to the raw score (the log-odds)
+of one input, plus the expected value over the training data (the base), comes from the
+trees' contribution tables (``treeshap.py``, the values of LightGBM's ``pred_contrib`` at a
+fraction of its cost; LightGBM itself explains models they do not cover): base +
+contributions = raw score, and sigmoid(raw score) is
 the fraud probability ONNX Runtime serves for the same float32 input. The input is given
 to the trees as the float32 values the scorer receives, so both follow the same branches.
 
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from services.models.treeshap import TreeTables
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -155,6 +159,8 @@ class TreeExplainer:
             raise BoosterMismatch("the trees' feature names are not the version's feature order")
         self._booster = booster
         self.feature_order = tuple(order)
+        self._tables = TreeTables.build(booster.dump_model())
+        """The trees' contribution tables (``treeshap.py``); None: LightGBM explains."""
 
     @property
     def num_trees(self) -> int:
@@ -172,15 +178,31 @@ class TreeExplainer:
             return None
         return cls(_lightgbm(lean).Booster(model_file=str(path)), feature_order)
 
+    @property
+    def tabulated(self) -> bool:
+        """Whether the contribution tables explain (else LightGBM's ``pred_contrib``)."""
+        return self._tables is not None
+
     def explain(self, vector: Sequence[float]) -> Explanation:
         """The exact TreeSHAP decomposition of the input ``vector`` (in feature order)."""
+        if self._tables is None:
+            return self.explain_by_predict(vector)
+        row = _float32_row(vector)[0]
+        return self._explanation(row, self._tables.contributions(row))
+
+    def explain_by_predict(self, vector: Sequence[float]) -> Explanation:
+        """``explain`` by LightGBM's own TreeSHAP (``pred_contrib``): the reference."""
         row = _float32_row(vector)
-        values = row[0].tolist()
-        out = self._booster.predict(row, pred_contrib=True, num_threads=1)
-        shares = np.asarray(out, dtype=np.float64)[0]
+        return self._explanation(
+            row[0], self._booster.predict(row, pred_contrib=True, num_threads=1)[0]
+        )
+
+    def _explanation(self, row: np.ndarray, shares: np.ndarray) -> Explanation:
         contributions = tuple(
-            Contribution(name, value, float(c))
-            for name, value, c in zip(self.feature_order, values, shares[:-1], strict=True)
+            Contribution(name, value, c)
+            for name, value, c in zip(
+                self.feature_order, row.tolist(), shares[:-1].tolist(), strict=True
+            )
         )
         return Explanation(float(shares[-1]), contributions)
 

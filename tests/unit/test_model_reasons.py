@@ -77,6 +77,19 @@ def test_contributions_plus_base_are_the_raw_score(
     assert first.contributions != second.contributions
 
 
+def test_the_tables_give_lightgbms_own_contributions(trees: TreeExplainer) -> None:
+    assert trees.tabulated
+    rows = _rows(200, seed=3)
+    rows[::7, 2] = np.nan  # missing values take each split's default branch on both paths
+    for row in rows:
+        fast, checked = trees.explain(list(row)), trees.explain_by_predict(list(row))
+        assert fast.base == pytest.approx(checked.base, abs=1e-12)
+        for a, b in zip(fast.contributions, checked.contributions, strict=True):
+            assert a.feature == b.feature
+            assert a.log_odds == pytest.approx(b.log_odds, abs=1e-12)
+            assert a.value == b.value or (math.isnan(a.value) and math.isnan(b.value))
+
+
 def test_the_trees_see_the_float32_input_the_scorer_receives(trees: TreeExplainer) -> None:
     row = _rows(1)[0].tolist()
     row[0] = 0.1
