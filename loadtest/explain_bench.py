@@ -4,12 +4,13 @@
 version of DIR and times, per call, in rounds that take turns on the same inputs:
 
 - ``score``: the ONNX Runtime run every model answer pays (the reference);
-- ``gateway``: the explanation as the gateway gives it, on its worker thread, awaited from
-  the event loop, with the reasons written (what a REVIEW or DECLINE adds there);
-- ``inline``: the same explanation run on the event loop itself (no worker thread: cheaper,
-  but it could not be abandoned when late);
-- ``lightgbm``: ``inline`` by LightGBM's own TreeSHAP (``pred_contrib``) instead of the
-  version's contribution tables (``services/models/treeshap.py``): what the tables save;
+- ``gateway``: the explanation as the gateway gives it, awaited from the event loop, with
+  the reasons written (what a REVIEW or DECLINE adds there): from the version's
+  contribution tables, on the loop itself;
+- ``thread``: the same explanation handed to a worker thread and awaited (how the gateway
+  runs LightGBM's TreeSHAP for a version the tables do not cover): what the hand-off costs;
+- ``lightgbm``: ``gateway`` by LightGBM's own TreeSHAP (``pred_contrib``) instead of the
+  tables (``services/models/treeshap.py``): what the tables save;
 - ``scorer``: the explanation as the scorer would give it: the same TreeSHAP run, plus the
   contributions carried back as one more v2 output tensor (FP64 [1, n+1]: serialized in
   the scorer, parsed and decoded in the gateway) and the reasons written in the gateway;
@@ -28,6 +29,7 @@ import statistics
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from services.models.onnx import OnnxModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "explain-cost"
-_ORDER = ("score", "gateway", "inline", "lightgbm", "scorer", "approval")
+_ORDER = ("score", "gateway", "thread", "lightgbm", "scorer", "approval")
 """Every variant, in the order of even rounds (odd rounds reverse it)."""
 
 
@@ -95,9 +97,6 @@ async def _rounds(model_root: Path, rounds: int, calls: int) -> dict[str, Any]:
     def score(row: list[float]) -> None:
         onnx.predict(np.asarray([row], dtype=np.float32))
 
-    def inline(row: list[float]) -> None:
-        trees.explain(row).reasons(DEFAULT_TOP_K)
-
     def by_lightgbm(row: list[float]) -> None:
         trees.explain_by_predict(row).reasons(DEFAULT_TOP_K)
 
@@ -108,10 +107,17 @@ async def _rounds(model_root: Path, rounds: int, calls: int) -> dict[str, Any]:
         # The pipeline's whole cost for an approval: the checks before any explanation.
         _ = explainer is None or DEFAULT_TOP_K <= 0 or row[0] > 1.0
 
-    async def gateway_async(inputs: list[list[float]]) -> tuple[float, float]:
+    worker = ThreadPoolExecutor(max_workers=1)
+
+    async def awaited(inputs: list[list[float]], thread: bool) -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
         for row in inputs:
-            (await explainer.explain(row, 1.0)).reasons(DEFAULT_TOP_K)
+            if thread:
+                done = asyncio.wrap_future(worker.submit(trees.explain, row))
+                explanation = await asyncio.wait_for(done, 1.0)
+            else:
+                explanation = await explainer.explain(row, 1.0)
+            explanation.reasons(DEFAULT_TOP_K)
         n = len(inputs)
         return (time.process_time() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6
 
@@ -120,18 +126,18 @@ async def _rounds(model_root: Path, rounds: int, calls: int) -> dict[str, Any]:
         inputs = _inputs(metadata, calls, seed=r)
         # Each round reverses the order, so the machine's drift falls on every variant alike.
         for name in _ORDER if r % 2 == 0 else list(reversed(_ORDER)):
-            if name == "gateway":
-                figures.setdefault(name, []).append(await gateway_async(inputs))
+            if name in ("gateway", "thread"):
+                figures.setdefault(name, []).append(await awaited(inputs, name == "thread"))
             else:
                 work = {
                     "score": score,
-                    "inline": inline,
                     "lightgbm": by_lightgbm,
                     "scorer": scorer,
                     "approval": approval,
                 }
                 figures.setdefault(name, []).append(_timed(work[name], inputs))
     provider.close()
+    worker.shutdown()
     return {
         "model_version": metadata.version,
         "features": len(metadata.feature_order),

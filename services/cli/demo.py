@@ -153,9 +153,15 @@ def live_attack(
         f"[bold]{BURST} payments of 0.99 EUR, card not present[/] on {card} at {merchant}"
     )
     target = config.envoy_target
+    answered = 0
     for i in range(1, BURST + 1):
         sample = client.Sample("burst", card, merchant, 99, card_not_present=True)
-        response = client.score(target, sample.request(), credentials=credentials)
+        try:
+            response = client.score(target, sample.request(), credentials=credentials)
+        except grpc.RpcError as error:  # said and passed over: the attack goes on
+            console.print(f"  {i:2d}. [yellow]{error.code().name}[/]: {error.details()}")
+            continue
+        answered += 1
         decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
         # The model sees the card's earlier payments as they happen: the live loop updated
         # its velocity features after each answer.
@@ -166,7 +172,7 @@ def live_attack(
             highlight=False,
         )
     start = time.monotonic()
-    while _card_count(config, card, merchant) < BURST and time.monotonic() - start < 10:
+    while _card_count(config, card, merchant) < answered and time.monotonic() - start < 10:
         time.sleep(0.005)
     seen = _card_count(config, card, merchant)
     console.print(
@@ -176,7 +182,11 @@ def live_attack(
     large = client.Sample("large", card, merchant, 180_000, card_not_present=True, expect="DECLINE")
     request = large.request()
     console.print("[bold]then 1,800 EUR, card not present[/]  (expected: DECLINE)")
-    response = client.score(target, request, credentials=credentials)
+    try:
+        response = client.score(target, request, credentials=credentials)
+    except grpc.RpcError as error:
+        console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
+        return
     _print_answer(console, response)
     reply = client.report_outcome(
         target,

@@ -336,6 +336,8 @@ async def test_a_busy_explainer_is_not_waited_for(
     tmp_path: Path, booster: lgb.Booster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     explainer, provider = await _provider(tmp_path, booster)
+    # A version the contribution tables do not cover: LightGBM explains on the worker.
+    monkeypatch.setattr(explainer.trees, "_tables", None)
     pipeline, added = _pipeline(explainer, TreesModel(explainer.trees), 0.0, 0.0)
     # The first call's explanation holds the worker until the second call has answered.
     gate, explain = threading.Event(), explainer.trees.explain
@@ -388,3 +390,19 @@ def test_a_lean_load_explains_without_data_frames_and_leaves_them_importable(
     assert loaded == []
     assert base == expected.base
     assert shares == [c.log_odds for c in expected.contributions]
+
+
+async def test_a_tabulated_version_is_explained_at_once_without_the_worker(
+    tmp_path: Path, booster: lgb.Booster
+) -> None:
+    explainer, provider = await _provider(tmp_path, booster)
+    assert explainer.trees.tabulated
+    provider.close()  # no worker thread any more: the tables need none
+    pipeline, added = _pipeline(explainer, TreesModel(explainer.trees), 0.0, 0.0)
+    policy = BudgetPolicy(default_s=20.0, explain_cap_s=10.0)
+    first, second = await asyncio.gather(
+        pipeline.score(TX, Budget(policy, None)), pipeline.score(TX, Budget(policy, None))
+    )
+    for result in (first, second):
+        assert any(r.startswith("model feature") for r in result.reasons)
+    assert added() == {"given": 2}
