@@ -106,8 +106,8 @@ class GatewaySettings(ModelServerSettings, CanarySettings):
         description="How many of the model's own features (their exact TreeSHAP contributions) "
         "a model's REVIEW or DECLINE answer names, largest first (3 is a good choice); 0, the "
         "default, gives the threshold-written reasons only and keeps the trees out of the "
-        "gateway: on 2 cores at 100 calls/s, 3 cost 1.07x the CPU per Score and 1.89x the p99 "
-        '(docs/cascade.md, "Reasons from the model").',
+        "gateway: on 2 cores at 100 calls/s, 3 cost 1.03x the CPU per Score, and each gateway "
+        '0.8 s of CPU and 45 MB at start (docs/cascade.md, "Reasons from the model").',
     )
     explain_cap_ms: float = Field(
         _ms(_BUDGET.explain_cap_s),
