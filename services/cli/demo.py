@@ -86,6 +86,13 @@ def _print_answer(console: Console, response: scoring_pb2.ScoreResponse) -> None
     console.print("\n".join(reasons) + "\n", highlight=False)
 
 
+def _print_refusal(
+    console: Console, error: grpc.RpcError, lead: str = "  ", end: str = "\n"
+) -> None:
+    """A call that got no answer (late or refused): said, and the demo goes on."""
+    console.print(f"{lead}[yellow]{error.code().name}[/]: {error.details()}", end=end)
+
+
 def run(
     config: MeshConfig, console: Console, credentials: client.Credentials = client.PLAINTEXT
 ) -> None:
@@ -98,7 +105,7 @@ def run(
         try:
             response = client.score(config.envoy_target, sample.request(), credentials=credentials)
         except grpc.RpcError as error:
-            console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
+            _print_refusal(console, error, end="\n\n")
             continue
         _print_answer(console, response)
     held: list[str] = []
@@ -159,7 +166,7 @@ def live_attack(
         try:
             response = client.score(target, sample.request(), credentials=credentials)
         except grpc.RpcError as error:  # said and passed over: the attack goes on
-            console.print(f"  {i:2d}. [yellow]{error.code().name}[/]: {error.details()}")
+            _print_refusal(console, error, lead=f"  {i:2d}. ")
             continue
         answered += 1
         decision = client.DECISION_NAMES.get(response.decision, "UNSPECIFIED")
@@ -185,7 +192,7 @@ def live_attack(
     try:
         response = client.score(target, request, credentials=credentials)
     except grpc.RpcError as error:
-        console.print(f"  [yellow]{error.code().name}[/]: {error.details()}\n")
+        _print_refusal(console, error, end="\n\n")
         return
     _print_answer(console, response)
     reply = client.report_outcome(
@@ -241,7 +248,7 @@ def held_for_review(
                     config.envoy_target, sample.request(), timeout_s=2.0, credentials=credentials
                 )
             except grpc.RpcError as error:  # said and passed over: the demo goes on
-                console.print(f"  [yellow]{error.code().name}[/]: {error.details()}")
+                _print_refusal(console, error)
                 continue
             if response.decision != scoring_pb2.DECISION_REVIEW:
                 continue

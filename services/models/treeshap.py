@@ -55,7 +55,7 @@ _MISSING = {"None": 0, "Zero": 1, "NaN": 2}
 
 @dataclass
 class _Splits:
-    """Every split of the model, as arrays (one entry per split)."""
+    """Every split of the model, one entry per split in each list."""
 
     feature: list[int] = field(default_factory=list)
     threshold: list[float] = field(default_factory=list)
@@ -162,6 +162,8 @@ class TreeTables:
     """Per split: whether zero is its missing value (missing type Zero)."""
     nan_missing: np.ndarray
     """Per split: whether NaN is its missing value (missing type NaN); else NaN is zero."""
+    any_zero_missing: bool
+    """Whether any split takes zero as missing (else only NaN needs the slower rule)."""
     step_split: np.ndarray
     """Per (leaf, path feature, split on it): the split."""
     step_left: np.ndarray
@@ -211,8 +213,7 @@ class TreeTables:
         at = 0
         for width, members in sorted(by_width.items()):
             if width == 0:
-                offsets[members] = at
-                continue
+                continue  # no path feature, no table: the leaf only moves the base
             step = 2**width * width
             offsets[members] = at + step * np.arange(len(members))
             chunk = max(1, _CHUNK_VALUES // 2**width)
@@ -266,6 +267,7 @@ class TreeTables:
             split_default_left=np.asarray(splits.default_left, dtype=bool),
             zero_missing=missing == _MISSING["Zero"],
             nan_missing=missing == _MISSING["NaN"],
+            any_zero_missing=bool((missing == _MISSING["Zero"]).any()),
             step_split=np.asarray(step_split, dtype=np.int64),
             step_left=np.asarray(step_left, dtype=bool),
             step_slot=np.asarray(step_slot, dtype=np.int64),
@@ -283,7 +285,7 @@ class TreeTables:
         LightGBM's rule for numerical splits and missing values."""
         value = row[self.split_feature]
         nan = np.isnan(value)
-        if not nan.any() and not self.zero_missing.any():
+        if not self.any_zero_missing and not nan.any():
             return value <= self.split_threshold
         # NaN is zero unless the split's missing type is NaN.
         value = np.where(nan & ~self.nan_missing, 0.0, value)
