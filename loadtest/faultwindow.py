@@ -9,11 +9,15 @@ window's calls. A fallback that answers late (past the 42 ms budget) makes every
 late, far past that bound.
 
 The slack in calls is one pause of the machine: a 2-core machine running the whole mesh stops
-serving now and then for some 50 ms (measured: five calls sent within 80 ms, one model answer
-each, all late together, 1.7 s after a rollback with nothing else happening), and every call
-in flight then is late at once. A short window (a rollback's two seconds, 200 calls) would
-otherwise fail on one such pause its baseline of a few seconds did not happen to hold; a
-window of 600 calls or more is bounded by the share.
+serving now and then, and every call in flight then is late at once. Measured: five calls sent
+within 80 ms, one model answer each, all late together, 1.7 s after a rollback with nothing
+else happening; and in the timing lane of fresh-clone CI runs, with nothing else running, one
+stall of 140 ms (10 calls late at 60 calls/s, 0.5 s after a canary's rollback, 0 late of 180
+in its baseline) and one of 190 ms (12 calls late, 1.3 s after the feature service's kill,
+0 late of 146 before it). Neither repeated in eight local runs of the same rows. A short window
+(a rollback's two seconds, 120 calls) would otherwise fail on one such pause its baseline of a
+few seconds did not happen to hold; a window of 1,500 calls or more is bounded by the share. A
+fallback that answers late is still far past the bound: it makes every call of the window late.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from typing import TypeVar
 
 BUDGET_MS = 42.0
 """The end-to-end budget a call must be answered within, as the client measures it."""
-SLACK_CALLS = 6
+SLACK_CALLS = 15
 """Late or failed calls a fault window may have beyond the baseline's share, at least: the calls
-one pause of about 60 ms makes late at the 100 calls/s the tests run at, at most."""
+one pause of 250 ms makes late at the 60 calls/s most timing tests run at."""
 SLACK_SHARE = 0.01
 """Share of a fault window's calls that may be late or failed beyond the baseline's share."""
 

@@ -4,7 +4,7 @@ ghz drives Score through Envoy open loop (60 calls/s, each with a 200 ms deadlin
 cuts to 50 ms) while each row breaks something on schedule. A call is late or failed when it
 ends with DEADLINE_EXCEEDED or another error, or OK past the 42 ms budget as ghz measures it.
 The calls that ended from the fault on may hold at most the baseline's share of such calls
-plus max(6 calls, 1 %) (``loadtest.faultwindow``); the baseline is the calls of the same row
+plus max(15 calls, 1 %) (``loadtest.faultwindow``); the baseline is the calls of the same row
 that ended before the fault or, for a fault that lasts the whole row (a slow scorer,
 overload), the baseline row of the same run. A fallback that answers late fails this at
 once: every call it answers is late. No status but OK and DEADLINE_EXCEEDED (and

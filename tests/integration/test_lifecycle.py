@@ -10,7 +10,7 @@ be answered, on time.
 "On time" and "never the rules" are judged against the same run's baseline, the calls before
 the first change: each phase between two changes may hold at most the baseline's share of
 calls that failed, were late (DEADLINE_EXCEEDED at the client's 42 ms deadline, or answered
-past it) or were answered by the rules, plus max(6 calls, 1 %) (``loadtest.faultwindow``).
+past it) or were answered by the rules, plus max(15 calls, 1 %) (``loadtest.faultwindow``).
 A machine that starves now and then misses a slice in every phase alike; a transition that
 costs calls does not.
 

@@ -33,7 +33,7 @@ from services.mesh import Mesh, MeshConfig
 from services.models import repository
 from services.models.lifecycle import ModelLifecycle
 
-from .conftest import register_logs
+from .conftest import first_of, register_logs
 from .live import DayState, day_request, day_state
 
 pytestmark = pytest.mark.integration
@@ -114,7 +114,10 @@ def _replay(mesh: Mesh, day: DayState, suffix: str) -> dict[str, Answer]:
         stub = pb_grpc.FraudScoringStub(channel)
 
         def score(row: Any) -> tuple[str, Answer]:
-            a = stub.Score(day_request(row, suffix), timeout=2.0)
+            # One call that misses Envoy's 50 ms on a machine busy with other tests is tried
+            # again: this test compares decisions, not time.
+            request = day_request(row, suffix)
+            a = first_of(lambda: stub.Score(request, timeout=2.0), lambda _: True)
             answer = Answer(a.decision, a.score, a.scored_by, a.feature_source, tuple(a.reasons))
             return str(row.transaction_id), answer
 

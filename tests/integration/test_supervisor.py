@@ -6,7 +6,7 @@ A child that keeps crashing makes ``up`` stop everything and exit non-zero with 
 
 "Costs no call": no call fails with anything but DEADLINE_EXCEEDED (Envoy ends a call at
 50 ms), and the calls that ended from the kill on hold no more late or failed ones (past the
-42 ms budget, or DEADLINE_EXCEEDED) than the calls before the kill, within max(6 calls, 1 %)
+42 ms budget, or DEADLINE_EXCEEDED) than the calls before the kill, within max(15 calls, 1 %)
 (``loadtest.faultwindow``): the machine's own hiccups cancel out, a lost call does not."""
 
 from __future__ import annotations

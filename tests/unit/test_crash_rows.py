@@ -36,13 +36,13 @@ def test_a_call_sent_after_the_kill_must_not_fail() -> None:
 def test_late_calls_are_judged_against_the_pooled_reference() -> None:
     before = _calls(0.0, 300)
     after = _calls(3.0, 300)
-    late = [Call(6.0 + i * 0.01, 0.05, "OK", f"l{i}") for i in range(8)]
+    late = [Call(6.0 + i * 0.01, 0.05, "OK", f"l{i}") for i in range(20)]
     row = Row("scorer", calls=[*before, *after, *late], kill_s=3.0, ready_again_s=1.0)
-    assert row.windows() == (Tally(250, 0), Tally(300 + 8, 8))
-    assert row.late_allowed() == allowed(Tally(250, 0), 308) == 6
+    assert row.windows() == (Tally(250, 0), Tally(300 + 20, 20))
+    assert row.late_allowed() == allowed(Tally(250, 0), 320) == 15
     assert not row.passed()
     row.reference = Tally(1000, 20)  # a machine late 2 % of the time anyway
-    assert row.late_allowed() == 12 and row.passed()
+    assert row.late_allowed() == 21 and row.passed()
 
 
 def test_the_reference_is_every_unfaulted_call_of_the_run() -> None:

@@ -16,15 +16,15 @@ from loadtest.ghz import CallRecord, Result, parse_report
 @pytest.mark.parametrize(
     ("baseline", "calls", "allowed"),
     [
-        (Tally(100, 0), 50, 6),  # a short window: one pause's six calls
-        (Tally(100, 0), 300, 6),
-        (Tally(100, 0), 1000, 10),  # a long one: 1 %
-        (Tally(200, 2), 300, 9),  # the baseline's share (3) plus six calls
-        (Tally(200, 2), 1000, 20),  # the baseline's share (10) plus 1 % (10)
-        (Tally(0, 0), 100, 6),  # no baseline calls: the slack alone
+        (Tally(100, 0), 50, 15),  # a short window: one pause's fifteen calls
+        (Tally(100, 0), 300, 15),
+        (Tally(100, 0), 3000, 30),  # a long one: 1 %
+        (Tally(200, 2), 300, 18),  # the baseline's share (3) plus fifteen calls
+        (Tally(200, 2), 3000, 60),  # the baseline's share (30) plus 1 % (30)
+        (Tally(0, 0), 100, 15),  # no baseline calls: the slack alone
     ],
 )
-def test_the_bound_is_the_baseline_share_plus_max_of_six_calls_and_one_percent(
+def test_the_bound_is_the_baseline_share_plus_max_of_fifteen_calls_and_one_percent(
     baseline: Tally, calls: int, allowed: int
 ) -> None:
     assert faultwindow.allowed(baseline, calls) == allowed
@@ -32,8 +32,8 @@ def test_the_bound_is_the_baseline_share_plus_max_of_six_calls_and_one_percent(
 
 def test_a_verdict_needs_calls_in_the_fault_window() -> None:
     assert not faultwindow.judge(Tally(100, 0), Tally(0, 0)).ok
-    assert faultwindow.judge(Tally(100, 0), Tally(300, 6)).ok
-    assert not faultwindow.judge(Tally(100, 0), Tally(300, 7)).ok
+    assert faultwindow.judge(Tally(100, 0), Tally(300, 15)).ok
+    assert not faultwindow.judge(Tally(100, 0), Tally(300, 16)).ok
 
 
 @pytest.mark.parametrize(
