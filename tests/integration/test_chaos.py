@@ -26,10 +26,12 @@ pytestmark = pytest.mark.integration
 
 PLAN = ChaosPlan(rps=60, duration_s=8.0, fault_at_s=3.0, recover_at_s=5.0, overload_capacity_rps=40)
 
-BASELINE_LATE_SHARE = 0.02
+BASELINE_LATE_SHARE = 0.05
 """Share of the baseline row's calls that may be late or failed. The baseline is what the
 faults are judged by, so it must itself answer on time: a mesh late for everyone (a blocking
-call on the request path, say) fails here rather than passing every relative check."""
+call on the request path, say) fails here rather than passing every relative check. One stall
+of the machine fits (a local run of this row, nothing faulted: 9 of 450 calls late within
+100 ms; a 250 ms stall at 60 calls/s is 15 calls, 3.3 %)."""
 
 FAULTS = ["scorer-killed", "scorer-slowed", "features-service", "redis-server", "3x", "SIGTERM"]
 
