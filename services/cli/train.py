@@ -139,7 +139,7 @@ _ApTolerance = Annotated[
 _LatencyRatio = Annotated[
     float,
     typer.Option(
-        min=0.1, max=100.0, help="Most the new single-row p99 may be, as a multiple of live's."
+        min=0.001, max=100.0, help="Most the new single-row p99 may be, as a multiple of live's."
     ),
 ]
 _FromDecisions = Annotated[
