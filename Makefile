@@ -130,6 +130,10 @@ FIGURES_STREAM_WAIT := --compare nowait:FRAUD_GATEWAY_STREAM_MAX_QUEUE_DELAY_US=
 	--compare wait2ms:FRAUD_GATEWAY_STREAM_MAX_QUEUE_DELAY_US=2000
 FIGURES_TRANSPORT := --compare unary:FRAUD_GATEWAY_TRANSPORT=unary --compare stream:FRAUD_GATEWAY_TRANSPORT=stream
 FIGURES_CASCADE := --compare cascade:FRAUD_GATEWAY_CASCADE=true --compare full:FRAUD_GATEWAY_CASCADE=false
+FIGURES_SIZED := gateway_replicas=2,envoy_replicas=1,features_replicas=1,scorer_replicas=1
+FIGURES_INPROCESS := --compare sized:$(FIGURES_SIZED),FRAUD_EDGE_MAX_IN_FLIGHT=4 \
+	--compare inproc4:$(FIGURES_SIZED),FRAUD_EDGE_MAX_IN_FLIGHT=4,FRAUD_GATEWAY_IN_PROCESS=true \
+	--compare inproc6:$(FIGURES_SIZED),FRAUD_EDGE_MAX_IN_FLIGHT=6,FRAUD_GATEWAY_IN_PROCESS=true
 
 .PHONY: figures
 figures: data tools $(MLSERVER_VENV)/.installed ## Re-run every measurement README.md quotes (hours); results in loadtest/results/
@@ -142,6 +146,8 @@ figures: data tools $(MLSERVER_VENV)/.installed ## Re-run every measurement READ
 	$(FRAUDMESH) loadtest --var-dir $(VAR) --store redis --rates 100,150,200 --step-seconds 15 --rounds 3 \
 		--saturated-steps 3 $(FIGURES_CASCADE) --name compare-redis-cascade-vs-full
 	$(FRAUDMESH) loadtest --var-dir $(VAR) --store redis --gateway-in-process --name loadtest-redis-in-process
+	$(FRAUDMESH) loadtest --var-dir $(VAR) --rates 100,200,300,600 --step-seconds 10 --saturated-steps 99 \
+		--observability --rounds 3 $(FIGURES_INPROCESS) --name compare-sqlite-inprocess-limit
 	$(PY) -m loadtest.monitor --var-dir $(VAR) --store sqlite --rates 100 --rounds 3 --run-s 20 --name monitor-sqlite
 
 .PHONY: k8s-envoy

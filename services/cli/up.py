@@ -68,11 +68,13 @@ _Monitor = Annotated[
     ),
 ]
 _MetricsPort = Annotated[int, typer.Option(help=_METRICS_HELP)]
+_SIZED = " Default: sized to the machine's cores (services/mesh/sizing.py)."
 _GatewayInProcess = Annotated[
-    bool,
+    bool | None,
     typer.Option(
+        "--gateway-in-process/--no-gateway-in-process",
         help="The gateway reads the online store and runs the model itself instead of "
-        "calling the feature service and the scorer (both still run for other clients)."
+        "calling the feature service and the scorer (both still run for other clients)." + _SIZED,
     ),
 ]
 _Tls = Annotated[
@@ -127,7 +129,6 @@ _OtlpPort = Annotated[int, typer.Option(help="The trace collector's OTLP/gRPC po
 _KafkaBootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers, with --eventlog kafka.")
 ]
-_SIZED = " Default: sized to the machine's cores (services/mesh/sizing.py)."
 
 _GatewayReplicas = Annotated[
     int | None,
@@ -196,7 +197,7 @@ def up(
     redis_port: int = 6379,
     decisionlog_port: _DecisionLogPort = 50055,
     metrics_port: _MetricsPort = 9101,
-    gateway_in_process: _GatewayInProcess = False,
+    gateway_in_process: _GatewayInProcess = None,
     tls: _Tls = None,
     mtls: _Mtls = None,
     auth: _Auth = None,
@@ -247,7 +248,7 @@ def up(
         scorer_port=scorer_port,
         redis_port=redis_port,
         decisionlog_port=decisionlog_port,
-        gateway_in_process=gateway_in_process,
+        gateway_in_process=_or(gateway_in_process, sized.gateway_in_process),
         metrics_ports=scraped,
         edge=edge,
         live_loop=live_loop,
@@ -264,6 +265,11 @@ def up(
         monitor=monitor,
     )
     _run(config, edge, RestartPolicy(max_crashes=max_restarts, window_s=restart_window), demo)
+
+
+def _or(flag: bool | None, sized: bool) -> bool:
+    """A flag given on the command line wins over the machine's sizing."""
+    return sized if flag is None else flag
 
 
 def _sizing() -> sizing.Sizing:

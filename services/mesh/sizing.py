@@ -6,9 +6,13 @@ On two cores a second feature service and a second scorer cost more capacity tha
 protect: the gateway's breakers already answer on default features or with the rules when
 one is down. A second gateway is kept, because it is what lets Envoy send a call elsewhere
 when a gateway dies (a gateway SIGKILL fails no call), and one Envoy is enough, because one
-Envoy worker proxies far more calls than the Python services behind it answer. From four
-cores on, two of every part protect more than they cost. The measurements behind these
-choices: ``docs/performance.md``, "Defaults sized to the machine".
+Envoy worker proxies far more calls than the Python services behind it answer. On a small
+machine the gateways also read the online store and run the model themselves (in process):
+the two hops to the feature service and the scorer cost more of its cores than any other
+work a Score does, and they protect nothing there that a gateway's own breakers do not (the
+feature service and the scorer still run, for other clients). From four cores on, two of
+every part, called over the network, protect more than they cost. The measurements behind
+these choices: ``docs/performance.md``, "Defaults sized to the machine".
 
 The edge's admission limit bounds the calls in flight to what the cores finish within the
 budget: past it a call is refused at once (RESOURCE_EXHAUSTED) rather than queued until it is
@@ -23,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SMALL_MACHINE_CORES = 3
-"""Up to this many cores the mesh runs one Envoy, feature service and scorer (two gateways)."""
+"""Up to this many cores the mesh runs one Envoy, feature service and scorer, and two gateways
+that read the store and run the model in process."""
 
 IN_FLIGHT_PER_CORE = 2
 """Calls the edge lets in at once per core. A Score costs the whole mesh 9–12 ms of CPU on
@@ -46,14 +51,17 @@ class Sizing:
     features: int
     scorer: int
     edge_max_in_flight: int
+    gateway_in_process: bool
+    """The gateways read the online store and run the model themselves."""
 
     @property
     def reason(self) -> str:
         """One line saying what was chosen and why, for ``up``'s table."""
         size = "small" if self.cores <= SMALL_MACHINE_CORES else "large"
         why = (
-            "one feature service and scorer (the breakers cover them), two gateways (a "
-            "gateway's death fails no call)"
+            "two gateways (a gateway's death fails no call) that read the store and run the "
+            "model in process (a hop costs more than it protects here); one feature service "
+            "and scorer, for other clients"
             if size == "small"
             else "two of every part"
         )
@@ -76,6 +84,7 @@ def for_cores(cores: int) -> Sizing:
         features=1 if small else 2,
         scorer=1 if small else 2,
         edge_max_in_flight=IN_FLIGHT_PER_CORE * cores,
+        gateway_in_process=small,
     )
 
 

@@ -65,6 +65,10 @@ def test_up_serves_and_stops_without_orphans(
         for module in ("gateway", "features", "scorer"):
             count = sum(f"services.{module}" in c for c in commands)
             assert count == getattr(sized, module), commands
+        # The gateways read the store and run the model themselves where the sizing says so.
+        gateways = [c for c in children if "services.gateway" in " ".join(c.cmdline())]
+        in_process = {c.environ().get("FRAUD_GATEWAY_IN_PROCESS") for c in gateways}
+        assert in_process == {"true" if sized.gateway_in_process else None}, in_process
         envoys = [c for c in commands if "envoy" in c and "--config-path" in c]
         assert len(envoys) == sized.envoy, commands
         text = (tmp_path / "up.log").read_text()

@@ -89,9 +89,10 @@ def up(
         "--metrics-port", str(free_port()),
         "--max-restarts", str(MAX_RESTARTS), "--restart-window", "600",
         "--no-observability",
-        # One feature service and one scorer: what is under test is the fallback while the
-        # only one is down and the supervisor brings it back (replicas: test_crash.py).
-        "--features-replicas", "1", "--scorer-replicas", "1",
+        # One feature service and one scorer, called over the network: what is under test is
+        # the fallback while the only one is down and the supervisor brings it back
+        # (replicas: test_crash.py).
+        "--features-replicas", "1", "--scorer-replicas", "1", "--no-gateway-in-process",
     ]  # fmt: skip
     log_path = tmp / "up.log"
     with log_path.open("wb") as log:

@@ -13,6 +13,7 @@ from services.mesh import sizing
 def test_a_small_machine_runs_one_of_each_part_but_the_gateway() -> None:
     two = sizing.for_cores(2)
     assert (two.envoy, two.gateway, two.features, two.scorer) == (1, 2, 1, 1)
+    assert two.gateway_in_process and "in process" in two.reason
     assert two.edge_max_in_flight == 2 * sizing.IN_FLIGHT_PER_CORE
     assert "sized for 2 cores" in two.reason and "flags win" in two.reason
 
@@ -20,6 +21,7 @@ def test_a_small_machine_runs_one_of_each_part_but_the_gateway() -> None:
 def test_a_large_machine_runs_two_of_every_part() -> None:
     eight = sizing.for_cores(8)
     assert (eight.envoy, eight.gateway, eight.features, eight.scorer) == (2, 2, 2, 2)
+    assert not eight.gateway_in_process
     assert eight.edge_max_in_flight == 8 * sizing.IN_FLIGHT_PER_CORE
 
 
