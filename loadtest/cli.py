@@ -228,6 +228,12 @@ def crash_command(
     envoy_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
     features_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
     scorer_replicas: Annotated[int, typer.Option(min=1, max=9)] = 2,
+    gateway_in_process: Annotated[
+        bool, typer.Option(help="The gateways read the store and run the model themselves.")
+    ] = False,
+    edge_max_in_flight: Annotated[
+        int | None, typer.Option(min=1, help="The edge's admission limit (default: none).")
+    ] = None,
     journal: Annotated[
         str, typer.Option(help="The gateways' FRAUD_GATEWAY_JOURNAL: write, fsync or off.")
     ] = "write",
@@ -254,6 +260,8 @@ def crash_command(
         envoy_replicas=envoy_replicas,
         features_replicas=features_replicas,
         scorer_replicas=scorer_replicas,
+        gateway_in_process=gateway_in_process,
+        edge_max_in_flight=edge_max_in_flight,
         journal=journal,
     )
     names = [n.strip() for n in processes.split(",") if n.strip()] or None

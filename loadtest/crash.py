@@ -1,8 +1,10 @@
 """The crash matrix: SIGKILL of each process of the mesh in turn under steady load.
 
-The mesh runs as ``fraudmesh up`` runs it by default (two Envoys sharing the edge port, two
-gateways, two feature services, two scorers, the journal on, the live loop on, a supervisor
-that restarts what dies), on a fresh copy of the state. Load comes from the project's Python
+The mesh runs as ``fraudmesh up`` runs it by default from four cores (two Envoys sharing the
+edge port, two gateways, two feature services, two scorers, the journal on, the live loop on,
+a supervisor that restarts what dies), on a fresh copy of the state; the replicas and
+``gateway_in_process`` of ``CrashPlan`` give the smaller machines' default (one of each but
+the gateways, which run in process). Load comes from the project's Python
 client (its retry policy and waitForReady, docs/reliability.md) in a process of its own
 (``loadtest.crashload``), at a fixed rate over several connections, so that every Envoy
 holds some. Each row lets the load run, SIGKILLs one process, lets the load run
@@ -47,6 +49,7 @@ from loadtest import data, faultwindow
 from loadtest.drive import VERSION_ANSWERS, score_request
 from loadtest.runner import copy_state
 from services import client
+from services.common.edge_security import EdgeSettings
 from services.common.settings import from_mapping, to_env
 from services.decisionlog import reader
 from services.decisionlog.settings import DecisionLogSettings
@@ -323,6 +326,10 @@ class CrashPlan:
     envoy_replicas: int = 2
     features_replicas: int = 2
     scorer_replicas: int = 2
+    gateway_in_process: bool = False
+    """The gateways read the store and run the model themselves (``--gateway-in-process``)."""
+    edge_max_in_flight: int | None = None
+    """The edge's admission limit (``fraudmesh up`` sizes one; None: the template's bound)."""
     journal: str = "write"
     """FRAUD_GATEWAY_JOURNAL of the mesh's gateways."""
     log_wait_s: float = 60.0
@@ -335,10 +342,12 @@ class CrashPlan:
             envoy_replicas=self.envoy_replicas,
             features_replicas=self.features_replicas,
             scorer_replicas=self.scorer_replicas,
+            gateway_in_process=self.gateway_in_process,
             var_dir=var_dir,
             store=self.store,
             log_dir=log_dir,
-            extra_env=to_env(GatewaySettings, journal=self.journal),
+            extra_env=to_env(GatewaySettings, journal=self.journal)
+            | to_env(EdgeSettings, max_in_flight=self.edge_max_in_flight),
         )
 
 

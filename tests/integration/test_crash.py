@@ -1,17 +1,21 @@
-"""The crash matrix, short: under 60 calls/s through ``fraudmesh up``'s default mesh (two
-Envoys, two gateways, two feature services, two scorers), SIGKILL of an Envoy, a gateway, a
-feature service, a scorer, the updater and the decision sink in turn. A killed gateway costs
-no call and no answered decision, an Envoy at most the calls in flight on it, the others no
-call, and every answered decision is in the decision log afterwards; late calls are judged
-against the run's unfaulted calls (``loadtest.crash``)."""
+"""The crash matrix, short: under 60 calls/s through ``fraudmesh up``'s default mesh from four
+cores (two Envoys, two gateways, two feature services, two scorers), SIGKILL of an Envoy, a
+gateway, a feature service, a scorer, the updater and the decision sink in turn. A killed
+gateway costs no call and no answered decision, an Envoy at most the calls in flight on it,
+the others no call, and every answered decision is in the decision log afterwards; late calls
+are judged against the run's unfaulted calls (``loadtest.crash``). Then the gateway's SIGKILL
+again in the default mesh of a small machine (``services/mesh/sizing.py``: one Envoy, feature
+service and scorer, two gateways in process, the edge's admission limit)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from loadtest.crash import Crash, CrashPlan, Row, markdown
+from services.mesh import sizing
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +25,17 @@ KILLED = ("envoy", "gateway", "features", "scorer", "updater", "decisionlog")
 # fault matrix: at 100 a slow 2-core machine runs at half its capacity before anything
 # restarts, and a restart's own CPU then makes calls late that a faster one would not.
 PLAN = CrashPlan(rps=60, before_s=3.0, after_s=4.0, tail_s=2.0, log_wait_s=60.0, connections=16)
+SMALL = sizing.for_cores(2)
+SMALL_PLAN = dataclasses.replace(
+    PLAN,
+    envoy_replicas=SMALL.envoy,
+    gateway_replicas=SMALL.gateway,
+    features_replicas=SMALL.features,
+    scorer_replicas=SMALL.scorer,
+    gateway_in_process=SMALL.gateway_in_process,
+    edge_max_in_flight=SMALL.edge_max_in_flight,
+    connections=4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +86,16 @@ def test_a_replica_of_a_backend_takes_over(rows: list[Row]) -> None:
         # the killed one and a few more around it, not every call until it is back.
         degraded = [c for c in row.calls if c.degraded and c.ended_s >= row.kill_s]
         assert len(degraded) < 0.1 * len([c for c in row.calls if c.ended_s >= row.kill_s])
+
+
+def test_a_killed_gateway_costs_no_call_in_a_small_machines_mesh(
+    prepared_env: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    crash = Crash(prepared_env.var_dir, tmp_path_factory.mktemp("crash-small"), SMALL_PLAN)
+    rows = crash.run(("gateway",))
+    report = markdown(rows, SMALL_PLAN)
+    print("\n" + report)
+    assert all(r.passed() for r in rows), report
+    row = _row(rows, "gateway")
+    assert row.failed() == [] and row.missing == [], report
+    assert row.ready_again_s is not None
