@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from feast import FeatureStore, FeatureView, RepoConfig
+from feast.infra.key_encoding_utils import serialize_entity_key
+from feast.infra.online_stores.helpers import compute_table_id, extract_text_and_num
 from feast.infra.online_stores.online_store import OnlineStore
 from feast.infra.online_stores.redis import RedisOnlineStore, _versioned_fv_name
 from feast.infra.online_stores.sqlite import SqliteOnlineStore
@@ -60,6 +62,33 @@ def sqlite_connection(online: SqliteOnlineStore, config: RepoConfig) -> sqlite3.
     """The SQLite connection the SQLite online store reads and writes with (opened if needed)."""
     connection: sqlite3.Connection = online._get_conn(config)
     return connection
+
+
+def sqlite_table(config: RepoConfig, view: FeatureView) -> str:
+    """The SQLite online store's table of ``view``, quoted, as Feast names it."""
+    versioned = config.registry.enable_online_feature_view_versioning
+    name = compute_table_id(config.project, view, versioned)
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sqlite_plain_rows(config: RepoConfig) -> bool:
+    """True when the SQLite online store writes a feature's row as (entity_key, feature_name,
+    value, value_text, event_ts, created_ts) and nothing more (no numeric or vector column)."""
+    online = config.online_store
+    extra = ("enable_openai_compatible_store", "vector_enabled")
+    return not any(getattr(online, name, False) for name in extra)
+
+
+def sqlite_entity_key(config: RepoConfig, key: EntityKey) -> bytes:
+    """An entity key as the SQLite online store stores it."""
+    version = config.entity_key_serialization_version
+    return serialize_entity_key(key, entity_key_serialization_version=version)
+
+
+def sqlite_value_text(value: Any) -> str | None:
+    """The ``value_text`` column the SQLite online store writes beside a value."""
+    text, _ = extract_text_and_num(value, False)
+    return text
 
 
 def close_sync_connections(online: OnlineStore) -> None:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import math
 import shutil
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+from feast.protos.feast.types.Value_pb2 import Value
 
 from loadtest.brokers import RedisServer
 from services.domain import featurespec
 from services.domain.featurespec import FeatureStatus
+from services.featurestore import feast_internals
+from services.featurestore.admin import feature_store
 from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.settings import FeatureStoreSettings
 from services.featurestore.writer import OnlineFeatureWriter, Row
@@ -107,3 +112,65 @@ def test_written_rows_read_back_through_both_read_paths(
                     assert event_s == pytest.approx(row.event_s, abs=1.0), name
     finally:
         reader.close()
+
+
+def _rows(settings: FeatureStoreSettings, keys: dict[str, list[bytes]]) -> dict[str, list[Any]]:
+    """Every stored row of the entities ``keys`` names, per view's table, in key order."""
+    store = feature_store(settings)
+    config = store.config
+    connection = sqlite3.connect(settings.online_file)
+    try:
+        out = {}
+        for view, entity_keys in keys.items():
+            table = feast_internals.sqlite_table(config, store.get_feature_view(view))
+            marks = ", ".join("?" * len(entity_keys))
+            out[view] = connection.execute(
+                f"SELECT * FROM {table} WHERE entity_key IN ({marks}) "
+                "ORDER BY entity_key, feature_name",
+                entity_keys,
+            ).fetchall()
+        return out
+    finally:
+        connection.close()
+
+
+def test_sqlite_rows_are_the_rows_feast_writes(prepared_env: Any, tmp_path: Path) -> None:
+    """The writer's own SQLite upserts store, byte for byte, what Feast's ``online_write_batch``
+    stores for the same rows: an update of stored entities, a new one, a null value, integer
+    and floating-point features."""
+    new_card = Row("card-written-2", NOW - 0.25, {**CARD.values, "card_txn_count_1h": 1.0})
+    written = ([CARD, new_card], [MERCHANT], [TERMINAL])
+    stores = []
+    for name, direct in (("ours", True), ("feast", False)):
+        settings = FeatureStoreSettings(
+            var_dir=copy_state(prepared_env.var_dir, tmp_path / name), store="sqlite"
+        )
+        writer = OnlineFeatureWriter(settings)
+        assert writer._sqlite_upserts is not None  # the direct path is the default
+        if not direct:
+            writer._sqlite_upserts = None  # Feast's own online_write_batch
+        writer.write(*written)
+        writer.close()
+        stores.append(settings)
+    config = feature_store(stores[0]).config
+    keys = {
+        view: [
+            feast_internals.sqlite_entity_key(
+                config, EntityKey(join_keys=[key], entity_values=[Value(string_val=row.entity_id)])
+            )
+            for row in rows
+        ]
+        for (view, key), rows in zip(
+            (
+                (featurespec.CARD_VIEW, "card_id"),
+                (featurespec.MERCHANT_VIEW, "merchant_id"),
+                (featurespec.TERMINAL_VIEW, "terminal_id"),
+            ),
+            written,
+            strict=True,
+        )
+    }
+    ours, theirs = (_rows(settings, keys) for settings in stores)
+    assert ours == theirs
+    features = len(featurespec.CARD_FEATURES)
+    assert len(ours[featurespec.CARD_VIEW]) == 2 * features

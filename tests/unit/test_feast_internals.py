@@ -11,6 +11,8 @@ import inspect
 import feast
 import pytest
 from feast import FeatureStore
+from feast.infra import key_encoding_utils
+from feast.infra.online_stores import helpers as feast_helpers
 from feast.infra.online_stores import redis as feast_redis
 from feast.infra.online_stores.redis import RedisOnlineStore
 from feast.infra.online_stores.sqlite import SqliteOnlineStore
@@ -35,6 +37,14 @@ def _parameters(function: object) -> list[str]:
         ),
         (feast_redis, "_versioned_fv_name", ["table", "config"]),
         (SqliteOnlineStore, "_get_conn", ["self", "config"]),
+        # The writer's SQLite rows: the table's name, the key's bytes, the value's text.
+        (feast_helpers, "compute_table_id", ["project", "table", "enable_versioning"]),
+        (feast_helpers, "extract_text_and_num", ["val", "compute_num"]),
+        (
+            key_encoding_utils,
+            "serialize_entity_key",
+            ["entity_key", "entity_key_serialization_version"],
+        ),
     ],
 )
 def test_private_name_exists_with_its_parameters(
