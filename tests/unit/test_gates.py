@@ -136,21 +136,38 @@ class _Timed:
         self.calls += 1
 
 
-def test_one_rounds_preempted_calls_do_not_part_two_identical_models() -> None:
-    # 1.3 % of one model's calls slow, all in one round: over all 3,000 calls its p99 would
-    # be a slow call and the other's a fast one.
+class _SlowRows:
+    """A stand-in model that is slow on the rows whose first value is 1, on every run: a
+    model whose own cost depends on its input."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def predict(self, row: np.ndarray) -> None:
+        if row[0, 0] == 1:
+            time.sleep(self.seconds)
+
+
+def test_preempted_calls_do_not_part_two_identical_models() -> None:
+    # Every 20th call of one model is slow (5 %, four times the share a p99 allows), in every
+    # part of the run: a p99 of single calls would be a slow one.
     warm = 50  # the warm-up calls come first
-    preempted = _Timed(range(warm, warm + 40), 0.005)
+    calls = 3000 * gates.LATENCY_REPEATS
+    preempted = _Timed(range(warm, warm + calls, 20), 0.005)
     steady = _Timed(range(0), 0.0)
     x = np.zeros((10, 3), dtype=np.float32)
     slow, fast = gates._single_row_p99([preempted, steady], [x, x], 3000, seed=1)  # type: ignore[list-item]
     assert slow < 0.001, (slow, fast)
 
 
-def test_a_model_slow_in_every_round_is_slow() -> None:
-    warm = 50
-    always = _Timed(range(warm, warm + 3000, 50), 0.002)  # 2 % of every round
-    steady = _Timed(range(0), 0.0)
-    x = np.zeros((10, 3), dtype=np.float32)
-    slow, fast = gates._single_row_p99([always, steady], [x, x], 3000, seed=1)  # type: ignore[list-item]
+def test_a_model_slow_on_some_rows_is_slow() -> None:
+    # 3 of 100 rows are slow for one model on every run: its p99 is a slow row's.
+    x = np.zeros((100, 3), dtype=np.float32)
+    x[[7, 42, 91], 0] = 1
+    slow, fast = gates._single_row_p99(
+        [_SlowRows(0.002), _SlowRows(0.0)],  # type: ignore[list-item]
+        [x, x],
+        3000,
+        seed=1,
+    )
     assert slow >= 0.002 > 0.001 > fast
