@@ -24,13 +24,11 @@ from services.cli.exits import BAD_INPUT, fail
 from services.cli.policyfile import read_policy_file
 from services.common import filecommit
 from services.common.errors import FraudmeshError
-from services.decisionlog import payments as logged
 from services.decisionlog.settings import DecisionLogSettings
 from services.domain import backtest as domain
 from services.domain import policy as policy_domain
 from services.featurestore.settings import from_env
 from services.models.policies import POLICY_DIR, PolicyStore
-from services.pipelines import backtest as sources
 
 console = Console()
 
@@ -106,6 +104,11 @@ def _reports(
     policy: policy_domain.Policy, source: Source, since: datetime | None,
     until: datetime | None, var_dir: Path | None, log_root: Path | None,
 ) -> dict[str, domain.BacktestReport]:  # fmt: skip
+    # Imported here: the log's reader brings Arrow datasets and pandas, which no other
+    # ``fraudmesh rules`` command needs (services/cli/lazy.py).
+    from services.decisionlog import payments as logged
+    from services.pipelines import backtest as sources
+
     reports: dict[str, domain.BacktestReport] = {}
     try:
         if source in ("log", "both"):

@@ -13,69 +13,83 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import grpc
 import typer
 from rich.console import Console
 
 from services import client
-from services.cli import autopilot as autopilot_cli
-from services.cli import certs as certs_cli
-from services.cli import data as data_cli
-from services.cli import decisions as decisions_cli
-from services.cli import exits
-from services.cli import features as features_cli
-from services.cli import lists as lists_cli
-from services.cli import model as model_cli
-from services.cli import monitor as monitor_cli
-from services.cli import rules as rules_cli
-from services.cli import train as train_cli
-from services.cli import up as up_cli
+from services.cli.lazy import Lazy, LazyGroup
+
+
+class _Commands(LazyGroup):
+    """``fraudmesh``'s commands: each module is imported when its command runs (lazy.py)."""
+
+    lazy: ClassVar[Mapping[str, Lazy]] = {
+        "features": Lazy(
+            "services.cli.features", "app", "Simulate data, apply and materialize Feast."
+        ),
+        "decisions": Lazy(
+            "services.cli.decisions", "app", "Export, follow and compact the decision log."
+        ),
+        "data": Lazy("services.cli.data", "app", "Import your own transaction history."),
+        "model": Lazy(
+            "services.cli.model",
+            "app",
+            "List model versions; shadow, canary, promote, roll back or retire one.",
+        ),
+        "monitor": Lazy(
+            "services.cli.monitor",
+            "app",
+            "Drift, decision rates and live quality of each model version.",
+        ),
+        "lists": Lazy(
+            "services.cli.lists",
+            "app",
+            "Block and allow lists of cards, card prefixes, merchants, terminals "
+            "(docs/controls.md).",
+        ),
+        "rules": Lazy(
+            "services.cli.rules",
+            "app",
+            "Check, publish, promote and roll back the fraud team's policy (docs/controls.md).",
+        ),
+        "train": Lazy(
+            "services.cli.train",
+            "train_command",
+            "Train, evaluate, export to ONNX, check parity and publish a model.",
+        ),
+        "autopilot": Lazy(
+            "services.cli.autopilot",
+            "autopilot_command",
+            "Retrain when due and roll the candidate out through the monitor's gates.",
+        ),
+        "certs": Lazy("services.cli.certs", "certs_command"),
+        "token": Lazy("services.cli.certs", "token_command"),
+        "up": Lazy("services.cli.up", "up"),
+    }
+
 
 app = typer.Typer(
     name="fraudmesh",
-    cls=exits.OneLineErrors,
+    cls=_Commands,
     help="Real-time fraud scoring mesh: Envoy, gateway, Feast features, ONNX scorer.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
-app.add_typer(features_cli.app, name="features", help="Simulate data, apply and materialize Feast.")
-app.add_typer(
-    decisions_cli.app, name="decisions", help="Export, follow and compact the decision log."
-)
-app.add_typer(data_cli.app, name="data", help="Import your own transaction history.")
-app.add_typer(
-    model_cli.app,
-    name="model",
-    help="List model versions; shadow, canary, promote, roll back or retire one.",
-)
-app.add_typer(
-    monitor_cli.app,
-    name="monitor",
-    help="Drift, decision rates and live quality of each model version.",
-)
-app.add_typer(
-    lists_cli.app,
-    name="lists",
-    help="Block and allow lists of cards, card prefixes, merchants, terminals (docs/controls.md).",
-)
-app.add_typer(
-    rules_cli.app,
-    name="rules",
-    help="Check, publish, promote and roll back the fraud team's policy (docs/controls.md).",
-)
-app.command("train", help="Train, evaluate, export to ONNX, check parity and publish a model.")(
-    train_cli.train_command
-)
-app.command(
-    "autopilot", help="Retrain when due and roll the candidate out through the monitor's gates."
-)(autopilot_cli.autopilot_command)
-app.command("certs")(certs_cli.certs_command)
-app.command("token")(certs_cli.token_command)
-app.command()(up_cli.up)
+
+
+@app.callback()
+def _root() -> None:
+    # Makes the app a group however few of its commands are eager: Typer runs an app of one
+    # command and no callback as that command.
+    pass
+
+
 console = Console()
 
 

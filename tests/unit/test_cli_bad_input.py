@@ -242,7 +242,11 @@ def _paths(command: object, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[
     if isinstance(command, TyperGroup):
         if path:
             yield path, True
-        for name, sub in command.commands.items():
+        # Through the group's lookup: the root imports its commands' modules on first use.
+        ctx = typer.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, (path, name)
             yield from _paths(sub, (*path, name))
     else:
         yield path, False
