@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,30 @@ def test_a_lane_starts_once_the_lanes_it_waits_for_have_ended(
     }
     assert started["timing"] >= started["rest"] + 1.5
     assert abs(started["rest"] - started["static"]) < 1.0
+
+
+def _go_sources() -> Iterator[Path]:
+    """The repository's Go files, not walking into build/ (the image lane's root file system
+    is there), virtual environments, node_modules or .git."""
+    skipped = {"build", ".venv", "node_modules", ".git"}
+    for folder, subfolders, files in os.walk(run.REPO):
+        if Path(folder) == run.REPO:
+            subfolders[:] = [d for d in subfolders if d not in skipped]
+        yield from (
+            Path(folder) / name for name in files if name.endswith(".go") or name == "go.mod"
+        )
+
+
+def test_the_go_checks_cover_every_package_of_the_root_module() -> None:
+    makefile = (run.REPO / "Makefile").read_text()
+    declared = re.search(r"^GO_PACKAGES := (.+)$", makefile, re.MULTILINE)
+    assert declared is not None and tuple(declared.group(1).split()) == run.GO_PACKAGES
+    roots = [run.REPO / pattern.removesuffix("/...") for pattern in run.GO_PACKAGES]
+    found = list(_go_sources())
+    other_modules = {p.parent for p in found if p.name == "go.mod" and p.parent != run.REPO}
+    sources = [p for p in found if p.suffix == ".go"]
+    assert sources
+    for source in sources:
+        if any(module in source.parents for module in other_modules):
+            continue
+        assert any(root in source.parents for root in roots), source.relative_to(run.REPO)
