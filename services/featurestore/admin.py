@@ -22,7 +22,7 @@ from feast import FeatureService, FeatureStore, RepoConfig
 from feast.errors import FeatureServiceNotFoundException, FeatureViewNotFoundException
 
 from services.common.errors import FailedPrecondition
-from services.featurestore import layout, offline
+from services.featurestore import layout
 from services.featurestore.repo import definitions
 from services.featurestore.settings import FeatureStoreSettings
 
@@ -39,6 +39,9 @@ OBJECTS = (
     definitions.fraud_scoring,
 )
 """Every Feast object of the repo, as ``apply`` registers them."""
+
+OFFLINE_STORE_TYPE = "services.featurestore.offline.AsofFileOfflineStore"
+"""``offline.STORE_TYPE``, named without importing the store (it imports Dask)."""
 
 VIEW_NAMES = (
     definitions.card_features.name,
@@ -75,7 +78,10 @@ def repo_config(settings: FeatureStoreSettings, skip_dedup: bool = False) -> Rep
             "cache_ttl_seconds": 0,
         },
         online_store=online,
-        offline_store={"type": offline.STORE_TYPE},
+        # By name, not as a dict: Feast validates a dict at once, importing the store (Dask
+        # and pandas' groupby), which the online readers and writers never use; a name is
+        # resolved when the offline store is first used.
+        offline_store=OFFLINE_STORE_TYPE,
         entity_key_serialization_version=3,
         repo_path=settings.data_path.resolve(),
     )
@@ -91,7 +97,7 @@ def write_feature_store_yaml(settings: FeatureStoreSettings) -> Path:
         "provider": config.provider,
         "registry": config.registry_config,
         "online_store": config.online_config,
-        "offline_store": config.offline_config,
+        "offline_store": {"type": OFFLINE_STORE_TYPE},
         "entity_key_serialization_version": config.entity_key_serialization_version,
     }
     path = data_dir / "feature_store.yaml"

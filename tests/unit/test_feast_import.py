@@ -35,3 +35,30 @@ def test_feast_through_the_feature_store_package_is_not_instrumented() -> None:
 
 def test_feast_alone_is_instrumented_so_the_probe_can_tell() -> None:
     assert _probe("feast") == "instrumented"
+
+
+OFFLINE_PROBE = """
+import sys
+from services.featurestore import admin
+from services.featurestore.settings import FeatureStoreSettings
+store = admin.feature_store(FeatureStoreSettings(var_dir=sys.argv[1]))
+print("dask" if any(m.split(".")[0] == "dask" for m in sys.modules) else "no dask")
+print(type(store.config.offline_store).__name__)
+print("dask" if any(m.split(".")[0] == "dask" for m in sys.modules) else "no dask")
+"""
+
+
+def test_a_feature_store_imports_the_offline_store_only_when_it_is_used(tmp_path: Path) -> None:
+    # The online readers and writers (feature service, updater, gateways in process) build a
+    # FeatureStore and never query the offline store: its Dask import would cost each start.
+    lines = subprocess.run(
+        [sys.executable, "-c", OFFLINE_PROBE, str(tmp_path / "var")],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.split()  # fmt: skip
+    assert lines == ["no", "dask", "AsofFileOfflineStoreConfig", "dask"]
+
+
+def test_the_offline_store_is_named_as_the_store_names_itself() -> None:
+    from services.featurestore import admin, offline
+
+    assert admin.OFFLINE_STORE_TYPE == offline.STORE_TYPE
