@@ -22,7 +22,6 @@ import redis
 
 from fraud.v1 import events_pb2
 from services.common.errors import FraudmeshError, InvalidArgument
-from services.decisionlog import payments
 from services.domain import backtest as backtest_domain
 from services.domain import policy as policy_domain
 from services.domain.lists import ListEntry, ListKind, ListName, parse_kind, parse_list
@@ -326,6 +325,10 @@ class Controls:
         holds no decision or no outcome in that window."""
         if self.decisions_root is None:
             raise ControlsUnavailable("this console reads no decision log")
+        # Imported on the first backtest (in a worker thread): the log's reader brings pandas
+        # and Arrow datasets, two seconds of CPU at every console start otherwise.
+        from services.decisionlog import payments
+
         policy = policy_domain.load(self.policy.text(version), version)
         rows, _ = payments.from_log(self.decisions_root, since=now - timedelta(days=days))
         return backtest_domain.backtest(policy, rows)
