@@ -106,8 +106,9 @@ class RolloutPlan(BaseModel):
     step_started_at: datetime | None = Field(None, description="None: not started yet.")
     window_from: datetime | None = Field(
         None,
-        description="Shadow gate: the start of its window, the first whole slice after the "
-        "shadow's first score (before it, the gateways were still loading it).",
+        description="The start of the current gate's window: the first whole slice after the "
+        "shadow's first score (before it, the gateways were still loading it), or after the "
+        "canary step's first routed call (before it, live took every call).",
     )
     outcome: RolloutEnd | None = None
     reason: str = ""

@@ -369,9 +369,7 @@ class RolloutController:
                 return
             # The gateways score with it now: the window starts at the next whole slice,
             # so that every live answer in it had the shadow's chance to be scored.
-            now = self._clock().timestamp()
-            start = (now // self.slice_s + 1) * self.slice_s
-            plan.window_from = datetime.fromtimestamp(start, UTC)
+            plan.window_from = self._next_slice()
             return
         since = plan.window_from.timestamp()
         shadow = engine.window(plan.version, ("shadow",), since)
@@ -392,6 +390,22 @@ class RolloutController:
             return
         plan.phase, plan.step, plan.step_started_at = Phase.CANARY, 0, None
         self._canary(plan, VersionState.SHADOW)
+
+    def _next_slice(self) -> datetime:
+        """The start of the next whole slice."""
+        now = self._clock().timestamp()
+        return datetime.fromtimestamp((now // self.slice_s + 1) * self.slice_s, UTC)
+
+    def _too_few(self, plan: RolloutPlan, label: str, routed: int, live: int) -> None:
+        """Rolls the canary back once the step's time is up without its decisions."""
+        if self._elapsed(plan) > plan.step_max_seconds:
+            self._stop(
+                plan,
+                RolloutEnd.ROLLED_BACK,
+                f"rolled back at {label}: {routed} canary and {live} live decisions in "
+                f"{plan.step_max_seconds:g} s, fewer than the {plan.step_min_decisions} a "
+                "step needs to be judged",
+            )
 
     def _too_slow(self, plan: RolloutPlan, decisions: int) -> None:
         """Fails the shadow gate once its time is up without its decisions."""
@@ -420,17 +434,28 @@ class RolloutController:
             except FraudmeshError as error:
                 self._finish(plan, RolloutEnd.STOPPED, f"{label} refused: {error.message}")
                 return
-            plan.step_started_at = self._clock()
+            plan.step_started_at, plan.window_from = self._clock(), None
             return
         if state is not VersionState.CANARY:
             # The gateways' own safety net rolled it back (the version is then retired and
             # seen above), or an operator moved it: the rollout does not fight either.
             self._finish(plan, RolloutEnd.STOPPED, f"v{plan.version} left its canary ({state})")
             return
-        since = self._since(plan)
         engine = self.engine
-        canary = engine.window(plan.version, ("canary",), since)
         live_version = self.lifecycle.read().routing.live or ""
+        if plan.window_from is None:
+            first = engine.window(plan.version, ("canary",), self._since(plan))
+            if first.decisions + first.failed == 0:
+                self._too_few(plan, label, 0, 0)
+                return
+            # The gateways route its share now: the window starts at the next whole slice,
+            # so that both arms' decisions in it were made with the split in force. Live's
+            # decisions of the slices before it are older traffic, which need not score
+            # like the canary's share of the traffic since.
+            plan.window_from = self._next_slice()
+            return
+        since = plan.window_from.timestamp()
+        canary = engine.window(plan.version, ("canary",), since)
         live = engine.window(live_version, ("live",), since)
         rules = tally.merged(
             engine.window(v, ("live",), since)
@@ -439,14 +464,7 @@ class RolloutController:
         )
         routed = canary.decisions + canary.failed
         if min(routed, live.decisions) < plan.step_min_decisions:
-            if self._elapsed(plan) > plan.step_max_seconds:
-                self._stop(
-                    plan,
-                    RolloutEnd.ROLLED_BACK,
-                    f"rolled back at {label}: {routed} canary and {live.decisions} live "
-                    f"decisions in {plan.step_max_seconds:g} s, fewer than the "
-                    f"{plan.step_min_decisions} a step needs to be judged",
-                )
+            self._too_few(plan, label, routed, live.decisions)
             return
         quality = engine.evaluation(plan.version)["matured"]
         live_quality = engine.evaluation(live_version)["matured"] if live_version else None

@@ -140,6 +140,9 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.windows: dict[tuple[str, str], Tally] = {}
+        """Counts in every window, whatever its start."""
+        self.slices: list[tuple[str, str, float, Tally]] = []
+        """Counts of a slice (version, arm, its start), in the windows that start by then."""
 
     def window(
         self,
@@ -148,7 +151,12 @@ class FakeEngine:
         since_s: float | None = None,
         until_s: float | None = None,
     ) -> Tally:
-        return tally.merged(self.windows.get((version, a), Tally()) for a in arms)
+        timed = [
+            counts
+            for v, a, start, counts in self.slices
+            if v == version and a in arms and (since_s is None or start >= since_s)
+        ]
+        return tally.merged([*(self.windows.get((version, a), Tally()) for a in arms), *timed])
 
     def versions(self, since_s: float, arms: Sequence[str] = ("live",)) -> set[str]:
         return {v for v, a in self.windows if a in arms}
@@ -210,9 +218,12 @@ def test_a_good_candidate_is_promoted_step_by_step_and_resumes_after_a_restart(
     controller.tick()  # no decisions yet: waits
     assert plans.read().step == 0  # type: ignore[union-attr]
     engine.windows = {(version, "canary"): arm(400, 1), ("1", "live"): arm(4000, 2)}
+    controller.tick()  # the canary's first calls: the window starts at the next whole slice
+    assert lifecycle.read().routing.canary.percent == 10  # type: ignore[union-attr]
     controller.tick()
     assert lifecycle.read().routing.canary.percent == 50  # type: ignore[union-attr]
     # A new controller (the monitor restarted) carries on from the file.
+    _controller(lifecycle, plans, engine, clock).tick()
     _controller(lifecycle, plans, engine, clock).tick()
     plan = plans.read()
     assert plan is not None
@@ -236,6 +247,7 @@ def test_higher_thresholds_are_rolled_back_at_the_first_step_naming_the_rates(
     controller.tick()
     engine.windows = {(version, "canary"): arm(400, 1, 0.7, 0.95), ("1", "live"): arm(4000, 2)}
     controller.tick()
+    controller.tick()
     plan = plans.read()
     assert plan is not None and plan.outcome is RolloutEnd.ROLLED_BACK
     assert plan.reason.startswith("rolled back at canary 10%: approve rate")
@@ -253,8 +265,8 @@ def test_a_step_without_enough_traffic_rolls_back_and_approval_holds_the_last_st
     controller = _controller(lifecycle, plans, engine, clock)
     controller.tick()
     engine.windows = {(version, "canary"): arm(400, 1), ("1", "live"): arm(4000, 2)}
-    controller.tick()
-    controller.tick()
+    for _ in range(4):  # each step: its window's start, then its verdict
+        controller.tick()
     plan = plans.read()
     assert plan is not None and plan.phase is Phase.APPROVAL
     assert lifecycle.read().versions[version].state is VersionState.CANARY
@@ -264,6 +276,7 @@ def test_a_step_without_enough_traffic_rolls_back_and_approval_holds_the_last_st
     plans.write(_plan(v3))
     controller.tick()
     engine.windows = {(v3, "canary"): arm(50, 1), (version, "live"): arm(4000, 2)}
+    controller.tick()
     clock.now += timedelta(seconds=61)
     controller.tick()
     plan = plans.read()
@@ -305,3 +318,44 @@ def test_a_step_of_1000_decisions_resolves_the_rates_the_docs_say() -> None:
     assert fails(85, 5000) and not fails(84, 5000)
     assert fails(20, 5000) and not fails(21, 5000)
     assert fails(980, 95_000) and not fails(979, 95_000)
+
+
+def test_a_canary_step_judges_live_from_when_the_split_was_in_force(
+    setup: tuple[ModelLifecycle, RolloutFile, str],
+) -> None:
+    # The step starts mid-slice and the gateways follow the routing a poll later: live's
+    # calls of that slice came before the split. On traffic whose scores move (cards calling
+    # again and again), they part two arms that serve the very same model.
+    lifecycle, plans, version = setup
+    plans.write(_plan(version, steps=[50.0, 100.0]))
+    engine, clock = FakeEngine(), Clock()
+    clock.now += timedelta(seconds=0.4)
+    controller = _controller(lifecycle, plans, engine, clock)
+    controller.tick()  # the step starts
+    started = clock.now.timestamp() // 1
+    engine.slices = [
+        ("1", "live", started, arm(2000, 7, power=0.4)),  # before the split
+        (version, "canary", started, arm(20, 8)),  # its first calls
+    ]
+    clock.now += timedelta(seconds=0.3)
+    controller.tick()
+    plan = plans.read()
+    assert plan is not None and not plan.results
+    assert plan.window_from == datetime.fromtimestamp(started + 1, UTC)
+    engine.slices += [
+        ("1", "live", started + 1, arm(800, 1)),
+        (version, "canary", started + 1, arm(800, 2)),
+    ]
+    # Judged from the step's own slice, the calls before the split would stop it:
+    whole = judge_canary(
+        engine.window(version, ("canary",), started),
+        engine.window("1", ("live",), started),
+        Tally(),
+        POLICY,
+    )
+    assert "score PSI" in _failed(whole)
+    clock.now += timedelta(seconds=1)
+    controller.tick()
+    plan = plans.read()
+    assert plan is not None and plan.outcome is RolloutEnd.PROMOTED, plan.reason
+    assert [r.step for r in plan.results] == ["canary 50%"]
