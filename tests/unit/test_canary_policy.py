@@ -123,6 +123,7 @@ def test_a_rollout_s_policy_overrides_the_monitor_s(
     controller = RolloutController(engine, lifecycle, plans, slice_s=1, clock=clock)
     controller.tick()
     engine.windows = {(version, "canary"): arm(400, 1, 0.7, 0.95), ("1", "live"): arm(4000, 2)}
+    controller.tick()  # the canary's first calls: its window starts at the next whole slice
     controller.tick()
     plan = plans.read()
     assert plan is not None and plan.outcome is RolloutEnd.PROMOTED, plan and plan.reason

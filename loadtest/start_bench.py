@@ -1,0 +1,155 @@
+"""What starting a mesh costs: this checkout against another, in turns.
+
+A mesh start is CPU-bound on a small machine: each Python service imports its libraries
+(Feast, ONNX Runtime, Arrow) and warms up before it answers, and the test suite starts
+dozens of meshes a run. Each round starts the services of ``fraudmesh up`` on two cores (two
+gateways reading the store and running the model in process, one of every other service;
+not the observability stack, whose programs are not Python) on
+``--var-dir`` from this checkout and from ``--before`` (another checkout, run with this
+virtual environment, its own folder first on the path), in alternating order, and records
+the time until every process is ready and each process's CPU time (user + system) by then.
+
+Run with ``python -m loadtest.start_bench --before ../earlier-checkout --var-dir var``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadtest import provenance
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEM = "mesh-start"
+
+PROBE = """
+import json, sys, tempfile, time
+from pathlib import Path
+import psutil
+from services.mesh import Mesh, MeshConfig
+config = MeshConfig.on_free_ports(
+    var_dir=Path(sys.argv[1]), log_dir=Path(tempfile.mkdtemp()),
+    gateway_replicas=2, gateway_in_process=True,
+)
+mesh = Mesh(config)
+started = time.monotonic()
+mesh.start(timeout_s=180)
+ready_s = time.monotonic() - started
+cpu = {}
+try:
+    for name, process in mesh.processes.items():
+        times = psutil.Process(process.pid).cpu_times()
+        cpu[name] = times.user + times.system + times.children_user + times.children_system
+finally:
+    mesh.stop()
+print(json.dumps({"ready_s": ready_s, "cpu_s": cpu}))
+"""
+"""Runs in the checkout measured: only the mesh API both sides have."""
+
+
+def _start(checkout: Path, var_dir: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(var_dir)],
+        cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"a mesh start in {checkout} failed: {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure(before: Path, after: Path, var_dir: Path, rounds: int) -> dict[str, Any]:
+    """Each side's starts, alternating which goes first."""
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    for r in range(rounds):
+        order = [("before", before), ("after", after)]
+        for side, checkout in order if r % 2 == 0 else order[::-1]:
+            runs[side].append(_start(checkout, var_dir))
+    summary: dict[str, Any] = {}
+    for side, starts in runs.items():
+        totals = [sum(s["cpu_s"].values()) for s in starts]
+        names = sorted({n for s in starts for n in s["cpu_s"]})
+        summary[side] = {
+            "cpu_s_median": round(statistics.median(totals), 2),
+            "ready_s_median": round(statistics.median(s["ready_s"] for s in starts), 2),
+            "cpu_s_by_process_median": {
+                n: round(statistics.median(s["cpu_s"].get(n, 0.0) for s in starts), 2)
+                for n in names
+            },
+        }
+    ratios = [
+        sum(a["cpu_s"].values()) / sum(b["cpu_s"].values())
+        for a, b in zip(runs["after"], runs["before"], strict=True)
+    ]
+    return {
+        "rounds": rounds,
+        "before": _commit(before),
+        "runs": runs,
+        "summary": summary,
+        "cpu_ratio_median": round(statistics.median(ratios), 3),
+        "cpu_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+    }
+
+
+def _commit(checkout: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    before, after = result["summary"]["before"], result["summary"]["after"]
+    low, high = result["cpu_ratio_range"]
+    names = sorted(set(before["cpu_s_by_process_median"]) | set(after["cpu_s_by_process_median"]))
+    lines = [
+        "# A mesh start: this checkout against another",
+        "",
+        f"Before: commit {result['before']}. {result['rounds']} rounds, sides alternating; the "
+        "services of `fraudmesh up` on two cores (two gateways in process, one of every other "
+        "service, no observability stack); medians of the rounds.",
+        "",
+        "| | CPU s until ready | ready after s |",
+        "|---|---:|---:|",
+        f"| before | {before['cpu_s_median']:.2f} | {before['ready_s_median']:.2f} |",
+        f"| after | {after['cpu_s_median']:.2f} | {after['ready_s_median']:.2f} |",
+        "",
+        f"CPU ratio (median of the rounds' ratios): {result['cpu_ratio_median']:.2f}× "
+        f"({low:.2f}–{high:.2f}).",
+        "",
+        "| process | CPU s before | CPU s after |",
+        "|---|---:|---:|",
+    ]
+    for name in names:
+        lines.append(
+            f"| {name} | {before['cpu_s_by_process_median'].get(name, 0.0):.2f} "
+            f"| {after['cpu_s_by_process_median'].get(name, 0.0):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measures and writes the results files."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="another checkout")
+    parser.add_argument("--var-dir", type=Path, required=True, help="prepared state (make data)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    after = Path(__file__).resolve().parent.parent
+    result = measure(args.before.resolve(), after, args.var_dir.resolve(), args.rounds)
+    text = _markdown(result)
+    paths = provenance.write(RESULTS / STEM, result, text, provenance.record())
+    print(text)
+    print("written:", *paths)
+
+
+if __name__ == "__main__":
+    main()
