@@ -93,25 +93,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         with socket.socket() as sock:  # a narrowed-down range: the kernel's choice it is
             sock.bind((host, 0))
             return int(sock.getsockname()[1])
-    PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
     span = ceiling - PORT_FLOOR
     start = random.randrange(span)
     for step in range(span):
         port = PORT_FLOOR + (start + step) % span
-        if port in _reserved:
-            continue
-        lock = open(PORT_LOCK_DIR / str(port), "ab")  # noqa: SIM115 - held until exit
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.close()
-            continue
-        if not _binds(host, port):
-            lock.close()
-            continue
-        _reserved[port] = lock
-        return port
+        if port not in _reserved and reserve_port(port, host):
+            return port
     raise RuntimeError(f"no free port between {PORT_FLOOR} and {ceiling}")
+
+
+def reserve_port(port: int, host: str = "127.0.0.1") -> bool:
+    """Reserves ``port`` as ``free_port`` reserves the ports it hands out (a lock on its own
+    file, held by this process until it exits), if no other caller holds it and it binds
+    now: for a port derived from another (a replica's, a fixed step above its part's), which
+    a free-port check alone leaves to the next caller of ``free_port`` elsewhere. True if
+    this process holds it."""
+    if port in _reserved:
+        return True
+    PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(PORT_LOCK_DIR / str(port), "ab")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return False
+    if not _binds(host, port):
+        lock.close()
+        return False
+    _reserved[port] = lock
+    return True
 
 
 def grpc_serving(target: str, timeout_s: float = 0.5, service: str = "") -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
+from services.mesh.process import reserve_port
 from tests.timeouts import register_logs
 
 T = TypeVar("T")
@@ -235,23 +235,16 @@ def up_ports(
     names: tuple[str, ...], replicated: tuple[str, ...], step: int = 100
 ) -> dict[str, int]:
     """Free ports for ``fraudmesh up``'s ``--<name>-port`` options; for a part in
-    ``replicated`` one whose replicas' ports (``--replica-port-step`` apart) are free too."""
+    ``replicated`` one whose replica's port (``--replica-port-step`` above it) is reserved
+    too: only checked free, another test's ``free_port`` could take it before the replica
+    binds it (a fresh-clone run's ``fraudmesh up`` lost its second gateway so)."""
     ports: dict[str, int] = {}
     for name in names:
         port = free_port()
-        while name in replicated and not _free(port + step):
+        while name in replicated and not reserve_port(port + step):
             port = free_port()
         ports[name] = port
     return ports
-
-
-def _free(port: int) -> bool:
-    try:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", port))
-    except OSError:
-        return False
-    return True
 
 
 def go_tool(name: str) -> str:

@@ -155,3 +155,28 @@ def test_a_free_port_is_one_nothing_listens_on(monkeypatch: pytest.MonkeyPatch) 
         port = process.free_port()
         assert port != taken
         assert process.PORT_FLOOR <= port < process._ephemeral_floor()
+
+
+def test_a_reserved_port_is_held_from_other_processes_free_port() -> None:
+    from services.mesh.process import _reserved, free_port, reserve_port
+
+    # A port derived from another (a replica's, a step above its part's), reserved here.
+    base = free_port()
+    derived = base + 100
+    while not reserve_port(derived):
+        base = free_port()
+        derived = base + 100
+    assert derived in _reserved and reserve_port(derived)
+    # Another process whose search starts at that very port passes over it.
+    code = textwrap.dedent(
+        f"""
+        from services.mesh import process
+        process.random.randrange = lambda _: {derived} - process.PORT_FLOOR
+        print(process.free_port())
+        """
+    )
+    theirs = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert theirs.returncode == 0, theirs.stderr
+    assert int(theirs.stdout) not in (derived, base)
