@@ -89,15 +89,7 @@ def measure(before: Path, after: Path, rounds: int) -> dict[str, Any]:
                     "cpu_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
                 }
             )
-    return {"rounds": rounds, "before": _commit(before), "rows": rows}
-
-
-def _commit(checkout: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout.strip() or "unknown"
+    return {"rounds": rounds, "before": provenance.git_commit(before), "rows": rows}
 
 
 def _markdown(result: dict[str, Any]) -> str:

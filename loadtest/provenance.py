@@ -55,14 +55,15 @@ class Provenance:
         return asdict(self)
 
 
-def git_commit() -> str:
-    """The short hash of this checkout's HEAD, or ``unknown`` outside a git checkout."""
+def git_commit(checkout: Path = REPO_ROOT) -> str:
+    """The short hash of ``checkout``'s HEAD (this one by default), or ``unknown`` outside a
+    git checkout."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
-            cwd=REPO_ROOT,
+            cwd=checkout,
             timeout=5,
             check=True,
         )

@@ -90,20 +90,12 @@ def measure(before: Path, after: Path, var_dir: Path, rounds: int) -> dict[str, 
     ]
     return {
         "rounds": rounds,
-        "before": _commit(before),
+        "before": provenance.git_commit(before),
         "runs": runs,
         "summary": summary,
         "cpu_ratio_median": round(statistics.median(ratios), 3),
         "cpu_ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
     }
-
-
-def _commit(checkout: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout.strip() or "unknown"
 
 
 def _markdown(result: dict[str, Any]) -> str:
