@@ -129,16 +129,20 @@ class Lane:
         return (self.ended or time.monotonic()) - self.began
 
 
-def _order_by_last_run(modules: list[Path]) -> list[Path]:
-    """Longest first by the last run's durations, where there are some: pytest-xdist hands
-    out modules in the order given, and a long one started last ends the run late."""
+def _order_by_last_run(
+    modules: list[Path], last: Path = RESULTS / "durations.json", kept: Path = COMMITTED_DURATIONS
+) -> list[Path]:
+    """Longest first by the last run's durations (in a fresh clone, which has none, the run
+    kept in the repository): pytest-xdist hands out modules in the order given, and a long
+    one started last ends the run late. A module neither names goes last."""
     known: dict[str, float] = {}
-    last = RESULTS / "durations.json"
-    if last.exists():
+    for source in (last, kept):
         try:
-            known = json.loads(last.read_text()).get("modules", {})
+            known = json.loads(source.read_text()).get("modules", {})
         except (OSError, ValueError):
-            known = {}
+            continue
+        if known:
+            break
     return sorted(modules, key=lambda p: -known.get(str(p.relative_to(REPO)), 0.0))
 
 

@@ -8,6 +8,7 @@ up, close); ``serve`` does the rest the same way for all three services.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -121,6 +122,8 @@ class Runtime:
         )
         self.port = 0
         self.stopping = asyncio.Event()
+        self.undrained = asyncio.Event()
+        """Set when nothing routes calls here any more (SIGINT): the drain is cut short."""
         self._names: list[str] = []
         self._follower: asyncio.Task[None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
@@ -178,6 +181,11 @@ class Runtime:
                 )
             await asyncio.sleep(READINESS_INTERVAL_S)
 
+    def stop_undrained(self) -> None:
+        """Stops without (the rest of) the drain: nothing routes calls here any more."""
+        self.undrained.set()
+        self.stopping.set()
+
     async def stop(self) -> None:
         """Ordered shutdown: NOT_SERVING, let health checks notice, drain, stop, close."""
         for task in (self._follower, self._loop_lag):
@@ -186,8 +194,11 @@ class Runtime:
         if self._gc_pauses is not None:
             self._gc_pauses.uninstall()
         await self.health.enter_graceful_shutdown()
-        log.info("draining", extra={"drain_seconds": self.settings.drain_seconds})
-        await asyncio.sleep(self.settings.drain_seconds)
+        if not self.undrained.is_set():
+            log.info("draining", extra={"drain_seconds": self.settings.drain_seconds})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.undrained.wait(), self.settings.drain_seconds)
+                log.info("drain cut short: nothing routes calls here any more")
         await self.server.stop(self.settings.grace_seconds)
         await self.service.close()
         telemetry.shutdown()
@@ -197,8 +208,8 @@ class Runtime:
 async def _run(settings: ServerSettings, service: Service) -> None:
     runtime = Runtime(settings, service)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runtime.stopping.set)
+    loop.add_signal_handler(signal.SIGTERM, runtime.stopping.set)
+    loop.add_signal_handler(signal.SIGINT, runtime.stop_undrained)
     await runtime.start()
     await runtime.stopping.wait()
     await runtime.stop()
@@ -212,7 +223,10 @@ def trace_plan(name: str, settings: ServerSettings) -> telemetry.TracePlan:
 
 
 def serve(settings: ServerSettings, service: Service) -> None:
-    """Runs ``service`` until SIGTERM or SIGINT, then shuts it down in order."""
+    """Runs ``service`` until SIGTERM or SIGINT, then shuts it down in order: SIGTERM first
+    drains (NOT_SERVING for ``drain_seconds``, so that routers go elsewhere); SIGINT, at once
+    or during that drain, says nothing routes here any more and cuts it short. Calls in
+    flight get ``grace_seconds`` either way."""
     logs.configure(service.name, settings.log_level, settings.log_json)
     telemetry.configure(trace_plan(service.name, settings))
     if settings.metrics_port is not None:

@@ -153,6 +153,10 @@ def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+TERMINATE = signal.SIGTERM
+"""What a stop sends unless told otherwise."""
+
+
 @dataclass
 class Process:
     """One child process of the mesh, with its readiness probe and log file."""
@@ -239,13 +243,14 @@ class Process:
             self.popen.kill()
             self.popen.wait(5)
 
-    def stop(self, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL if it will not go; returns the exit status."""
+    def stop(self, timeout_s: float = 15.0, sig: int = TERMINATE) -> int | None:
+        """``sig``, wait, then SIGKILL if it will not go; returns the exit status. A service
+        drains on SIGTERM and stops without draining on SIGINT (``services.common.server``)."""
         self.expected = False
         if self.popen is None:
             return None
         if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
+            self.popen.send_signal(sig)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:

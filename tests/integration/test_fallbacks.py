@@ -116,5 +116,27 @@ def test_sigterm_drains_and_exits_cleanly(faulty: Mesh) -> None:
     process.signal(signal.SIGTERM)
     assert process.popen is not None
     assert process.popen.wait(30) == 0
-    assert '"msg": "stopped"' in process.log_tail(10)
+    tail = process.log_tail(10)
+    assert '"msg": "draining"' in tail and '"msg": "stopped"' in tail
+    assert "drain cut short" not in tail
+    faulty.restart("gateway")
+
+
+def test_sigint_during_the_drain_cuts_it_short(faulty: Mesh) -> None:
+    """What the mesh sends the services behind its stopped Envoys: nothing routes there."""
+    process = faulty.processes["gateway"]
+    assert process.log_path is not None
+
+    def drains() -> int:
+        return process.log_path.read_text(errors="replace").count('"msg": "draining"')  # type: ignore[union-attr]
+
+    before = drains()
+    process.signal(signal.SIGTERM)
+    # The log is the process's across restarts: wait for this stop's drain.
+    assert _until(lambda: drains() > before, 10.0)
+    process.signal(signal.SIGINT)
+    assert process.popen is not None
+    assert process.popen.wait(30) == 0
+    tail = process.log_tail(3)
+    assert "drain cut short" in tail and '"msg": "stopped"' in tail
     faulty.restart("gateway")

@@ -162,3 +162,16 @@ def test_the_go_checks_cover_every_package_of_the_root_module() -> None:
         if any(module in source.parents for module in other_modules):
             continue
         assert any(root in source.parents for root in roots), source.relative_to(run.REPO)
+
+
+def test_a_fresh_clone_orders_the_modules_by_the_run_kept_in_the_repository(
+    tmp_path: Path,
+) -> None:
+    modules = [lanes.TESTS / "unit", *lanes.rest_modules()]
+    kept = json.loads(run.COMMITTED_DURATIONS.read_text())["modules"]
+    ordered = run._order_by_last_run(modules, last=tmp_path / "none.json")
+    seconds = [kept.get(str(p.relative_to(run.REPO)), 0.0) for p in ordered]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0
+    last = tmp_path / "durations.json"
+    last.write_text(json.dumps({"modules": {"tests/integration/test_mesh.py": 1e6}}))
+    assert run._order_by_last_run(modules, last=last)[0] == lanes.INTEGRATION / "test_mesh.py"

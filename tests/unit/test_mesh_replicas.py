@@ -3,6 +3,8 @@ and the ports ``fraudmesh up`` gives them."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from services.common.settings import from_mapping
 from services.gateway.settings import GatewaySettings
 from services.mesh import Mesh, MeshConfig
 from services.mesh.config import replicas_target
+from services.mesh.process import TERMINATE
 
 
 def _config(tmp_path: Path, **replicas: tuple[int, ...]) -> MeshConfig:
@@ -78,3 +81,31 @@ def test_free_ports_for_every_replica() -> None:
     ]
     assert len(ports) == 8
     assert len(set(ports)) == len(ports)
+
+
+def test_a_whole_stop_drains_only_at_the_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Envoys stop first and drain (SIGTERM); the services behind them then get SIGINT,
+    which skips their drain, since nothing routes calls to them any more."""
+    config = _config(tmp_path, extra_gateway_ports=(50151,), extra_features_ports=(50152,))
+    mesh = Mesh(config)
+    sent: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    for process in mesh.processes.values():
+
+        def stop(timeout_s: float = 15.0, sig: int = TERMINATE, name: str = process.name) -> None:
+            with lock:
+                sent.append((name, sig))
+
+        monkeypatch.setattr(process, "stop", stop)
+    mesh.stop()
+    order = [name for name, _ in sent]
+    assert order.index("envoy") < min(order.index(n) for n in ("gateway", "gateway-2"))
+    assert max(order.index(n) for n in ("gateway", "gateway-2")) < order.index("features")
+    signals = dict(sent)
+    assert signals["envoy"] == signal.SIGTERM
+    for name in ("gateway", "gateway-2", "features", "features-2", "scorer"):
+        assert signals[name] == signal.SIGINT, name
+    others = set(signals) - {"envoy", "gateway", "gateway-2", "features", "features-2", "scorer"}
+    assert others and all(signals[name] == signal.SIGTERM for name in others), signals
