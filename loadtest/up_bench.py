@@ -1,0 +1,283 @@
+"""The default ``fraudmesh up`` of this checkout against another's, side by side under load.
+
+Each checkout runs its own ``fraudmesh up`` with its own defaults (what a user gets without
+flags: the topology it sizes, the observability stack, the live loop) on its own prepared
+state (``--var-dir`` and ``--before-var-dir``, each copied afresh for every mesh: dataset,
+registry, online store and models, no live-loop state). The sides take turns, the order
+alternating round by round. Once a mesh answers, ghz (open loop, ``--async``, a 42 ms
+deadline, every request a new transaction of the dataset's cards and merchants with a
+timestamp of now) drives each rate of ``--rates`` for ``--seconds`` after a short warm-up;
+the CPU time (user + system) of ``fraudmesh up`` and every process under it is read before
+and after each step. Reported per side and rate, medians over the rounds: CPU ms per Score of
+the whole tree, p50/p99, the share of calls failed or late (over 42 ms), and the errors by
+status; and the ratio of this checkout's CPU per Score to the other's, round by round.
+
+Run with ``python -m loadtest.up_bench --before ../landed --before-var-dir ../landed/var``;
+report: ``loadtest/results/up-default.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadtest import data, ghz, provenance, runner
+from services.mesh.process import free_port, reserve_port
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEM = "up-default"
+BUDGET_MS = 42.0
+PORTS = (
+    "envoy",
+    "admin",
+    "gateway",
+    "features",
+    "scorer",
+    "redis",
+    "decisionlog",
+    "updater",
+    "monitor",
+    "console",
+    "prometheus",
+    "otlp",
+)
+"""The ``--<name>-port`` options both sides' ``fraudmesh up`` take."""
+REPLICATED = ("admin", "gateway", "features", "scorer")
+"""Parts whose replicas listen ``--replica-port-step`` (100) above the part's port."""
+STEP = 100
+
+
+def _ports() -> dict[str, int]:
+    """Free ports for every option, with room for up to three replicas of a part."""
+    ports: dict[str, int] = {}
+    for name in PORTS:
+        port = free_port()
+        while name in REPLICATED and not (
+            reserve_port(port + STEP) and reserve_port(port + 2 * STEP)
+        ):
+            port = free_port()
+        ports[name] = port
+    return ports
+
+
+def _answers(target: str, requests: Path, timeout_s: float) -> None:
+    """Waits until the edge answers a Score OK (the mesh is up and routes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = ghz.run_ghz(ghz.SCORE, target, requests, rps=20, duration_s=1, timeout_ms=500)
+        if result.count and all(c.status == "OK" for c in result.calls):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"no answer from {target} within {timeout_s:.0f} s")
+
+
+def _tree_cpu(up: psutil.Process) -> float:
+    """CPU seconds so far of ``up`` and every process under it."""
+    total = 0.0
+    for process in [up, *up.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def _side(
+    checkout: Path, state: Path, work: Path, rates: Sequence[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One mesh of one side: every rate in turn."""
+    var = runner.copy_state(state, work / "var")
+    ports = _ports()
+    argv = [
+        sys.executable, "-m", "services.cli", "up", "--var-dir", str(var),
+        *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    log = (work / "up.log").open("wb")
+    up = subprocess.Popen(argv, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT)
+    steps: list[dict[str, Any]] = []
+    try:
+        target = f"127.0.0.1:{ports['envoy']}"
+        population = data.sample_population(var / "data", 2000)
+        fresh = runner.request_source(population, work / "score.json")
+        _answers(target, fresh(), args.start_timeout)
+        processes = 1 + len(psutil.Process(up.pid).children(recursive=True))
+        time.sleep(args.settle)
+        tree = psutil.Process(up.pid)
+        ghz.run_ghz(ghz.SCORE, target, fresh(), rps=rates[0], duration_s=3, timeout_ms=BUDGET_MS)
+        for rate in rates:
+            requests = fresh()
+            before = _tree_cpu(tree)
+            result = ghz.run_ghz(
+                ghz.SCORE, target, requests, rps=rate, duration_s=args.seconds,
+                timeout_ms=BUDGET_MS,
+            )  # fmt: skip
+            spent = _tree_cpu(tree) - before
+            count = max(result.count, 1)
+            errors = Counter(c.status for c in result.calls if c.status != "OK")
+            late = sum(1 for c in result.calls if c.status != "OK" or c.latency_ms > BUDGET_MS)
+            steps.append(
+                {
+                    "rps": rate,
+                    "calls": result.count,
+                    "achieved_rps": round(result.achieved_rps, 1),
+                    "cpu_ms_per_score": round(spent / count * 1000, 3),
+                    "p50_ms": round(result.p50_ms, 2),
+                    "p99_ms": round(result.p99_ms, 2),
+                    "failed_or_late": late,
+                    "failed_or_late_share": round(late / count, 5),
+                    "errors": dict(errors),
+                }
+            )
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(90)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait(10)
+        log.close()
+    return {"processes": processes, "steps": steps}
+
+
+def measure(
+    before: Path, before_var: Path, after: Path, after_var: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The rounds, sides alternating; the medians and the round-by-round CPU ratios."""
+    rates = [int(r) for r in args.rates.split(",")]
+    sides = {"before": (before, before_var), "after": (after, after_var)}
+    runs: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        order = ["before", "after"] if index % 2 == 0 else ["after", "before"]
+        for side in order:
+            checkout, state = sides[side]
+            print(f"round {index + 1}: {side} …", flush=True)
+            work = Path(tempfile.mkdtemp(prefix="up-bench-"))
+            try:
+                runs.append(
+                    {"round": index + 1, "side": side, **_side(checkout, state, work, rates, args)}
+                )
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return {
+        "before": provenance.git_commit(before),
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        **summarize(runs, rates, args.rounds),
+        "runs": runs,
+    }
+
+
+def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int) -> dict[str, Any]:
+    """Per rate and side, the medians over the rounds; the after/before CPU ratio per round."""
+    sides = ("before", "after")
+    summary: dict[str, Any] = {}
+    for rate in rates:
+        row: dict[str, Any] = {}
+        for side in sides:
+            cells = [s for r in runs if r["side"] == side for s in r["steps"] if s["rps"] == rate]
+            row[side] = {
+                key: statistics.median(c[key] for c in cells)
+                for key in ("cpu_ms_per_score", "p50_ms", "p99_ms", "failed_or_late_share")
+            }
+            row[side]["failed_or_late_per_round"] = [c["failed_or_late"] for c in cells]
+            row[side]["calls_per_round"] = [c["calls"] for c in cells]
+        ratios = []
+        for index in range(1, rounds + 1):
+            per = {
+                r["side"]: next(s for s in r["steps"] if s["rps"] == rate)["cpu_ms_per_score"]
+                for r in runs
+                if r["round"] == index
+            }
+            ratios.append(round(per["after"] / per["before"], 3))
+        row["cpu_ratio_per_round"] = ratios
+        row["cpu_ratio_median"] = statistics.median(ratios)
+        summary[str(rate)] = row
+    processes = {
+        side: statistics.median(r["processes"] for r in runs if r["side"] == side) for side in sides
+    }
+    return {"processes": processes, "summary": summary}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The report."""
+    out = [
+        "# The default `fraudmesh up`: this checkout against another",
+        "",
+        f"Before: commit {result['before']}. Each side's own `fraudmesh up` with its defaults "
+        f"(processes under it: before {result['processes']['before']:.0f}, after "
+        f"{result['processes']['after']:.0f}), on its own prepared state, copied afresh per "
+        f"mesh; {result['rounds']} rounds, sides alternating; ghz open loop through Envoy, "
+        f"{result['seconds']:g} s per rate, 42 ms deadline, new transactions with timestamps of "
+        "now. CPU: user + system of `fraudmesh up` and every process under it, per call made. "
+        "*Failed or late*: not OK, or answered after 42 ms. Medians over the rounds.",
+        "",
+        "| offered rps | side | CPU ms/Score | p50 ms | p99 ms | failed or late | "
+        "failed or late per round | CPU after/before per round | median |",
+        "|---:|---|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for rate, row in result["summary"].items():
+        for side in ("before", "after"):
+            cell = row[side]
+            per_round = " / ".join(
+                f"{n} of {c}"
+                for n, c in zip(
+                    cell["failed_or_late_per_round"], cell["calls_per_round"], strict=True
+                )
+            )
+            ratio = ", ".join(f"{r:.2f}" for r in row["cpu_ratio_per_round"])
+            out.append(
+                f"| {rate} | {side} | {cell['cpu_ms_per_score']:.2f} | {cell['p50_ms']:.2f} | "
+                f"{cell['p99_ms']:.2f} | {cell['failed_or_late_share']:.2%} | {per_round} | "
+                + (f"{ratio} | **{row['cpu_ratio_median']:.2f}×** |" if side == "after" else " | |")
+            )
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Measures and writes the results files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.up_bench", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--before", type=Path, required=True, help="another checkout")
+    parser.add_argument(
+        "--before-var-dir", type=Path, required=True, help="its prepared state (its make data)"
+    )
+    parser.add_argument("--var-dir", type=Path, default=Path("var"), help="this checkout's state")
+    parser.add_argument("--rates", default="100,200")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after the first answer")
+    parser.add_argument("--start-timeout", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    after = Path(__file__).resolve().parent.parent
+    for state in (args.var_dir, args.before_var_dir):
+        runner.check_state(state)
+    result = measure(
+        args.before.resolve(), args.before_var_dir.resolve(), after, args.var_dir.resolve(), args
+    )
+    text = markdown(result)
+    command = " ".join(
+        ["python -m loadtest.up_bench", *(argv if argv is not None else sys.argv[1:])]
+    )
+    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(command))
+    print(text)
+    print("written:", *paths)
+
+
+if __name__ == "__main__":
+    main()
