@@ -115,6 +115,13 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _command(before: Path) -> str:
+    """This run's command, the other checkout named by its commit."""
+    return provenance.naming_checkouts(
+        provenance.command_line(), {str(before): provenance.other_checkout(before)}
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measures and writes the results files."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     after = Path(__file__).resolve().parent.parent
     result = measure(args.before.resolve(), after, args.rounds)
     text = _markdown(result)
-    paths = provenance.write(RESULTS / STEM, result, text, provenance.record())
+    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(_command(args.before)))
     print(text)
     print("written:", *paths)
 

@@ -13,7 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,6 +99,19 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     if args and Path(args[0]).name == "fraudmesh":
         args[0] = "fraudmesh"
     return " ".join(shlex.quote(a) for a in args)
+
+
+def naming_checkouts(command: str, named: Mapping[str, str]) -> str:
+    """``command`` with each path typed in it (a key of ``named``) replaced by its name: an
+    other checkout is recorded by its commit (``<checkout of 1a2b3c4>``), not by where it
+    happened to be on the machine that ran it."""
+    words = shlex.split(command)
+    return " ".join(named.get(word, shlex.quote(word)) for word in words)
+
+
+def other_checkout(path: Path) -> str:
+    """How a results file names another checkout: by its commit."""
+    return f"<checkout of {git_commit(path)}>"
 
 
 def record(command: str | None = None, now: datetime | None = None) -> Provenance:

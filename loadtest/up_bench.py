@@ -19,6 +19,7 @@ report: ``loadtest/results/up-default.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -34,7 +35,8 @@ from typing import Any
 
 import psutil
 
-from loadtest import data, ghz, provenance, runner
+from loadtest import data, ghz, provenance, report, runner
+from services.common import scrape
 from services.mesh.process import free_port, reserve_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -73,6 +75,33 @@ def _ports() -> dict[str, int]:
     return ports
 
 
+METRICS_BLOCK = 24
+"""Ports from ``--metrics-port`` on that ``fraudmesh up`` may give its processes' /metrics
+(one each, replicas after the others)."""
+
+
+def _metrics_block() -> int:
+    """The first of ``METRICS_BLOCK`` consecutive ports, every one reserved."""
+    while True:
+        first = free_port()
+        if all(reserve_port(first + i) for i in range(1, METRICS_BLOCK)):
+            return first
+
+
+def _answers_by_kind(first: int) -> dict[str, float]:
+    """The gateways' decisions so far by ``scored_by=…`` and ``feature_source=…``, summed over
+    every /metrics of the block that answers (only gateways count decisions)."""
+    total: dict[str, float] = {}
+    for port in range(first, first + METRICS_BLOCK):
+        try:
+            counts = runner.gateway_answers(scrape.url("127.0.0.1", port))()
+        except (OSError, ValueError):  # a port of the block nothing serves
+            continue
+        for key, value in counts.items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
 def _answers(target: str, requests: Path, timeout_s: float) -> None:
     """Waits until the edge answers a Score OK (the mesh is up and routes)."""
     deadline = time.monotonic() + timeout_s
@@ -102,9 +131,11 @@ def _side(
     """One mesh of one side: every rate in turn."""
     var = runner.copy_state(state, work / "var")
     ports = _ports()
+    metrics = _metrics_block()
     argv = [
         sys.executable, "-m", "services.cli", "up", "--var-dir", str(var),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
+        "--metrics-port", str(metrics),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     log = (work / "up.log").open("wb")
@@ -122,11 +153,16 @@ def _side(
         for rate in rates:
             requests = fresh()
             before = _tree_cpu(tree)
+            answered = _answers_by_kind(metrics)
             result = ghz.run_ghz(
                 ghz.SCORE, target, requests, rps=rate, duration_s=args.seconds,
                 timeout_ms=BUDGET_MS,
             )  # fmt: skip
             spent = _tree_cpu(tree) - before
+            now = _answers_by_kind(metrics)
+            step = report.Step(
+                result, answers={k: v - answered.get(k, 0.0) for k, v in now.items()}
+            )
             count = max(result.count, 1)
             errors = Counter(c.status for c in result.calls if c.status != "OK")
             late = sum(1 for c in result.calls if c.status != "OK" or c.latency_ms > BUDGET_MS)
@@ -141,6 +177,8 @@ def _side(
                     "failed_or_late": late,
                     "failed_or_late_share": round(late / count, 5),
                     "errors": dict(errors),
+                    "degraded_shares": step.shares(),
+                    "full_quality": step.full_quality(),
                 }
             )
     finally:
@@ -195,6 +233,11 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int)
                 for key in ("cpu_ms_per_score", "p50_ms", "p99_ms", "failed_or_late_share")
             }
             row[side]["failed_or_late_per_round"] = [c["failed_or_late"] for c in cells]
+            for key in report.DEGRADED:
+                row[side][key] = statistics.median(
+                    c["degraded_shares"].get(key, math.nan) for c in cells
+                )
+            row[side]["full_quality_rounds"] = sum(bool(c["full_quality"]) for c in cells)
             row[side]["calls_per_round"] = [c["calls"] for c in cells]
         ratios = []
         for index in range(1, rounds + 1):
@@ -213,6 +256,10 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int)
     return {"processes": processes, "summary": summary}
 
 
+def _share(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.1%}"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The report."""
     out = [
@@ -224,11 +271,15 @@ def markdown(result: dict[str, Any]) -> str:
         f"mesh; {result['rounds']} rounds, sides alternating; ghz open loop through Envoy, "
         f"{result['seconds']:g} s per rate, 42 ms deadline, new transactions with timestamps of "
         "now. CPU: user + system of `fraudmesh up` and every process under it, per call made. "
-        "*Failed or late*: not OK, or answered after 42 ms. Medians over the rounds.",
+        "*Failed or late*: not OK, or answered after 42 ms. Answers with default features, by the "
+        "rules or by the small model standing in for the model: from the gateways' decision "
+        "counters; *full quality*: no error, p99 within 42 ms, under 5 % default features and "
+        "under 1 % each by the rules and the small model. Medians over the rounds.",
         "",
         "| offered rps | side | CPU ms/Score | p50 ms | p99 ms | failed or late | "
-        "failed or late per round | CPU after/before per round | median |",
-        "|---:|---|---:|---:|---:|---:|---|---|---:|",
+        "failed or late per round | default features | by the rules | by the small model | "
+        "full quality (rounds) | CPU after/before per round | median |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|",
     ]
     for rate, row in result["summary"].items():
         for side in ("before", "after"):
@@ -243,6 +294,9 @@ def markdown(result: dict[str, Any]) -> str:
             out.append(
                 f"| {rate} | {side} | {cell['cpu_ms_per_score']:.2f} | {cell['p50_ms']:.2f} | "
                 f"{cell['p99_ms']:.2f} | {cell['failed_or_late_share']:.2%} | {per_round} | "
+                f"{_share(cell['feature_source=default'])} | {_share(cell['scored_by=rules'])} | "
+                f"{_share(cell['scored_by=small_model'])} | "
+                f"{cell['full_quality_rounds']}/{len(cell['calls_per_round'])} | "
                 + (f"{ratio} | **{row['cpu_ratio_median']:.2f}×** |" if side == "after" else " | |")
             )
     return "\n".join(out) + "\n"
@@ -271,9 +325,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.before.resolve(), args.before_var_dir.resolve(), after, args.var_dir.resolve(), args
     )
     text = markdown(result)
-    command = " ".join(
-        ["python -m loadtest.up_bench", *(argv if argv is not None else sys.argv[1:])]
+    command = provenance.naming_checkouts(
+        " ".join(["python -m loadtest.up_bench", *(argv if argv is not None else sys.argv[1:])]),
+        {
+            str(args.before): provenance.other_checkout(args.before),
+            str(args.before_var_dir): "<its state folder>",
+        },
     )
+
     paths = provenance.write(RESULTS / STEM, result, text, provenance.record(command))
     print(text)
     print("written:", *paths)

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from fraud.v1 import events_pb2
 from services.eventlog.events import event_id_of, key_of
@@ -101,6 +101,9 @@ class JournalProducer:
         self._settings = settings
         self._writer_factory = writer_factory
         self._writer: LogWriter | None = None
+        self._positioned = False
+        """Whether the writer is a ``PositionedWriter``: asked once, as a runtime protocol check
+        costs tens of microseconds and the question came twice a delivery."""
         self._metrics = metrics or EventLogMetrics.default()
         self._sync_mode: SyncMode = sync
         self._batch_max = settings.batch_max_events
@@ -397,8 +400,8 @@ class JournalProducer:
         if upto == journal.cursor:
             self._holding = True  # a pending record waits for its final form
             return False
-        positioned = isinstance(self._open_writer(), PositionedWriter)
-        if positioned and not journal.adopted and not journal.position:
+        self._open_writer()
+        if self._positioned and not journal.adopted and not journal.position:
             # Where this producer's first records will go, before any is written.
             position = self._writer_position()
             if not position:
@@ -533,14 +536,15 @@ class JournalProducer:
     def _open_writer(self) -> LogWriter:
         if self._writer is None:
             self._writer = self._writer_factory()
+            self._positioned = isinstance(self._writer, PositionedWriter)
         return self._writer
 
     def _writer_position(self) -> str:
         """Where the writer's next records go ('' when it cannot say or be reached)."""
         writer = self._writer
-        if isinstance(writer, PositionedWriter):
+        if self._positioned:
             try:
-                return writer.position()
+                return cast(PositionedWriter, writer).position()
             except BackendUnavailable as exc:
                 self._mark_down(str(exc))
         return ""

@@ -17,6 +17,13 @@ def _step(rps: int, cpu: float, late: int = 0, calls: int = 2000) -> dict[str, A
         "p99_ms": 20.0,
         "failed_or_late": late,
         "failed_or_late_share": late / calls,
+        "degraded_shares": {
+            "feature_source=default": 0.02 if late else 0.0,
+            "feature_source=partial": 0.1,
+            "scored_by=rules": 0.0,
+            "scored_by=small_model": 0.0,
+        },
+        "full_quality": not late,
     }
 
 
@@ -40,6 +47,9 @@ def test_the_ratio_is_taken_round_by_round_and_the_medians_per_side() -> None:
     assert row["before"]["cpu_ms_per_score"] == 12.0
     assert row["after"]["cpu_ms_per_score"] == 6.0
     assert row["before"]["failed_or_late_per_round"] == [3, 9, 0]
+    assert row["before"]["full_quality_rounds"] == 1
+    assert row["after"]["full_quality_rounds"] == 2
+    assert row["before"]["feature_source=default"] == 0.02
     assert result["processes"] == {"before": 15, "after": 11}
 
 
@@ -50,3 +60,4 @@ def test_the_report_shows_each_rounds_failures_and_the_median_ratio() -> None:
     assert "Before: commit abc1234" in text
     assert "3 of 2000 / 9 of 2000 / 0 of 2000" in text
     assert "**0.50×**" in text
+    assert "| 1/3 |" in text and "| 2/3 |" in text
