@@ -37,7 +37,7 @@ import psutil
 
 from loadtest import data, ghz, provenance, report, runner
 from services.common import scrape
-from services.mesh.process import free_port, reserve_port
+from services.mesh.process import free_port, reserve_port, up_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "up-default"
@@ -59,20 +59,6 @@ PORTS = (
 """The ``--<name>-port`` options both sides' ``fraudmesh up`` take."""
 REPLICATED = ("admin", "gateway", "features", "scorer")
 """Parts whose replicas listen ``--replica-port-step`` (100) above the part's port."""
-STEP = 100
-
-
-def _ports() -> dict[str, int]:
-    """Free ports for every option, with room for up to three replicas of a part."""
-    ports: dict[str, int] = {}
-    for name in PORTS:
-        port = free_port()
-        while name in REPLICATED and not (
-            reserve_port(port + STEP) and reserve_port(port + 2 * STEP)
-        ):
-            port = free_port()
-        ports[name] = port
-    return ports
 
 
 METRICS_BLOCK = 24
@@ -130,7 +116,8 @@ def _side(
 ) -> dict[str, Any]:
     """One mesh of one side: every rate in turn."""
     var = runner.copy_state(state, work / "var")
-    ports = _ports()
+    # Room for up to three replicas of a part, whatever the side's sizing chooses.
+    ports = up_ports(PORTS, REPLICATED, replicas=3)
     metrics = _metrics_block()
     argv = [
         sys.executable, "-m", "services.cli", "up", "--var-dir", str(var),

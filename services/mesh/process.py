@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -142,6 +142,24 @@ def http_ok(url: str, timeout_s: float = 0.5) -> bool:
             return bool(reply.status == 200)
     except OSError:
         return False
+
+
+def up_ports(
+    names: Sequence[str], replicated: Sequence[str] = (), step: int = 100, replicas: int = 2
+) -> dict[str, int]:
+    """Free ports for ``fraudmesh up``'s ``--<name>-port`` options. For a part in
+    ``replicated``, the ports of its replicas up to ``replicas`` (``step`` apart, as
+    ``--replica-port-step`` places them) are reserved too: a port only checked free could go
+    to another caller's ``free_port`` before the replica binds it."""
+    ports: dict[str, int] = {}
+    for name in names:
+        port = free_port()
+        while name in replicated and not all(
+            reserve_port(port + step * n) for n in range(1, replicas)
+        ):
+            port = free_port()
+        ports[name] = port
+    return ports
 
 
 def tcp_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

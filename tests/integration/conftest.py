@@ -27,8 +27,7 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.featurestore import admin as store_admin
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
-from services.mesh import Mesh, MeshConfig, free_port
-from services.mesh.process import reserve_port
+from services.mesh import Mesh, MeshConfig
 from tests.timeouts import register_logs
 
 T = TypeVar("T")
@@ -229,22 +228,6 @@ def edge(mesh: Mesh) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
         grpc.channel_ready_future(channel).result(timeout=10)
         yield channel
-
-
-def up_ports(
-    names: tuple[str, ...], replicated: tuple[str, ...], step: int = 100
-) -> dict[str, int]:
-    """Free ports for ``fraudmesh up``'s ``--<name>-port`` options; for a part in
-    ``replicated`` one whose replica's port (``--replica-port-step`` above it) is reserved
-    too: only checked free, another test's ``free_port`` could take it before the replica
-    binds it (a fresh-clone run's ``fraudmesh up`` lost its second gateway so)."""
-    ports: dict[str, int] = {}
-    for name in names:
-        port = free_port()
-        while name in replicated and not reserve_port(port + step):
-            port = free_port()
-        ports[name] = port
-    return ports
 
 
 def go_tool(name: str) -> str:

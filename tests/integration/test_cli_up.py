@@ -17,8 +17,9 @@ import yaml
 
 from services import client
 from services.mesh import free_port, grpc_serving, http_ok, sizing
+from services.mesh.process import up_ports
 
-from .conftest import Known, up_ports
+from .conftest import Known
 
 pytestmark = pytest.mark.integration
 

@@ -33,8 +33,9 @@ from loadtest import faultwindow
 from services import client
 from services.domain import metrics
 from services.mesh import free_port, grpc_serving
+from services.mesh.process import up_ports
 
-from .conftest import Known, first_full_quality, register_logs, up_ports
+from .conftest import Known, first_full_quality, register_logs
 
 pytestmark = pytest.mark.integration
 
