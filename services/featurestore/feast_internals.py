@@ -64,6 +64,12 @@ def sqlite_connection(online: SqliteOnlineStore, config: RepoConfig) -> sqlite3.
     return connection
 
 
+def sqlite_path(config: RepoConfig) -> str:
+    """The SQLite online store's file, resolved as the store resolves it."""
+    path: str = SqliteOnlineStore._get_db_path(config)
+    return path
+
+
 def sqlite_table(config: RepoConfig, view: FeatureView) -> str:
     """The SQLite online store's table of ``view``, quoted, as Feast names it."""
     versioned = config.registry.enable_online_feature_view_versioning

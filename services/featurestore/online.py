@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from feast import FeatureService, FeatureView
@@ -72,6 +73,45 @@ class _View:
                 out[self.first + offset] = FeatureRead(float(fields[0][1]), status, event_s)
 
 
+def _store_seconds(raw: object) -> float:
+    """Epoch seconds of an ``event_ts`` cell of the SQLite store, read as its own converter
+    reads it: the store writes a naive UTC time through ``datetime.timestamp`` (the local
+    zone's reading of it) and reads it back through ``datetime.fromtimestamp`` as UTC."""
+    local = datetime.fromtimestamp(int(raw))  # type: ignore[call-overload]
+    return local.replace(tzinfo=UTC).timestamp()
+
+
+class _SqliteRows:
+    """The SQLite store's rows of one card, merchant and terminal in one statement.
+
+    Feast's ``online_read`` runs one query per view and, through the type converters of its
+    connection, parses a timestamp for every feature's row; this reads the three views'
+    tables in one ``UNION ALL`` over a connection of its own without converters, and parses
+    each distinct timestamp once. The tables, keys and values are the store's own
+    (``feast_internals``); ``read_generic`` is the reference the tests hold it equal to.
+    """
+
+    def __init__(self, path: str, tables: Sequence[str]) -> None:
+        self._connection = sqlite3.connect(path, check_same_thread=False)
+        self._connection.execute("PRAGMA query_only=ON")
+        selects = [
+            f"SELECT {index}, feature_name, value, event_ts FROM {table} WHERE entity_key = ?"
+            for index, table in enumerate(tables)
+        ]
+        self._statements = {
+            count: " UNION ALL ".join(selects[:count]) for count in range(1, len(selects) + 1)
+        }
+
+    def rows(self, keys: Sequence[bytes]) -> list[tuple[int, str, bytes, object]]:
+        """(view index, feature name, serialized value, event_ts) of each stored feature of
+        the entities ``keys`` name, one per view in order."""
+        cursor = self._connection.execute(self._statements[len(keys)], keys)
+        return cursor.fetchall()
+
+    def close(self) -> None:
+        self._connection.close()
+
+
 class OnlineFeatureReader:
     """Reads the store features of one card, one merchant and, when the payment names one, one
     terminal from Feast's online store.
@@ -81,7 +121,8 @@ class OnlineFeatureReader:
     lookups, response building and type conversions: most of a read's CPU, figures in
     docs/performance.md) and goes to the online store with everything resolved once at start:
 
-    - SQLite: the store's own ``online_read`` for each view;
+    - SQLite: one statement for the three views' rows (``_SqliteRows``), each value decoded
+      once, each feature with its own row's timestamp;
     - Redis: one pipelined ``HMGET`` of the entities' hashes in a single round trip, with
       the keys and hashed field names computed by Feast's Redis store, over a connection
       whose socket timeout (``redis_timeout_ms``, no retries) bounds a hung server.
@@ -134,7 +175,14 @@ class OnlineFeatureReader:
             )
             self._read = self._read_redis
         else:
-            self._read = self._read_views
+            self._sqlite = _SqliteRows(
+                feast_internals.sqlite_path(self._config),
+                [feast_internals.sqlite_table(self._config, v.view) for v in self._views],
+            )
+            self._slots = tuple(
+                {name: v.first + offset for offset, name in enumerate(v.names)} for v in self._views
+            )
+            self._read = self._read_sqlite
         self._lock = threading.Lock()
 
     def read(
@@ -164,15 +212,32 @@ class OnlineFeatureReader:
                 f"online store read failed: {type(error).__name__}: {error}"
             ) from error
 
-    def _read_views(self, ids: tuple[str, str, str], as_of_s: float) -> list[FeatureRead]:
+    def _read_sqlite(self, ids: tuple[str, str, str], as_of_s: float) -> list[FeatureRead]:
+        # A payment without a terminal reads two views, not three.
+        views = self._views if ids[2] else self._views[:2]
+        keys = [
+            feast_internals.sqlite_entity_key(self._config, view.entity_key(value))
+            for view, value in zip(views, ids, strict=False)
+        ]
         out = [MISSING_READ] * len(featurespec.STORE_FEATURES)
-        for view, value in zip(self._views, ids, strict=True):
-            if not value:
-                continue
-            ((stamp, values),) = self._online.online_read(
-                self._config, view.view, [view.entity_key(value)], list(view.names)
+        seconds: dict[object, float] = {}
+        for index, name, raw, stamp in self._sqlite.rows(keys):
+            slot = self._slots[index].get(name)
+            if slot is None or raw is None or stamp is None:
+                continue  # a feature this reader does not serve, or a row without a time
+            value = Value.FromString(raw)
+            which = value.WhichOneof("val")
+            if which is None:
+                continue  # a null the materialization wrote
+            event_s = seconds.get(stamp)
+            if event_s is None:
+                event_s = seconds[stamp] = _store_seconds(stamp)
+            fresh = as_of_s - event_s <= self._views[index].max_age_s
+            out[slot] = FeatureRead(
+                float(getattr(value, which)),
+                FeatureStatus.PRESENT if fresh else FeatureStatus.STALE,
+                event_s,
             )
-            view.fill(out, stamp.timestamp() if stamp is not None else None, values, as_of_s)
         return out
 
     def _redis_fields(self, view: _View) -> list[str | bytes]:
@@ -279,5 +344,7 @@ class OnlineFeatureReader:
         return out
 
     def close(self) -> None:
-        """Closes the online store's connection (SQLite file or Redis client)."""
+        """Closes the online store's connections (SQLite file or Redis client)."""
+        if self._read == self._read_sqlite:
+            self._sqlite.close()
         feast_internals.close_sync_connections(self._online)

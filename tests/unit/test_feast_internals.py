@@ -37,6 +37,7 @@ def _parameters(function: object) -> list[str]:
         ),
         (feast_redis, "_versioned_fv_name", ["table", "config"]),
         (SqliteOnlineStore, "_get_conn", ["self", "config"]),
+        (SqliteOnlineStore, "_get_db_path", ["config"]),
         # The writer's SQLite rows: the table's name, the key's bytes, the value's text.
         (feast_helpers, "compute_table_id", ["project", "table", "enable_versioning"]),
         (feast_helpers, "extract_text_and_num", ["val", "compute_num"]),
