@@ -6,7 +6,9 @@ state (``--var-dir`` and ``--before-var-dir``, each copied afresh for every mesh
 registry, online store and models, no live-loop state). The sides take turns, the order
 alternating round by round. Once a mesh answers, ghz (open loop, ``--async``, a 42 ms
 deadline, every request a new transaction of the dataset's cards and merchants with a
-timestamp of now) drives each rate of ``--rates`` for ``--seconds`` after a short warm-up;
+timestamp of now) drives each rate, once the mesh has settled (``--settle`` seconds, then
+until the whole tree spends under ``--quiet`` of a core over two seconds, at most a minute:
+the tail of a start, a console's imports or a first checkpoint, is no cost of a Score), of ``--rates`` for ``--seconds`` after a short warm-up;
 the CPU time (user + system) of ``fraudmesh up`` and every process under it is read before
 and after each step. Reported per side and rate, medians over the rounds: CPU ms per Score of
 the whole tree, p50/p99, the share of calls failed or late (over 42 ms), and the errors by
@@ -111,6 +113,19 @@ def _tree_cpu(up: psutil.Process) -> float:
     return total
 
 
+def _settle(tree: psutil.Process, least_s: float, quiet: float, most_s: float = 60.0) -> float:
+    """Waits ``least_s``, then until the tree's CPU over two seconds is under ``quiet`` cores
+    (at most ``most_s`` in all); returns the seconds waited."""
+    start = time.monotonic()
+    time.sleep(least_s)
+    while time.monotonic() - start < most_s:
+        before = _tree_cpu(tree)
+        time.sleep(2.0)
+        if (_tree_cpu(tree) - before) / 2.0 < quiet:
+            break
+    return round(time.monotonic() - start, 1)
+
+
 def _side(
     checkout: Path, state: Path, work: Path, rates: Sequence[int], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -134,8 +149,8 @@ def _side(
         fresh = runner.request_source(population, work / "score.json")
         _answers(target, fresh(), args.start_timeout)
         processes = 1 + len(psutil.Process(up.pid).children(recursive=True))
-        time.sleep(args.settle)
         tree = psutil.Process(up.pid)
+        settled_s = _settle(tree, args.settle, args.quiet)
         ghz.run_ghz(ghz.SCORE, target, fresh(), rps=rates[0], duration_s=3, timeout_ms=BUDGET_MS)
         for rate in rates:
             requests = fresh()
@@ -176,7 +191,7 @@ def _side(
             up.kill()
             up.wait(10)
         log.close()
-    return {"processes": processes, "steps": steps}
+    return {"processes": processes, "settled_s": settled_s, "steps": steps}
 
 
 def measure(
@@ -202,6 +217,8 @@ def measure(
         "before": provenance.git_commit(before),
         "rounds": args.rounds,
         "seconds": args.seconds,
+        "settle": args.settle,
+        "quiet": args.quiet,
         **summarize(runs, rates, args.rounds),
         "runs": runs,
     }
@@ -240,7 +257,10 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int)
     processes = {
         side: statistics.median(r["processes"] for r in runs if r["side"] == side) for side in sides
     }
-    return {"processes": processes, "summary": summary}
+    settled = {
+        side: statistics.median(r["settled_s"] for r in runs if r["side"] == side) for side in sides
+    }
+    return {"processes": processes, "settled_s": settled, "summary": summary}
 
 
 def _share(value: float) -> str:
@@ -255,7 +275,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"Before: commit {result['before']}. Each side's own `fraudmesh up` with its defaults "
         f"(processes under it: before {result['processes']['before']:.0f}, after "
         f"{result['processes']['after']:.0f}), on its own prepared state, copied afresh per "
-        f"mesh; {result['rounds']} rounds, sides alternating; ghz open loop through Envoy, "
+        f"mesh; {result['rounds']} rounds, sides alternating; measured once settled (at least "
+        f"{result['settle']:g} s after the first answer, then until the tree spends under "
+        f"{result['quiet']:g} of a core over 2 s: median before {result['settled_s']['before']:g} s, "
+        f"after {result['settled_s']['after']:g} s); ghz open loop through Envoy, "
         f"{result['seconds']:g} s per rate, 42 ms deadline, new transactions with timestamps of "
         "now. CPU: user + system of `fraudmesh up` and every process under it, per call made. "
         "*Failed or late*: not OK, or answered after 42 ms. Answers with default features, by the "
@@ -302,7 +325,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rates", default="100,200")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--settle", type=float, default=10.0, help="seconds after the first answer")
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="least seconds after the first answer"
+    )
+    parser.add_argument(
+        "--quiet", type=float, default=0.25, help="cores the settled tree spends at most"
+    )
     parser.add_argument("--start-timeout", type=float, default=180.0)
     args = parser.parse_args(argv)
     after = Path(__file__).resolve().parent.parent

@@ -30,12 +30,48 @@ def _step(rps: int, cpu: float, late: int = 0, calls: int = 2000) -> dict[str, A
 def _runs() -> list[dict[str, Any]]:
     # A slow second round doubles both sides: the ratio within each round stays 0.5.
     return [
-        {"round": 1, "side": "before", "processes": 15, "steps": [_step(100, 10.0, late=3)]},
-        {"round": 1, "side": "after", "processes": 11, "steps": [_step(100, 5.0)]},
-        {"round": 2, "side": "after", "processes": 11, "steps": [_step(100, 10.0, late=1)]},
-        {"round": 2, "side": "before", "processes": 15, "steps": [_step(100, 20.0, late=9)]},
-        {"round": 3, "side": "before", "processes": 15, "steps": [_step(100, 12.0)]},
-        {"round": 3, "side": "after", "processes": 11, "steps": [_step(100, 6.0)]},
+        {
+            "round": 1,
+            "side": "before",
+            "processes": 15,
+            "settled_s": 12.0,
+            "steps": [_step(100, 10.0, late=3)],
+        },
+        {
+            "round": 1,
+            "side": "after",
+            "processes": 11,
+            "settled_s": 20.0,
+            "steps": [_step(100, 5.0)],
+        },
+        {
+            "round": 2,
+            "side": "after",
+            "processes": 11,
+            "settled_s": 20.0,
+            "steps": [_step(100, 10.0, late=1)],
+        },
+        {
+            "round": 2,
+            "side": "before",
+            "processes": 15,
+            "settled_s": 12.0,
+            "steps": [_step(100, 20.0, late=9)],
+        },
+        {
+            "round": 3,
+            "side": "before",
+            "processes": 15,
+            "settled_s": 12.0,
+            "steps": [_step(100, 12.0)],
+        },
+        {
+            "round": 3,
+            "side": "after",
+            "processes": 11,
+            "settled_s": 20.0,
+            "steps": [_step(100, 6.0)],
+        },
     ]
 
 
@@ -51,13 +87,60 @@ def test_the_ratio_is_taken_round_by_round_and_the_medians_per_side() -> None:
     assert row["after"]["full_quality_rounds"] == 2
     assert row["before"]["feature_source=default"] == 0.02
     assert result["processes"] == {"before": 15, "after": 11}
+    assert result["settled_s"] == {"before": 12.0, "after": 20.0}
 
 
 def test_the_report_shows_each_rounds_failures_and_the_median_ratio() -> None:
-    result = {"before": "abc1234", "rounds": 3, "seconds": 20.0, "runs": _runs()}
+    result = {
+        "before": "abc1234",
+        "rounds": 3,
+        "seconds": 20.0,
+        "settle": 10.0,
+        "quiet": 0.25,
+        "runs": _runs(),
+    }
     result.update(up_bench.summarize(_runs(), [100], rounds=3))
     text = up_bench.markdown(result)
     assert "Before: commit abc1234" in text
+    assert "median before 12 s, after 20 s" in text
     assert "3 of 2000 / 9 of 2000 / 0 of 2000" in text
     assert "**0.50×**" in text
     assert "| 1/3 |" in text and "| 2/3 |" in text
+
+
+class _Tree:
+    """A process tree busy at ``cores(t)`` cores at time t, on a fake clock."""
+
+    def __init__(self, cores: Any) -> None:
+        self.cores = cores
+        self.now = 0.0
+        self.cpu = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.cpu += self.cores(self.now) * seconds
+        self.now += seconds
+
+
+def _fake(monkeypatch: Any, tree: _Tree) -> None:
+    monkeypatch.setattr(up_bench.time, "sleep", tree.sleep)
+    monkeypatch.setattr(up_bench.time, "monotonic", lambda: tree.now)
+    monkeypatch.setattr(up_bench, "_tree_cpu", lambda _: tree.cpu)
+
+
+def test_settling_waits_the_least_then_until_the_tree_is_quiet(monkeypatch: Any) -> None:
+    # Busy until 14 s: after the least 10 s, the windows 10-12 and 12-14 are busy, 14-16 quiet.
+    tree = _Tree(lambda t: 0.9 if t < 14 else 0.1)
+    _fake(monkeypatch, tree)
+    assert up_bench._settle(tree, 10.0, 0.25) == 16.0
+
+
+def test_a_quiet_tree_is_measured_after_the_least_wait_and_one_window(monkeypatch: Any) -> None:
+    tree = _Tree(lambda t: 0.1)
+    _fake(monkeypatch, tree)
+    assert up_bench._settle(tree, 10.0, 0.25) == 12.0
+
+
+def test_settling_gives_up_after_a_minute(monkeypatch: Any) -> None:
+    tree = _Tree(lambda t: 1.0)
+    _fake(monkeypatch, tree)
+    assert up_bench._settle(tree, 10.0, 0.25) == 60.0
