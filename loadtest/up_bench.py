@@ -12,7 +12,11 @@ the tail of a start, a console's imports or a first checkpoint, is no cost of a 
 the CPU time (user + system) of ``fraudmesh up`` and every process under it is read before
 and after each step. Reported per side and rate, medians over the rounds: CPU ms per Score of
 the whole tree, p50/p99, the share of calls failed or late (over 42 ms), and the errors by
-status; and the ratio of this checkout's CPU per Score to the other's, round by round.
+status; and the ratio of this checkout's CPU per Score to the other's, round by round. Past
+saturation, what the edge let in and what it refused: the calls refused at once
+(RESOURCE_EXHAUSTED) and the p99 of their latency, the share of the calls let in that failed
+or were late, the goodput (answers OK within 42 ms per second) and the calls that ran out
+their deadline or found no server (DEADLINE_EXCEEDED, UNAVAILABLE).
 
 Run with ``python -m loadtest.up_bench --before ../landed --before-var-dir ../landed/var``;
 report: ``loadtest/results/up-default.md`` and ``.json``.
@@ -44,6 +48,10 @@ from services.mesh.process import free_port, reserve_port, up_ports
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "up-default"
 BUDGET_MS = 42.0
+REFUSED = "ResourceExhausted"
+"""The status of a call the edge refuses at once (admission, docs/reliability.md)."""
+ADMISSION = ("refused", "refusal_p99_ms", "accepted_late_share", "goodput_rps")
+"""Each step's figures of what the edge let in and what it refused."""
 PORTS = (
     "envoy",
     "admin",
@@ -168,6 +176,8 @@ def _side(
             count = max(result.count, 1)
             errors = Counter(c.status for c in result.calls if c.status != "OK")
             late = sum(1 for c in result.calls if c.status != "OK" or c.latency_ms > BUDGET_MS)
+            refused = errors.get(REFUSED, 0)
+            on_time = sum(1 for c in result.calls if c.status == "OK" and c.latency_ms <= BUDGET_MS)
             steps.append(
                 {
                     "rps": rate,
@@ -179,6 +189,11 @@ def _side(
                     "failed_or_late": late,
                     "failed_or_late_share": round(late / count, 5),
                     "errors": dict(errors),
+                    "refused": refused,
+                    "refusal_p99_ms": round(result.status_p99_ms.get(REFUSED, math.nan), 2),
+                    # Of the calls the edge let in: not answered OK within the budget.
+                    "accepted_late_share": round((late - refused) / max(count - refused, 1), 5),
+                    "goodput_rps": round(on_time / args.seconds, 1),
                     "degraded_shares": step.shares(),
                     "full_quality": step.full_quality(),
                 }
@@ -237,6 +252,13 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int)
                 for key in ("cpu_ms_per_score", "p50_ms", "p99_ms", "failed_or_late_share")
             }
             row[side]["failed_or_late_per_round"] = [c["failed_or_late"] for c in cells]
+            for key in ADMISSION:
+                values = [c[key] for c in cells if key in c and not math.isnan(c[key])]
+                row[side][key] = statistics.median(values) if values else math.nan
+            row[side]["timed_out_per_round"] = [
+                sum(n for k, n in c["errors"].items() if k in ("DeadlineExceeded", "Unavailable"))
+                for c in cells
+            ]
             for key in report.DEGRADED:
                 row[side][key] = statistics.median(
                     c["degraded_shares"].get(key, math.nan) for c in cells
@@ -308,6 +330,32 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_share(cell['scored_by=small_model'])} | "
                 f"{cell['full_quality_rounds']}/{len(cell['calls_per_round'])} | "
                 + (f"{ratio} | **{row['cpu_ratio_median']:.2f}×** |" if side == "after" else " | |")
+            )
+    out += [
+        "",
+        "## What the edge let in and what it refused",
+        "",
+        "*Refused*: RESOURCE_EXHAUSTED from the edge's admission; *refusal p99*: the p99 of those "
+        "calls' latency at the driver; *accepted, failed or late*: of the calls not refused, the "
+        "share not answered OK within 42 ms; *goodput*: calls answered OK within 42 ms per second; "
+        "*deadline or unavailable*: DEADLINE_EXCEEDED and UNAVAILABLE calls, per round. Medians "
+        "over the rounds.",
+        "",
+        "| offered rps | side | refused | refusal p99 ms | accepted, failed or late | "
+        "goodput calls/s | deadline or unavailable per round |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for rate, row in result["summary"].items():
+        for side in ("before", "after"):
+            cell = row[side]
+            refusal = cell.get("refusal_p99_ms", math.nan)
+            out.append(
+                f"| {rate} | {side} | {cell.get('refused', math.nan):g} | "
+                + ("–" if math.isnan(refusal) else f"{refusal:.2f}")
+                + f" | {_share(cell.get('accepted_late_share', math.nan))} | "
+                f"{cell.get('goodput_rps', math.nan):.1f} | "
+                + " / ".join(str(n) for n in cell.get("timed_out_per_round", []))
+                + " |"
             )
     return "\n".join(out) + "\n"
 

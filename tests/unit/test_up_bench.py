@@ -3,6 +3,7 @@ CPU ratio taken within each round (both sides of a round share the machine's sta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from loadtest import up_bench
@@ -24,6 +25,11 @@ def _step(rps: int, cpu: float, late: int = 0, calls: int = 2000) -> dict[str, A
             "scored_by=small_model": 0.0,
         },
         "full_quality": not late,
+        "errors": {"DeadlineExceeded": late} if late else {},
+        "refused": 0,
+        "refusal_p99_ms": math.nan,
+        "accepted_late_share": late / calls,
+        "goodput_rps": (calls - late) / 20,
     }
 
 
@@ -144,3 +150,35 @@ def test_settling_gives_up_after_a_minute(monkeypatch: Any) -> None:
     tree = _Tree(lambda t: 1.0)
     _fake(monkeypatch, tree)
     assert up_bench._settle(tree, 10.0, 0.25) == 60.0
+
+
+def test_refusals_are_reported_apart_from_the_calls_let_in() -> None:
+    refusing = {
+        **_step(900, 3.0, late=600, calls=18000),
+        "errors": {"ResourceExhausted": 594, "DeadlineExceeded": 6},
+        "refused": 594,
+        "refusal_p99_ms": 1.5,
+        "accepted_late_share": 6 / 17406,
+        "goodput_rps": 870.0,
+    }
+    timing_out = {**_step(900, 4.0, late=900, calls=18000), "goodput_rps": 855.0}
+    runs: list[dict[str, Any]] = [
+        {"round": 1, "side": "before", "processes": 15, "settled_s": 12.0, "steps": [timing_out]},
+        {"round": 1, "side": "after", "processes": 12, "settled_s": 12.0, "steps": [refusing]},
+    ]
+    result: dict[str, Any] = {
+        "before": "abc1234",
+        "rounds": 1,
+        "seconds": 20.0,
+        "settle": 10.0,
+        "quiet": 0.25,
+        "runs": runs,
+    }
+    result.update(up_bench.summarize(runs, [900], rounds=1))
+    after = result["summary"]["900"]["after"]
+    assert after["refused"] == 594 and after["refusal_p99_ms"] == 1.5
+    assert after["timed_out_per_round"] == [6]
+    assert result["summary"]["900"]["before"]["timed_out_per_round"] == [900]
+    text = up_bench.markdown(result)
+    assert "| 900 | after | 594 | 1.50 | 0.0% | 870.0 | 6 |" in text
+    assert "| 900 | before | 0 | – | 5.0% | 855.0 | 900 |" in text
