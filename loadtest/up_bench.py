@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +289,13 @@ def _share(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.1%}"
 
 
+def _cells(result: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(rate, side, the rate's row, the side's cell) of the summary, before then after."""
+    for rate, row in result["summary"].items():
+        for side in ("before", "after"):
+            yield rate, side, row, row[side]
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The report."""
     out = [
@@ -313,24 +320,20 @@ def markdown(result: dict[str, Any]) -> str:
         "full quality (rounds) | CPU after/before per round | median |",
         "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|",
     ]
-    for rate, row in result["summary"].items():
-        for side in ("before", "after"):
-            cell = row[side]
-            per_round = " / ".join(
-                f"{n} of {c}"
-                for n, c in zip(
-                    cell["failed_or_late_per_round"], cell["calls_per_round"], strict=True
-                )
-            )
-            ratio = ", ".join(f"{r:.2f}" for r in row["cpu_ratio_per_round"])
-            out.append(
-                f"| {rate} | {side} | {cell['cpu_ms_per_score']:.2f} | {cell['p50_ms']:.2f} | "
-                f"{cell['p99_ms']:.2f} | {cell['failed_or_late_share']:.2%} | {per_round} | "
-                f"{_share(cell['feature_source=default'])} | {_share(cell['scored_by=rules'])} | "
-                f"{_share(cell['scored_by=small_model'])} | "
-                f"{cell['full_quality_rounds']}/{len(cell['calls_per_round'])} | "
-                + (f"{ratio} | **{row['cpu_ratio_median']:.2f}×** |" if side == "after" else " | |")
-            )
+    for rate, side, row, cell in _cells(result):
+        per_round = " / ".join(
+            f"{n} of {c}"
+            for n, c in zip(cell["failed_or_late_per_round"], cell["calls_per_round"], strict=True)
+        )
+        ratio = ", ".join(f"{r:.2f}" for r in row["cpu_ratio_per_round"])
+        out.append(
+            f"| {rate} | {side} | {cell['cpu_ms_per_score']:.2f} | {cell['p50_ms']:.2f} | "
+            f"{cell['p99_ms']:.2f} | {cell['failed_or_late_share']:.2%} | {per_round} | "
+            f"{_share(cell['feature_source=default'])} | {_share(cell['scored_by=rules'])} | "
+            f"{_share(cell['scored_by=small_model'])} | "
+            f"{cell['full_quality_rounds']}/{len(cell['calls_per_round'])} | "
+            + (f"{ratio} | **{row['cpu_ratio_median']:.2f}×** |" if side == "after" else " | |")
+        )
     out += [
         "",
         "## What the edge let in and what it refused",
@@ -345,18 +348,15 @@ def markdown(result: dict[str, Any]) -> str:
         "goodput calls/s | deadline or unavailable per round |",
         "|---:|---|---:|---:|---:|---:|---|",
     ]
-    for rate, row in result["summary"].items():
-        for side in ("before", "after"):
-            cell = row[side]
-            refusal = cell.get("refusal_p99_ms", math.nan)
-            out.append(
-                f"| {rate} | {side} | {cell.get('refused', math.nan):g} | "
-                + ("–" if math.isnan(refusal) else f"{refusal:.2f}")
-                + f" | {_share(cell.get('accepted_late_share', math.nan))} | "
-                f"{cell.get('goodput_rps', math.nan):.1f} | "
-                + " / ".join(str(n) for n in cell.get("timed_out_per_round", []))
-                + " |"
-            )
+    for rate, side, _, cell in _cells(result):
+        refusal = cell["refusal_p99_ms"]
+        out.append(
+            f"| {rate} | {side} | {cell['refused']:g} | "
+            + ("–" if math.isnan(refusal) else f"{refusal:.2f}")
+            + f" | {_share(cell['accepted_late_share'])} | {cell['goodput_rps']:.1f} | "
+            + " / ".join(str(n) for n in cell["timed_out_per_round"])
+            + " |"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -89,11 +89,13 @@ class _SqliteRows:
     tables in one ``UNION ALL`` over a connection of its own without converters, and parses
     each distinct timestamp once. The tables, keys and values are the store's own
     (``feast_internals``); ``read_generic`` is the reference the tests hold it equal to.
+    The connection opens on the first read, as Feast's does, so that a store file or folder
+    that is not there yet fails that read (UNAVAILABLE) rather than the reader's start.
     """
 
     def __init__(self, path: str, tables: Sequence[str]) -> None:
-        self._connection = sqlite3.connect(path, check_same_thread=False)
-        self._connection.execute("PRAGMA query_only=ON")
+        self._path = path
+        self._connection: sqlite3.Connection | None = None
         selects = [
             f"SELECT {index}, feature_name, value, event_ts FROM {table} WHERE entity_key = ?"
             for index, table in enumerate(tables)
@@ -105,11 +107,16 @@ class _SqliteRows:
     def rows(self, keys: Sequence[bytes]) -> list[tuple[int, str, bytes, object]]:
         """(view index, feature name, serialized value, event_ts) of each stored feature of
         the entities ``keys`` name, one per view in order."""
-        cursor = self._connection.execute(self._statements[len(keys)], keys)
-        return cursor.fetchall()
+        if self._connection is None:
+            connection = sqlite3.connect(self._path, check_same_thread=False)
+            connection.execute("PRAGMA query_only=ON")
+            self._connection = connection
+        return self._connection.execute(self._statements[len(keys)], keys).fetchall()
 
     def close(self) -> None:
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
 
 class OnlineFeatureReader:

@@ -33,51 +33,26 @@ def _step(rps: int, cpu: float, late: int = 0, calls: int = 2000) -> dict[str, A
     }
 
 
+def _run(index: int, side: str, step: dict[str, Any]) -> dict[str, Any]:
+    processes, settled = (15, 12.0) if side == "before" else (11, 20.0)
+    return {
+        "round": index,
+        "side": side,
+        "processes": processes,
+        "settled_s": settled,
+        "steps": [step],
+    }
+
+
 def _runs() -> list[dict[str, Any]]:
     # A slow second round doubles both sides: the ratio within each round stays 0.5.
     return [
-        {
-            "round": 1,
-            "side": "before",
-            "processes": 15,
-            "settled_s": 12.0,
-            "steps": [_step(100, 10.0, late=3)],
-        },
-        {
-            "round": 1,
-            "side": "after",
-            "processes": 11,
-            "settled_s": 20.0,
-            "steps": [_step(100, 5.0)],
-        },
-        {
-            "round": 2,
-            "side": "after",
-            "processes": 11,
-            "settled_s": 20.0,
-            "steps": [_step(100, 10.0, late=1)],
-        },
-        {
-            "round": 2,
-            "side": "before",
-            "processes": 15,
-            "settled_s": 12.0,
-            "steps": [_step(100, 20.0, late=9)],
-        },
-        {
-            "round": 3,
-            "side": "before",
-            "processes": 15,
-            "settled_s": 12.0,
-            "steps": [_step(100, 12.0)],
-        },
-        {
-            "round": 3,
-            "side": "after",
-            "processes": 11,
-            "settled_s": 20.0,
-            "steps": [_step(100, 6.0)],
-        },
+        _run(1, "before", _step(100, 10.0, late=3)),
+        _run(1, "after", _step(100, 5.0)),
+        _run(2, "after", _step(100, 10.0, late=1)),
+        _run(2, "before", _step(100, 20.0, late=9)),
+        _run(3, "before", _step(100, 12.0)),
+        _run(3, "after", _step(100, 6.0)),
     ]
 
 
@@ -162,10 +137,7 @@ def test_refusals_are_reported_apart_from_the_calls_let_in() -> None:
         "goodput_rps": 870.0,
     }
     timing_out = {**_step(900, 4.0, late=900, calls=18000), "goodput_rps": 855.0}
-    runs: list[dict[str, Any]] = [
-        {"round": 1, "side": "before", "processes": 15, "settled_s": 12.0, "steps": [timing_out]},
-        {"round": 1, "side": "after", "processes": 12, "settled_s": 12.0, "steps": [refusing]},
-    ]
+    runs = [_run(1, "before", timing_out), _run(1, "after", refusing)]
     result: dict[str, Any] = {
         "before": "abc1234",
         "rounds": 1,
