@@ -1,8 +1,8 @@
 """Every test's duration, kept as a results file of the run: where a CI run's time goes.
 
 ``--durations-file PATH`` (``make test`` names one per lane it runs) writes, at the end of
-the session, each test's setup, call and teardown seconds with its outcome, the totals per
-module, and the run's provenance (commit, date, machine, command; ``loadtest/provenance.py``). Under pytest-xdist the controller writes it from the reports its workers
+the session, each test's setup, call and teardown seconds with its outcome and the CPU
+seconds it spent (with the processes it started and ended), the totals per module, and the run's provenance (commit, date, machine, command; ``loadtest/provenance.py``). Under pytest-xdist the controller writes it from the reports its workers
 send back, so one file covers the whole session. Loaded by ``tests/conftest.py``.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -27,6 +28,11 @@ _KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 """Node id → the test's seconds per phase and its outcome."""
 _START = pytest.StashKey[float]()
 """When the session started (epoch seconds)."""
+_CPU = "cpu_s"
+"""The user property a phase's report carries its CPU seconds in (it crosses from an xdist
+worker to the controller with the report)."""
+_PHASE_CPU = pytest.StashKey[float]()
+"""CPU seconds spent when the current phase started."""
 _CONFIG: dict[str, pytest.Config] = {}
 """The session's config, for the report hook, which is not handed it."""
 
@@ -45,6 +51,32 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEY] = {}
 
 
+def cpu_seconds() -> float:
+    """CPU seconds, user and system, of this process and of every child it has reaped: the
+    services, meshes, drivers and builds a test starts count once they have ended, so a
+    module's total includes the processes of its module-scoped fixtures."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Puts the CPU seconds of the phase just ended on its report."""
+    outcome = yield
+    started = item.stash.get(_PHASE_CPU, None)
+    now = cpu_seconds()
+    item.stash[_PHASE_CPU] = now
+    if started is not None:
+        outcome.get_result().user_properties.append((_CPU, round(now - started, 3)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Starts the CPU count of the test's phases."""
+    item.stash[_PHASE_CPU] = cpu_seconds()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Adds a phase's duration to its test's record."""
     config = _CONFIG.get("config")
@@ -55,6 +87,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "outcome": "passed"}
     )
     record[report.when] = round(record[report.when] + report.duration, 3)
+    for key, value in report.user_properties:
+        if key == _CPU:
+            record["cpu"] = round(record.get("cpu", 0.0) + float(value), 3)
     if report.failed:
         record["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and record["outcome"] == "passed":
@@ -95,9 +130,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     tests = config.stash.get(_KEY, {})
     modules: dict[str, float] = defaultdict(float)
+    module_cpu: dict[str, float] = defaultdict(float)
     for nodeid, record in tests.items():
         record["total"] = round(record["setup"] + record["call"] + record["teardown"], 3)
         modules[nodeid.split("::", 1)[0]] += record["total"]
+        module_cpu[nodeid.split("::", 1)[0]] += record.get("cpu", 0.0)
     started = config.stash.get(_START, time.time())
     document = conditions(["pytest", *sys.argv[1:]]) | {
         "exit_status": int(exitstatus),
@@ -105,6 +142,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "workers": getattr(config.option, "numprocesses", None) or 0,
         "tests": len(tests),
         "modules": {k: round(v, 1) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])},
+        "modules_cpu_s": {
+            k: round(module_cpu[k], 1) for k in sorted(modules, key=lambda k: -modules[k])
+        },
         "durations": dict(sorted(tests.items(), key=lambda kv: -kv[1]["total"])),
     }
     target = Path(path)

@@ -71,18 +71,21 @@ def test_the_durations_file_records_each_test_and_the_run(
     pytester.makeconftest("pytest_plugins = ('tests.durations',)")
     pytester.makepyfile(
         test_some="""
-        import time
+        import subprocess, sys, time
         def test_quick():
             pass
         def test_slow():
             time.sleep(0.2)
+        def test_busy_child():
+            code = "import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass"
+            subprocess.run([sys.executable, "-c", code], check=True)
         def test_broken():
             assert False
         """
     )
     out = pytester.path / "durations.json"
     result = pytester.runpytest_subprocess(f"--durations-file={out}")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=3, failed=1)
     document = json.loads(out.read_text())
     for key in ("commit", "date", "machine", "command"):
         assert document["provenance"][key], key
@@ -91,9 +94,13 @@ def test_the_durations_file_records_each_test_and_the_run(
     assert tests["test_some.py::test_slow"]["call"] >= 0.2
     assert tests["test_some.py::test_broken"]["outcome"] == "failed"
     assert tests["test_some.py::test_quick"]["outcome"] == "passed"
-    assert next(iter(tests)) == "test_some.py::test_slow"  # slowest first
-    assert document["tests"] == 3
-    assert document["modules"]["test_some.py"] >= 0.2
+    assert next(iter(tests)) == "test_some.py::test_busy_child"  # slowest first
+    assert document["tests"] == 4
+    assert document["modules"]["test_some.py"] >= 0.5
+    # CPU: a child's counts once it has ended; a sleep's does not.
+    assert tests["test_some.py::test_busy_child"]["cpu"] >= 0.3
+    assert tests["test_some.py::test_slow"]["cpu"] < 0.15
+    assert document["modules_cpu_s"]["test_some.py"] >= 0.3
 
 
 def test_the_conditions_name_commit_date_machine_and_command() -> None:
