@@ -6,10 +6,15 @@
 #      is made by debootstrap and imported with buildah as localhost/fraudmesh-base:bookworm
 #      (kept in buildah's storage, labelled with its package list; a base with another list
 #      is rebuilt, and FRESH_BASE=1 rebuilds it anyway);
-#   3. the project's wheel and every dependency, resolved against requirements.lock, are
-#      built or downloaded on the host into the build context, so nothing in the image
-#      compiles and the image build itself is offline;
-#   4. `buildah bud` builds deploy/images/Containerfile (vfs storage, chroot isolation);
+#   3. the dependencies' image, localhost/fraudmesh-deps:<key>: the base with every
+#      dependency in /opt/fraudmesh (deploy/images/Containerfile.deps), built only when no
+#      image of its key is kept (the key hashes requirements.lock, the project's declared
+#      dependencies, that file, pip's version and the base; FRESH_DEPS=1 rebuilds it). Its
+#      wheels are resolved against requirements.lock and built or downloaded on the host,
+#      so nothing in the image compiles and the image build itself is offline;
+#   4. the project's own wheel is built on the host, and `buildah bud` builds
+#      deploy/images/Containerfile on the dependencies' image (vfs storage, chroot
+#      isolation): the user, the wheel and pip's check of every requirement;
 #   5. deploy/images/smoke.py runs inside the image with `buildah run` as the image's user,
 #      with a published model from $VAR_DIR/models mounted read-only: the scorer and the
 #      decision sink must answer SERVING on their gRPC health checks;
@@ -27,6 +32,8 @@ BASE_IMAGE=localhost/fraudmesh-base:bookworm
 # libgomp1: LightGBM's OpenMP runtime; ca-certificates: TLS to a managed Kafka or Redis.
 BASE_PACKAGES=python3,libgomp1,ca-certificates
 BASE_LABEL=io.fraudmesh.base.packages
+DEPS_IMAGE=localhost/fraudmesh-deps
+DEPS_LABEL=io.fraudmesh.deps.key
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PIP_VERSION=26.3
 PY=${PY:-.venv/bin/python}
@@ -83,34 +90,79 @@ else
   echo "reusing $BASE_IMAGE (FRESH_BASE=1 rebuilds it)"
 fi
 
-step "wheels (host side, pinned by requirements.lock)"
+# The dependencies' image: the base with every dependency installed, built only when none of
+# this key is kept. The key hashes what decides its content and nothing of the project's own
+# code, so a change of the code rebuilds only the small layer on top of it.
+base_id=$("${buildah[@]}" inspect --type image --format '{{.FromImageID}}' "$BASE_IMAGE")
+deps_key=$({
+  cat requirements.lock deploy/images/Containerfile.deps
+  "$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])'
+  echo "pip $PIP_VERSION, base $base_id"
+} | sha256sum | cut -c1-16)
+deps_image=$DEPS_IMAGE:$deps_key
+
+# pip itself, run from its wheel by both builds and never installed.
+pip_wheel() {
+  mkdir -p "$1/pip"
+  "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$1/pip" \
+    "pip==$PIP_VERSION"
+  mv "$1"/pip/pip-*.whl "$1/pip/pip.whl"
+}
+
+# The project's wheel, from an empty build/lib: setuptools puts whatever an earlier build
+# left there into the new wheel, and modules that left the product (the load-test suite)
+# would ship again.
+project_wheel() {
+  rm -rf build/lib build/bdist.*
+  "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$1" .
+}
+
+step "dependencies image $deps_image"
+if [ "${FRESH_DEPS:-0}" != 1 ] && "${buildah[@]}" inspect --type image "$deps_image" >/dev/null 2>&1; then
+  echo "reusing $deps_image (FRESH_DEPS=1 rebuilds it)"
+else
+  deps_context=$OUT/deps-context
+  rm -rf "$deps_context"
+  mkdir -p "$deps_context/wheels"
+  rm -rf build/lib build/bdist.*
+  # Every dependency, resolved against requirements.lock on the host, so nothing compiles in
+  # the image and its build is offline.
+  "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$deps_context/wheels" \
+    --constraint requirements.lock .
+  # Pins whose environment marker the host's Python skips but the image's may need (redis
+  # wants async-timeout below Python 3.11.3; bookworm has 3.11.2): the image's pip decides.
+  grep -E '^[A-Za-z0-9][^#]*==[^;]*;' requirements.lock | cut -d';' -f1 | tr -d ' ' \
+    | xargs -r "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --dest "$deps_context/wheels"
+  pip_wheel "$deps_context"
+  cp requirements.lock "$deps_context/"
+  echo "$(find "$deps_context/wheels" -name '*.whl' | wc -l) wheels, $(du -sh "$deps_context/wheels" | cut -f1)"
+  "${buildah[@]}" bud --isolation chroot --layers=false --quiet \
+    --build-arg BASE="$BASE_IMAGE" \
+    --label "$DEPS_LABEL=$deps_key" \
+    -f deploy/images/Containerfile.deps -t "$deps_image" "$deps_context" >/dev/null
+  rm -rf "$deps_context"
+  # vfs keeps every layer as a full copy: drop the dependencies' images of other keys.
+  "${buildah[@]}" images --format '{{.Name}}:{{.Tag}}' | grep -F "$DEPS_IMAGE:" \
+    | grep -vxF "$deps_image" | xargs -r "${buildah[@]}" rmi >/dev/null 2>&1 || true
+fi
+
+step "project wheel"
 rm -rf "$CONTEXT"
-mkdir -p "$CONTEXT/wheels" "$CONTEXT/pip"
-# setuptools puts whatever an earlier build left in build/lib into the new wheel: start from an
-# empty one, or modules that left the product (the load-test suite) would ship again.
-rm -rf build/lib build/bdist.*
-"$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
-  --constraint requirements.lock .
-# Pins whose environment marker the host's Python skips but the image's may need (redis
-# wants async-timeout below Python 3.11.3; bookworm has 3.11.2): the image's pip decides.
-grep -E '^[A-Za-z0-9][^#]*==[^;]*;' requirements.lock | cut -d';' -f1 | tr -d ' ' \
-  | xargs -r "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
-      --only-binary=:all: --dest "$CONTEXT/wheels"
-"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$CONTEXT/pip" \
-  "pip==$PIP_VERSION"
-mv "$CONTEXT"/pip/pip-*.whl "$CONTEXT/pip/pip.whl"
-cp requirements.lock "$CONTEXT/"
-echo "$(find "$CONTEXT/wheels" -name '*.whl' | wc -l) wheels, $(du -sh "$CONTEXT/wheels" | cut -f1)"
+mkdir -p "$CONTEXT/wheels"
+project_wheel "$CONTEXT/wheels"
+pip_wheel "$CONTEXT"
+ls "$CONTEXT/wheels"
 
 step "build $tag"
 "${buildah[@]}" bud --isolation chroot --layers=false --quiet \
-  --build-arg BASE="$BASE_IMAGE" \
+  --build-arg DEPS="$deps_image" \
   --label org.opencontainers.image.title=fraudmesh \
   --label org.opencontainers.image.version="$version" \
   --label org.opencontainers.image.revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
   -f deploy/images/Containerfile -t "$tag" "$CONTEXT" >/dev/null
-# The previous build of the tag and the build stage are left untagged: vfs keeps every
-# layer as a full copy, so drop them.
+# The previous build of the tag is left untagged: vfs keeps every layer as a full copy, so
+# drop it.
 "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
 
 step "smoke test inside $tag"

@@ -1,11 +1,12 @@
 """``make images`` end to end: the image builds without a Docker engine and passes its smoke test.
 
-Runs ``scripts/images.sh`` (debootstrap base, buildah build, in-image smoke test of the
-scorer on this session's model and of the decision sink, and that no load-test suite is
-inside) as ``make images`` does. It needs root, as debootstrap and buildah's storage do
-(without root it skips on a developer's machine and fails under CI), and reaches Debian's
-package mirror for the base root filesystem; the base is kept in buildah's storage, so later
-runs take about half as long.
+Runs ``scripts/images.sh`` (debootstrap base, the dependencies' image, buildah build,
+in-image smoke test of the scorer on this session's model and of the decision sink, and that
+no load-test suite is inside) as ``make images`` does. It needs root, as debootstrap and
+buildah's storage do (without root it skips on a developer's machine and fails under CI),
+and reaches Debian's package mirror for the base root filesystem; the base and the
+dependencies' image are kept in buildah's storage, so later runs build only the project's
+layer.
 """
 
 from __future__ import annotations
