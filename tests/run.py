@@ -194,18 +194,23 @@ def merge_durations(lanes_: list[Lane], wall_s: float) -> Path:
         "lanes": {},
     }
     modules: dict[str, float] = {}
+    module_cpu: dict[str, float] = {}
     tests: dict[str, object] = {}
     for lane in lanes_:
         entry: dict[str, object] = {"seconds": round(lane.seconds, 1), "exit_codes": lane.codes}
         if lane.durations is not None and lane.durations.exists():
             document = json.loads(lane.durations.read_text())
             entry["tests"] = document["tests"]
+            cpu = document.get("modules_cpu_s", {})
+            entry["cpu_s"] = round(sum(cpu.values()), 1)
+            module_cpu.update(cpu)
             for module, seconds in document["modules"].items():
                 modules[module] = seconds
             for nodeid, record in document["durations"].items():
                 tests[nodeid] = record | {"lane": lane.name}
         merged["lanes"][lane.name] = entry  # type: ignore[index]
     merged["modules"] = dict(sorted(modules.items(), key=lambda kv: -kv[1]))
+    merged["modules_cpu_s"] = {module: module_cpu.get(module, 0.0) for module in merged["modules"]}
     merged["durations"] = tests
     target = RESULTS / "durations.json"
     target.write_text(json.dumps(merged, indent=1) + "\n")

@@ -182,3 +182,34 @@ def test_a_fresh_clone_orders_the_modules_by_the_run_kept_in_the_repository(
     last = tmp_path / "durations.json"
     last.write_text(json.dumps({"modules": {"tests/integration/test_mesh.py": 1e6}}))
     assert run._order_by_last_run(modules, last=last)[0] == lanes.INTEGRATION / "test_mesh.py"
+
+
+def test_the_runs_file_merges_each_lanes_tests_seconds_and_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "RESULTS", tmp_path)
+    monkeypatch.setattr(run, "LOGS", tmp_path)
+    made = []
+    for name, module, seconds, cpu in (
+        ("rest", "a.py", 30.0, 12.5),
+        ("timing", "b.py", 20.0, 18.0),
+    ):
+        path = tmp_path / f"durations-{name}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "tests": 1,
+                    "modules": {module: seconds},
+                    "modules_cpu_s": {module: cpu},
+                    "durations": {f"{module}::t": {"total": seconds, "cpu": cpu}},
+                }
+            )
+        )
+        lane = run.Lane(name, [["true"]], 0, path)
+        lane.codes = [0]
+        made.append(lane)
+    merged = json.loads(run.merge_durations(made, 50.0).read_text())
+    assert merged["modules"] == {"a.py": 30.0, "b.py": 20.0}
+    assert merged["modules_cpu_s"] == {"a.py": 12.5, "b.py": 18.0}
+    assert merged["lanes"]["rest"]["cpu_s"] == 12.5 and merged["lanes"]["timing"]["cpu_s"] == 18.0
+    assert merged["durations"]["b.py::t"]["lane"] == "timing"
