@@ -33,8 +33,11 @@ COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
 BACKGROUND_NICENESS = 10
 """Niceness of the ``static`` and ``images`` lanes beside ``rest``: a nice-10 process gets
 about a tenth of a core that a nice-0 one wants as well."""
-DEFAULT_WORKERS = 2
-"""pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise."""
+DEFAULT_WORKERS = 3
+"""pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise. Three on
+two cores: most of the rest lane's modules wait on their meshes, brokers and paced traffic,
+and with the image build cheap since its dependencies are kept, a third worker fills the cores
+they leave idle (docs/performance.md, "What a start costs")."""
 GO_PACKAGES = ("./clients/...", "./gen/...")
 """The root Go module's packages (the Makefile's ``GO_PACKAGES``, which ``go vet`` checks).
 Not ``./...``: that walks ``build/`` too, where check-gen leaves its copy of the stubs and
@@ -201,6 +204,7 @@ def merge_durations(lanes_: list[Lane], wall_s: float) -> Path:
         if lane.durations is not None and lane.durations.exists():
             document = json.loads(lane.durations.read_text())
             entry["tests"] = document["tests"]
+            entry["workers"] = document.get("workers", 0)
             cpu = document.get("modules_cpu_s", {})
             entry["cpu_s"] = round(sum(cpu.values()), 1)
             module_cpu.update(cpu)

@@ -199,6 +199,7 @@ def test_the_runs_file_merges_each_lanes_tests_seconds_and_cpu(
             json.dumps(
                 {
                     "tests": 1,
+                    "workers": 3 if name == "rest" else 0,
                     "modules": {module: seconds},
                     "modules_cpu_s": {module: cpu},
                     "durations": {f"{module}::t": {"total": seconds, "cpu": cpu}},
@@ -213,3 +214,4 @@ def test_the_runs_file_merges_each_lanes_tests_seconds_and_cpu(
     assert merged["modules_cpu_s"] == {"a.py": 12.5, "b.py": 18.0}
     assert merged["lanes"]["rest"]["cpu_s"] == 12.5 and merged["lanes"]["timing"]["cpu_s"] == 18.0
     assert merged["durations"]["b.py::t"]["lane"] == "timing"
+    assert merged["lanes"]["rest"]["workers"] == 3 and merged["lanes"]["timing"]["workers"] == 0
