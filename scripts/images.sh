@@ -33,7 +33,6 @@ BASE_IMAGE=localhost/fraudmesh-base:bookworm
 BASE_PACKAGES=python3,libgomp1,ca-certificates
 BASE_LABEL=io.fraudmesh.base.packages
 DEPS_IMAGE=localhost/fraudmesh-deps
-DEPS_LABEL=io.fraudmesh.deps.key
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PIP_VERSION=26.3
 PY=${PY:-.venv/bin/python}
@@ -109,12 +108,12 @@ pip_wheel() {
   mv "$1"/pip/pip-*.whl "$1/pip/pip.whl"
 }
 
-# The project's wheel, from an empty build/lib: setuptools puts whatever an earlier build
-# left there into the new wheel, and modules that left the product (the load-test suite)
-# would ship again.
-project_wheel() {
+# The project's wheel into $1 (with the further pip options given), from an empty build/lib:
+# setuptools puts whatever an earlier build left there into the new wheel, and modules that
+# left the product (the load-test suite) would ship again.
+wheels() {
   rm -rf build/lib build/bdist.*
-  "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$1" .
+  "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$1" "${@:2}" .
 }
 
 step "dependencies image $deps_image"
@@ -124,11 +123,9 @@ else
   deps_context=$OUT/deps-context
   rm -rf "$deps_context"
   mkdir -p "$deps_context/wheels"
-  rm -rf build/lib build/bdist.*
   # Every dependency, resolved against requirements.lock on the host, so nothing compiles in
   # the image and its build is offline.
-  "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$deps_context/wheels" \
-    --constraint requirements.lock .
+  wheels "$deps_context/wheels" --constraint requirements.lock
   # Pins whose environment marker the host's Python skips but the image's may need (redis
   # wants async-timeout below Python 3.11.3; bookworm has 3.11.2): the image's pip decides.
   grep -E '^[A-Za-z0-9][^#]*==[^;]*;' requirements.lock | cut -d';' -f1 | tr -d ' ' \
@@ -139,7 +136,6 @@ else
   echo "$(find "$deps_context/wheels" -name '*.whl' | wc -l) wheels, $(du -sh "$deps_context/wheels" | cut -f1)"
   "${buildah[@]}" bud --isolation chroot --layers=false --quiet \
     --build-arg BASE="$BASE_IMAGE" \
-    --label "$DEPS_LABEL=$deps_key" \
     -f deploy/images/Containerfile.deps -t "$deps_image" "$deps_context" >/dev/null
   rm -rf "$deps_context"
   # vfs keeps every layer as a full copy: drop the dependencies' images of other keys.
@@ -150,7 +146,7 @@ fi
 step "project wheel"
 rm -rf "$CONTEXT"
 mkdir -p "$CONTEXT/wheels"
-project_wheel "$CONTEXT/wheels"
+wheels "$CONTEXT/wheels" --no-deps
 pip_wheel "$CONTEXT"
 ls "$CONTEXT/wheels"
 

@@ -133,8 +133,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     module_cpu: dict[str, float] = defaultdict(float)
     for nodeid, record in tests.items():
         record["total"] = round(record["setup"] + record["call"] + record["teardown"], 3)
-        modules[nodeid.split("::", 1)[0]] += record["total"]
-        module_cpu[nodeid.split("::", 1)[0]] += record.get("cpu", 0.0)
+        module = nodeid.split("::", 1)[0]
+        modules[module] += record["total"]
+        module_cpu[module] += record.get("cpu", 0.0)
     started = config.stash.get(_START, time.time())
     document = conditions(["pytest", *sys.argv[1:]]) | {
         "exit_status": int(exitstatus),
