@@ -4,12 +4,13 @@ A run has two phases, because on two cores the suite is bound by CPU and the mod
 judge time cannot share the machine:
 
 1. ``rest``, every module that does not judge time, unit and integration, over
-   ``TEST_WORKERS`` pytest-xdist workers (three by default, whole modules to a worker), beside
+   ``TEST_WORKERS`` pytest-xdist workers (two by default, whole modules to a worker), beside
    ``static`` (generated code, lint, types, manifests, ``go test``) and ``images`` (the image
    build, mostly download and copying), both at nice 10. In one process the rest took 2,137 s
    of a CI run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``);
-   with the image's dependencies kept, 695 s over two and 635 s over three
-   (``loadtest/results/test-durations-2workers.json``, ``test-durations.json``).
+   with the image's dependencies kept, 695 s over two and 635 s over three, which saturate
+   the cores and are not the default (``loadtest/results/test-durations-2workers.json``,
+   ``test-durations.json``).
 2. ``timing`` alone, once the others have ended: the modules that judge time (a fault
    window's late calls against the same run's baseline, a load step's answers against the
    budget), one after another. Nothing runs beside them, not even at idle priority. Beside the
