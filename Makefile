@@ -29,7 +29,7 @@ $(UV):
 
 $(VENV)/.installed: pyproject.toml loadtest/pyproject.toml requirements.lock $(UV)
 	$(UV) venv --quiet --seed --allow-existing --python $(PYTHON) $(VENV)
-	$(UV) pip install --quiet --python $(PY) -r requirements.lock
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements.lock
 	$(UV) pip install --quiet --python $(PY) --no-deps -e . -e ./loadtest
 	touch $@
 
@@ -42,8 +42,16 @@ $(CONSOLE_VENDOR)/htmx.min.js: package.json package-lock.json
 	mkdir -p $(CONSOLE_VENDOR)
 	cp node_modules/htmx.org/dist/htmx.min.js $@
 
+# Bytecode is compiled at install, as pip does by default and uv only when asked: where the
+# environment sets PYTHONDONTWRITEBYTECODE (or the tree is read-only) nothing writes it later,
+# and every process would compile each module it imports from source at every start. The
+# project's own packages are editable, so their bytecode is refreshed on every install; a
+# file changed since only costs its own compile. PROJECT_PACKAGES: the folders of its modules.
+PROJECT_PACKAGES := services gen/python loadtest tests
+
 .PHONY: install
 install: $(VENV)/.installed $(CONSOLE_VENDOR)/htmx.min.js ## Create .venv, install the project, its load-test suite and the console's assets
+	@$(PY) -m compileall -q -j 0 $(PROJECT_PACKAGES)
 
 .PHONY: system-run
 system-run: ## Install the system programs the mesh runs (redis-server, setpriv, npm, Prometheus) if missing
