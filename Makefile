@@ -77,7 +77,7 @@ gen: install ## Regenerate the Python and Go stubs from protos/
 check-gen: install ## Fail when protos are not lint-clean or the committed stubs are stale
 	cd protos && buf lint
 	rm -rf build/gen-check && bash scripts/gen.sh build/gen-check
-	diff -r gen build/gen-check || { echo "generated code is stale: run 'make gen' and commit" >&2; exit 1; }
+	diff -r --exclude=__pycache__ gen build/gen-check || { echo "generated code is stale: run 'make gen' and commit" >&2; exit 1; }
 
 .PHONY: lint
 lint: install ## ruff, formatting, mypy, go vet

@@ -5,9 +5,11 @@ A mesh start is CPU-bound on a small machine: each Python service imports its li
 dozens of meshes a run. Each round starts the services of ``fraudmesh up`` on two cores (two
 gateways reading the store and running the model in process, one of every other service;
 not the observability stack, whose programs are not Python) on
-``--var-dir`` from this checkout and from ``--before`` (another checkout, run with this
-virtual environment, its own folder first on the path), in alternating order, and records
-the time until every process is ready and each process's CPU time (user + system) by then.
+``--var-dir`` from this checkout and from ``--before`` (another checkout, its own folder
+first on the path, run with this virtual environment or with ``--before-python``'s), in
+alternating order, and records the time until every process is ready, each process's CPU
+time (user + system) by then, and whether each side found its modules' bytecode compiled
+(where ``PYTHONDONTWRITEBYTECODE`` is set, nothing compiles it after the install).
 
 Run with ``python -m loadtest.start_bench --before ../earlier-checkout --var-dir var``.
 """
@@ -29,9 +31,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "mesh-start"
 
 PROBE = """
-import json, sys, tempfile, time
+import importlib.util, json, os, sys, tempfile, time
 from pathlib import Path
-import psutil
+import feast, psutil, services.mesh
+compiled = {
+    name: os.path.exists(importlib.util.cache_from_source(module.__file__))
+    for name, module in (("project", services.mesh), ("feast", feast))
+}
 from services.mesh import Mesh, MeshConfig
 config = MeshConfig.on_free_ports(
     var_dir=Path(sys.argv[1]), log_dir=Path(tempfile.mkdtemp()),
@@ -48,14 +54,14 @@ try:
         cpu[name] = times.user + times.system + times.children_user + times.children_system
 finally:
     mesh.stop()
-print(json.dumps({"ready_s": ready_s, "cpu_s": cpu}))
+print(json.dumps({"ready_s": ready_s, "cpu_s": cpu, "bytecode": compiled}))
 """
 """Runs in the checkout measured: only the mesh API both sides have."""
 
 
-def _start(checkout: Path, var_dir: Path) -> dict[str, Any]:
+def _start(checkout: Path, var_dir: Path, python: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(var_dir)],
+        [python, "-c", PROBE, str(var_dir)],
         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
@@ -65,13 +71,15 @@ def _start(checkout: Path, var_dir: Path) -> dict[str, Any]:
     return result
 
 
-def measure(before: Path, after: Path, var_dir: Path, rounds: int) -> dict[str, Any]:
+def measure(
+    before: Path, after: Path, var_dir: Path, rounds: int, before_python: str = sys.executable
+) -> dict[str, Any]:
     """Each side's starts, alternating which goes first."""
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     for r in range(rounds):
-        order = [("before", before), ("after", after)]
-        for side, checkout in order if r % 2 == 0 else order[::-1]:
-            runs[side].append(_start(checkout, var_dir))
+        order = [("before", before, before_python), ("after", after, sys.executable)]
+        for side, checkout, python in order if r % 2 == 0 else order[::-1]:
+            runs[side].append(_start(checkout, var_dir, python))
     summary: dict[str, Any] = {}
     for side, starts in runs.items():
         totals = [sum(s["cpu_s"].values()) for s in starts]
@@ -79,6 +87,7 @@ def measure(before: Path, after: Path, var_dir: Path, rounds: int) -> dict[str, 
         summary[side] = {
             "cpu_s_median": round(statistics.median(totals), 2),
             "ready_s_median": round(statistics.median(s["ready_s"] for s in starts), 2),
+            "bytecode": starts[0].get("bytecode", {}),
             "cpu_s_by_process_median": {
                 n: round(statistics.median(s["cpu_s"].get(n, 0.0) for s in starts), 2)
                 for n in names
@@ -114,6 +123,9 @@ def _markdown(result: dict[str, Any]) -> str:
         f"| before | {before['cpu_s_median']:.2f} | {before['ready_s_median']:.2f} |",
         f"| after | {after['cpu_s_median']:.2f} | {after['ready_s_median']:.2f} |",
         "",
+        f"Bytecode compiled before the start: before {_bytecode(before)}; after "
+        f"{_bytecode(after)}.",
+        "",
         f"CPU ratio (median of the rounds' ratios): {result['cpu_ratio_median']:.2f}× "
         f"({low:.2f}–{high:.2f}).",
         "",
@@ -128,11 +140,18 @@ def _markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _command(before: Path) -> str:
-    """This run's command, the other checkout named by its commit."""
-    return provenance.naming_checkouts(
-        provenance.command_line(), {str(before): provenance.other_checkout(before)}
-    )
+def _bytecode(side: dict[str, Any]) -> str:
+    found = side.get("bytecode", {})
+    return ", ".join(f"{name} {'yes' if yes else 'no'}" for name, yes in found.items()) or "?"
+
+
+def _command(before: Path, before_python: str | None) -> str:
+    """This run's command, the other checkout named by its commit and the other Python by
+    what it is, not by where they were on the machine that ran it."""
+    named = {str(before): provenance.other_checkout(before)}
+    if before_python is not None:
+        named[before_python] = "<python of another environment>"
+    return provenance.naming_checkouts(provenance.command_line(), named)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,11 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", type=Path, required=True, help="another checkout")
     parser.add_argument("--var-dir", type=Path, required=True, help="prepared state (make data)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--before-python",
+        help="the Python of the environment to run --before with (default: this one), e.g. "
+        "one installed without compiling bytecode",
+    )
     args = parser.parse_args(argv)
     after = Path(__file__).resolve().parent.parent
-    result = measure(args.before.resolve(), after, args.var_dir.resolve(), args.rounds)
+    python = args.before_python or sys.executable
+    result = measure(args.before.resolve(), after, args.var_dir.resolve(), args.rounds, python)
     text = _markdown(result)
-    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(_command(args.before)))
+    command = _command(args.before, args.before_python)
+    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(command))
     print(text)
     print("written:", *paths)
 
