@@ -60,6 +60,18 @@ def stored_images() -> dict[str, str]:
     return found
 
 
+UNITS = {"B": 1e-6, "kB": 1e-3, "KB": 1e-3, "MB": 1.0, "GB": 1e3, "TB": 1e6}
+"""Megabytes in one of each unit buildah prints (decimal: ``1.29 GB`` is 1,290 MB)."""
+
+
+def megabytes(size: str) -> float:
+    """buildah's human size (``1.29 GB``) in megabytes."""
+    number, _, unit = size.strip().partition(" ")
+    if unit not in UNITS:
+        raise ValueError(f"a size buildah printed in an unknown unit: {size!r}")
+    return round(float(number) * UNITS[unit], 3)
+
+
 def tree_bytes(root: Path) -> int:
     """Apparent size of every regular file under ``root``, symbolic links not followed."""
     total = 0
@@ -112,6 +124,7 @@ def measure() -> dict[str, Any]:
     return {
         "image": tag,
         "stored": stored,
+        "stored_mb": {name: megabytes(size) for name, size in stored.items()},
         "unpacked_bytes": unpacked,
         "archive_bytes": archive.stat().st_size if archive.exists() else None,
         "distributions_bytes": packages,

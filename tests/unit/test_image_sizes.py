@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loadtest import image_sizes
 
 
@@ -53,3 +55,11 @@ def test_the_markdown_lists_every_image_and_the_largest_distributions() -> None:
     assert "| `localhost/fraudmesh-base:bookworm` | 123 MB |" in text
     assert "1,300 MB of files unpacked" in text and "409 MB." in text
     assert "| d0 | 20 MB |" in text and "| d9 |" in text and "| d10 |" not in text
+
+
+def test_buildahs_sizes_read_as_decimal_megabytes() -> None:
+    assert image_sizes.megabytes("1.29 GB") == 1290.0
+    assert image_sizes.megabytes("123 MB") == 123.0
+    assert image_sizes.megabytes("512 kB") == 0.512
+    with pytest.raises(ValueError, match="unknown unit"):
+        image_sizes.megabytes("3 parsecs")
