@@ -8,9 +8,10 @@ judge time cannot share the machine:
    ``static`` (generated code, lint, types, manifests, ``go test``) and ``images`` (the image
    build, mostly download and copying), both at nice 10. In one process the rest took 2,137 s
    of a CI run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``);
-   with the image's dependencies kept, 695 s over two and 635 s over three, which saturate
+   with the image's dependencies kept, 695 s over two and 635 s over three, which saturated
    the cores and are not the default (``loadtest/results/test-durations-2workers.json``,
-   ``test-durations.json``).
+   ``test-durations-3workers.json``); with bytecode compiled at install, 477 s over two
+   (``test-durations.json``).
 2. ``timing`` alone, once the others have ended: the modules that judge time (a fault
    window's late calls against the same run's baseline, a load step's answers against the
    budget), one after another. Nothing runs beside them, not even at idle priority. Beside the
