@@ -13,9 +13,9 @@ import argparse
 import json
 import os
 import subprocess
-import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,6 @@ def _buildah(*args: str) -> str:
     if done.returncode != 0:
         raise SystemExit(f"buildah {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout
-
-
-def _version() -> str:
-    with open(REPO / "pyproject.toml", "rb") as f:
-        return str(tomllib.load(f)["project"]["version"])
 
 
 def stored_images() -> dict[str, str]:
@@ -113,11 +108,12 @@ def mounted(image: str) -> Iterator[Path]:
 
 def measure() -> dict[str, Any]:
     """The sizes of the images ``make images`` left."""
-    tag = f"{IMAGE}:{_version()}"
+    release = version("fraudmesh")
+    tag = f"{IMAGE}:{release}"
     stored = stored_images()
     if tag not in stored:
         raise SystemExit(f"no {tag} in buildah's storage: run `make images` first")
-    archive = ARCHIVES / f"fraudmesh-{_version()}.oci.tar"
+    archive = ARCHIVES / f"fraudmesh-{release}.oci.tar"
     with mounted(tag) as root:
         unpacked = tree_bytes(root)
         packages = distributions(root / SITE_PACKAGES)

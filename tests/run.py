@@ -36,8 +36,9 @@ about a tenth of a core that a nice-0 one wants as well."""
 DEFAULT_WORKERS = 2
 """pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise. Three
 took the rest lane from 695 s to 630-635 s on two cores once the image's dependencies were
-kept, but they saturate the cores to its end, and one of three such runs failed a
-test_fallbacks call on Envoy's 50 ms cap (docs/performance.md, "What a start costs")."""
+kept, but they saturated the cores to its end, and one of three such runs failed a
+test_fallbacks call on Envoy's 50 ms cap; with bytecode compiled at install, two take it to
+under 500 s without saturating them (docs/performance.md, "What a start costs")."""
 GO_PACKAGES = ("./clients/...", "./gen/...")
 """The root Go module's packages (the Makefile's ``GO_PACKAGES``, which ``go vet`` checks).
 Not ``./...``: that walks ``build/`` too, where check-gen leaves its copy of the stubs and
