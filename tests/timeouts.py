@@ -43,6 +43,8 @@ LIMITS_S: dict[str, int] = {
     "eventlog/test_contract.py": 240,
     "eventlog/test_outage.py": 240,
     "decisionlog/test_sink.py": 240,
+    # Two or three sinks on one log, one killed: bounded waits of up to 390 s in all.
+    "decisionlog/test_sinks.py": 420,
     "decisionlog/test_cli.py": 180,
     "test_feature_writer.py": 180,
     # One mesh (start bounded at 120 s) and a handful of calls, after the prepared state.

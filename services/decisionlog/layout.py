@@ -3,15 +3,22 @@
 One folder per kind of event, partitioned by UTC day (Hive style, so that Arrow datasets,
 DuckDB and Spark read it as it is)::
 
-    <root>/decisions/day=YYYY-MM-DD/part-<flush>.parquet     decisions, by decided_at
-    <root>/outcomes/day=YYYY-MM-DD/part-<flush>.parquet      outcomes, by received_at
-    <root>/_sink/<group>.json                                the sink's flush journal
+    <root>/decisions/day=YYYY-MM-DD/part-<flush>[.<sink>].parquet     decisions, by decided_at
+    <root>/outcomes/day=YYYY-MM-DD/part-<flush>[.<sink>].parquet      outcomes, by received_at
+    <root>/_sink/journal[.<sink>].json                                each sink's flush journal
+    <root>/_sink/lock[.<sink>]                                        each sink's lock
 
-``<flush>`` is the sink's flush number (12 digits): one flush writes at most one part per
-kind and day, and the numbers only grow, so sorting part names sorts them by arrival.
-A compacted part is named ``part-<last>-c<first>.parquet`` (it replaces parts first..last).
-Parts are written to a hidden temporary name, fsynced and renamed, so a reader never sees
-half a part. The sink writer and the readers (``services.pipelines.decisions``) share this
+``<flush>`` is a sink's flush number (12 digits): one flush writes at most one part per
+kind and day, and a sink's numbers only grow, so sorting one sink's part names sorts them
+by arrival. Several sinks may write one log, each a member of the same consumer group on
+its own share of the event log's partitions (``docs/decisionlog.md``, "Several sinks"):
+each is named by its consumer name, which its parts, journal and lock carry, so that no
+two sinks ever write the same file and none waits for another. The sink named ``main``
+(the default) writes the names without a suffix. A compacted part is named
+``part-<last>-c<first>.parquet`` (it replaces parts first..last, of any sinks). Parts are
+written to a hidden temporary name, fsynced and renamed, so a reader never sees half a
+part. Readers take every part of a day folder, of every sink, as one log (deduplicated by
+event id). The sink writer and the readers (``services.pipelines.decisions``) share this
 module, and nothing here imports the transport.
 """
 
@@ -38,7 +45,14 @@ PART_SUFFIX = ".parquet"
 TMP_PREFIX = ".tmp-"
 """Prefix of a part being written; readers skip names that do not start with ``part-``."""
 
-_PART = re.compile(r"^part-(\d{12})(?:-c(\d{12}))?\.parquet$")
+DEFAULT_SINK = "main"
+"""The name of a sink that writes part, journal and lock names without a suffix (the event
+log's default consumer name)."""
+
+_SINK_NAME = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}"
+SINK_NAME = re.compile(f"^{_SINK_NAME}$")
+"""What a sink's name may be: the event log's consumer names, not starting with a dot."""
+_PART = re.compile(rf"^part-(\d{{12}})(?:-c(\d{{12}})|\.({_SINK_NAME}))?\.parquet$")
 _DAY = re.compile(r"^day=(\d{4}-\d{2}-\d{2})$")
 _EPOCH = date(1970, 1, 1)
 _EPOCH_DT = datetime(1970, 1, 1, tzinfo=UTC)
@@ -129,9 +143,16 @@ def parse_day(name: str) -> date | None:
     return date.fromisoformat(match.group(1)) if match else None
 
 
-def part_name(flush: int) -> str:
-    """File name of the part one flush writes into one day folder."""
-    return f"{PART_PREFIX}{flush:012d}{PART_SUFFIX}"
+def _suffix(sink: str) -> str:
+    if not SINK_NAME.match(sink):
+        raise ValueError(f"not a sink name: {sink!r}")
+    return "" if sink == DEFAULT_SINK else f".{sink}"
+
+
+def part_name(flush: int, sink: str = DEFAULT_SINK) -> str:
+    """File name of the part flush number ``flush`` of sink ``sink`` writes into one day
+    folder."""
+    return f"{PART_PREFIX}{flush:012d}{_suffix(sink)}{PART_SUFFIX}"
 
 
 def compacted_name(first: int, last: int) -> str:
@@ -147,6 +168,15 @@ def parse_part(name: str) -> tuple[int, int] | None:
     last = int(match.group(1))
     first = int(match.group(2)) if match.group(2) else last
     return first, last
+
+
+def part_sink(name: str) -> str | None:
+    """The sink that wrote a part (by its file name); None for a compacted part (it may
+    hold the parts of several sinks) and for anything that is not a part."""
+    match = _PART.match(name)
+    if match is None or match.group(2):
+        return None
+    return match.group(3) or DEFAULT_SINK
 
 
 def tmp_path(final: Path) -> Path:
@@ -177,9 +207,22 @@ def parts(day_dir: Path) -> list[Path]:
     return [path for _, _, path in sorted(named)]
 
 
-def journal_path(root: Path, group: str) -> Path:
-    """The sink's flush journal for a consumer group."""
-    return root / SINK_DIR / f"{group}.json"
+def journal_path(root: Path, sink: str = DEFAULT_SINK) -> Path:
+    """The flush journal of sink ``sink``."""
+    return root / SINK_DIR / f"journal{_suffix(sink)}.json"
+
+
+def journal_paths(root: Path) -> list[Path]:
+    """The flush journals of every sink that ever wrote under ``root``."""
+    folder = root / SINK_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("journal*.json"))
+
+
+def lock_path(root: Path, sink: str = DEFAULT_SINK) -> Path:
+    """The lock file sink ``sink`` holds while it writes under ``root``."""
+    return root / SINK_DIR / f"lock{_suffix(sink)}"
 
 
 def utc_us(moment: datetime) -> int:

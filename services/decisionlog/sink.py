@@ -77,6 +77,14 @@ class DecisionSink(ConsumeLoop):
     ) -> None:
         self.settings = settings
         self.root = settings.root_path
+        self.name = log_settings.consumer_name
+        """This sink's name among the sinks of the log: its consumer name, which its parts,
+        journal and lock carry (``layout``)."""
+        if not layout.SINK_NAME.match(self.name):
+            raise ValueError(
+                f"the decision sink's consumer name {self.name!r} cannot name its files: "
+                "use letters, digits, '.', '_' and '-', not starting with '.'"
+            )
         self.metrics = metrics or SinkMetrics()
         super().__init__(
             "decision sink",
@@ -89,7 +97,7 @@ class DecisionSink(ConsumeLoop):
         self.caught_up = threading.Event()
         """Set once a poll returned less than it asked for: the sink reads at the log's head."""
         self.stats = SinkStats()
-        self.journal = writer.Journal(self.root)
+        self.journal = writer.Journal(self.root, self.name)
         self.batch = Batch(RecentIds(settings.dedupe_window))
         self._next_flush = 1
         self._flush_in_progress: writer.JournalEntry | None = None
@@ -104,10 +112,10 @@ class DecisionSink(ConsumeLoop):
         """Takes the folder's lock and learns what the last flush may have left uncommitted;
         returns how many event ids it will skip if the log delivers them again."""
         writer.ensure_dir(self.root)
-        self._lock = writer.RootLock(self.root)
+        self._lock = writer.RootLock(self.root, self.name)
         entry = self.journal.read()
         if entry is None:
-            self._next_flush = writer.last_flush_on_disk(self.root) + 1
+            self._next_flush = writer.last_flush_on_disk(self.root, self.name) + 1
             return 0
         self._next_flush = entry.flush + 1
         ids = self.journal.written_ids(entry)
@@ -282,7 +290,7 @@ class DecisionSink(ConsumeLoop):
         """Where flush number ``flush`` writes the part of one table and day."""
         kind, day = key
         day_dir = layout.table_path(self.root, kind) / layout.day_name(layout.day_of_index(day))
-        return day_dir / layout.part_name(flush)
+        return day_dir / layout.part_name(flush, self.name)
 
     def _finish(self, consumer: Consumer) -> bool:
         entry = self._flush_in_progress

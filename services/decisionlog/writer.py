@@ -80,11 +80,20 @@ class JournalEntry:
 
 
 class Journal:
-    """The sink's flush journal: ``<root>/_sink/journal.json``."""
+    """A sink's flush journal: ``<root>/_sink/journal[.<sink>].json``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, sink: str = layout.DEFAULT_SINK, *, path: Path | None = None
+    ) -> None:
         self.root = root
-        self.path = root / layout.SINK_DIR / "journal.json"
+        self.path = path or layout.journal_path(root, sink)
+
+    @classmethod
+    def every(cls, root: Path) -> list[JournalEntry]:
+        """The last flush each sink under ``root`` began (a compaction leaves their parts
+        alone: they may not be committed yet)."""
+        entries = (cls(root, path=path).read() for path in layout.journal_paths(root))
+        return [entry for entry in entries if entry is not None]
 
     def read(self) -> JournalEntry | None:
         """The last flush begun, or None when the sink never flushed here."""
@@ -116,27 +125,34 @@ class Journal:
         return ids
 
 
-def last_flush_on_disk(root: Path) -> int:
-    """The highest flush number of any part (a full scan; used only without a journal)."""
+def last_flush_on_disk(root: Path, sink: str = layout.DEFAULT_SINK) -> int:
+    """The highest flush number of ``sink``'s parts (a full scan; used only without a
+    journal). The default sink also counts compacted parts, as it always has; another
+    sink's numbers only have to differ from its own parts still on disk."""
     last = 0
     for kind in layout.KINDS:
         for _, day_dir in layout.day_dirs(root, kind):
             for entry in day_dir.iterdir():
                 covered = layout.parse_part(entry.name)
-                if covered is not None:
+                if covered is None:
+                    continue
+                owner = layout.part_sink(entry.name)
+                if owner == sink or (owner is None and sink == layout.DEFAULT_SINK):
                     last = max(last, covered[1])
     return last
 
 
 class RootLock:
-    """An exclusive ``flock`` on ``<root>/_sink/lock``: one live sink per folder."""
+    """An exclusive ``flock`` on ``<root>/_sink/lock[.<sink>]``: one live sink of each name
+    per folder (sinks of other names write beside it)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sink: str = layout.DEFAULT_SINK) -> None:
         ensure_dir(root / layout.SINK_DIR)
         try:
-            self._fd = filecommit.hold_lock(root / layout.SINK_DIR / "lock", wait=False)
+            self._fd = filecommit.hold_lock(layout.lock_path(root, sink), wait=False)
         except BlockingIOError as exc:
-            raise RootBusyError(f"another sink writes {root}") from exc
+            named = "" if sink == layout.DEFAULT_SINK else f" under the name {sink!r}"
+            raise RootBusyError(f"another sink writes {root}{named}") from exc
 
     def release(self) -> None:
         """Releases the lock."""

@@ -192,12 +192,11 @@ class CompactSummary:
 
 def compact(root: Path, before: date, compression: str = "zstd") -> CompactSummary:
     """Merges the parts of each day partition older than ``before`` into one, dropping
-    duplicate events. Safe beside a running sink: parts the sink's journal names (its last
+    duplicate events. Safe beside running sinks: parts a sink's journal names (its last
     flush, maybe not committed yet) are left alone, and the inputs are deleted only after
     the merged part is durable; a crash in between leaves duplicates readers drop, and the
     next compaction merges again."""
-    entry = writer.Journal(root).read()
-    keep = {root / p for p in entry.parts} if entry is not None else set()
+    keep = {root / p for entry in writer.Journal.every(root) for p in entry.parts}
     days = before_count = after_count = rows = duplicates = 0
     for kind in layout.KINDS:
         for day, day_dir in layout.day_dirs(root, kind):

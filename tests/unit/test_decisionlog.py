@@ -75,14 +75,19 @@ def record(envelope: events_pb2.EventEnvelope, position: int = 0) -> Record:
     return Record(events.key_of(envelope), envelope.SerializeToString(), str(position))
 
 
-def write_flush(root: Path, flush: int, envelopes: list[events_pb2.EventEnvelope]) -> None:
-    """Writes the envelopes as the sink's flush number ``flush`` would."""
+def write_flush(
+    root: Path,
+    flush: int,
+    envelopes: list[events_pb2.EventEnvelope],
+    sink: str = layout.DEFAULT_SINK,
+) -> None:
+    """Writes the envelopes as flush number ``flush`` of sink ``sink`` would."""
     batch = Batch(RecentIds(0))
     for i, envelope in enumerate(envelopes):
         assert batch.add(record(envelope, flush * 1000 + i)) != AddResult.INVALID
     for (kind, day), buffer in batch.buffers.items():
         folder = layout.table_path(root, kind) / layout.day_name(layout.day_of_index(day))
-        writer.write_part(buffer.to_table(), folder / layout.part_name(flush))
+        writer.write_part(buffer.to_table(), folder / layout.part_name(flush, sink))
 
 
 def test_part_names_round_trip() -> None:
@@ -92,6 +97,67 @@ def test_part_names_round_trip() -> None:
     assert layout.parse_part(".tmp-part-000000000007.parquet") is None
     assert layout.parse_day("day=2025-03-01") == date(2025, 3, 1)
     assert layout.parse_day("day=junk") is None
+
+
+def test_each_sink_names_its_parts_journal_and_lock(tmp_path: Path) -> None:
+    named = layout.part_name(7, "decision-sink-1")
+    assert named == "part-000000000007.decision-sink-1.parquet"
+    assert layout.parse_part(named) == (7, 7)
+    assert layout.part_sink(named) == "decision-sink-1"
+    assert layout.part_sink(layout.part_name(7)) == layout.DEFAULT_SINK
+    assert layout.part_sink(layout.compacted_name(3, 9)) is None
+    assert layout.part_sink("part-000000000007.x.parquet.tmp") is None
+    assert layout.parse_part("part-000000000007..x.parquet") is None
+    with pytest.raises(ValueError, match="not a sink name"):
+        layout.part_name(1, ".hidden")
+    assert layout.journal_path(tmp_path).name == "journal.json"
+    assert layout.journal_path(tmp_path, "s2").name == "journal.s2.json"
+    assert layout.lock_path(tmp_path, "s2").name == "lock.s2"
+    # Two sinks of different names hold their locks side by side; one name, one sink.
+    first = writer.RootLock(tmp_path)
+    second = writer.RootLock(tmp_path, "s2")
+    with pytest.raises(writer.RootBusyError, match="'s2'"):
+        writer.RootLock(tmp_path, "s2")
+    first.release()
+    second.release()
+
+
+def test_a_sinks_flush_numbers_follow_its_own_parts(tmp_path: Path) -> None:
+    write_flush(tmp_path, 4, [decision("e1", "tx-1")])
+    write_flush(tmp_path, 9, [decision("e2", "tx-2")], sink="s2")
+    assert writer.last_flush_on_disk(tmp_path) == 4
+    assert writer.last_flush_on_disk(tmp_path, "s2") == 9
+    assert writer.last_flush_on_disk(tmp_path, "s3") == 0
+    # The same flush number of two sinks: two parts, read as one log.
+    write_flush(tmp_path, 5, [decision("e3", "tx-3")])
+    write_flush(tmp_path, 5, [decision("e4", "tx-4"), decision("e1", "tx-1")], sink="s2")
+    table, _ = reader.joined(tmp_path)
+    assert sorted(table.column("transaction_id").to_pylist()) == ["tx-1", "tx-2", "tx-3", "tx-4"]
+
+
+def test_compaction_spares_every_sinks_last_flush(tmp_path: Path) -> None:
+    day = f"decisions/day={DAY0.date()}"
+    for flush in (1, 2):
+        write_flush(tmp_path, flush, [decision(f"a{flush}", f"tx-a{flush}")])
+        write_flush(tmp_path, flush, [decision(f"b{flush}", f"tx-b{flush}")], sink="s2")
+    writer.Journal(tmp_path).begin(writer.JournalEntry(2, (f"{day}/{layout.part_name(2)}",)))
+    writer.Journal(tmp_path, "s2").begin(
+        writer.JournalEntry(2, (f"{day}/{layout.part_name(2, 's2')}",))
+    )
+    assert len(writer.Journal.every(tmp_path)) == 2
+    reader.compact(tmp_path, before=DAY0.date() + timedelta(days=1))
+    day_dir = layout.table_path(tmp_path, "decisions") / layout.day_name(DAY0.date())
+    names = sorted(p.name for p in layout.parts(day_dir))
+    assert names == sorted(
+        [layout.compacted_name(1, 1), layout.part_name(2), layout.part_name(2, "s2")]
+    )
+    table, _ = reader.joined(tmp_path)
+    assert sorted(table.column("transaction_id").to_pylist()) == [
+        "tx-a1",
+        "tx-a2",
+        "tx-b1",
+        "tx-b2",
+    ]
 
 
 def test_day_index_splits_at_utc_midnight() -> None:

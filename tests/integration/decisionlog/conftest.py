@@ -41,6 +41,7 @@ _LOG_FIELDS = (
     "redis_url",
     "kafka_bootstrap",
     "kafka_partitions",
+    "consumer_name",
     "send_timeout_s",
     "retry_backoff_s",
     "retry_backoff_max_s",
@@ -141,8 +142,8 @@ def sink_factory(tmp_path: Path) -> Iterator[Callable[..., Sink]]:
     """Makes sinks on a log; every sink still running at the end is stopped."""
     made: list[Sink] = []
 
-    def make(log: EventLogSettings, **overrides: Any) -> Sink:
-        sink = Sink(log, tmp_path / "decisions", tmp_path / "logs", overrides)
+    def make(log: EventLogSettings, root: str = "decisions", **overrides: Any) -> Sink:
+        sink = Sink(log, tmp_path / root, tmp_path / "logs" / log.consumer_name, overrides)
         made.append(sink)
         return sink
 
