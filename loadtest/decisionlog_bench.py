@@ -45,7 +45,16 @@ from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 from services.mesh import Process, free_port, grpc_serving
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_LOG_FIELDS = ("backend", "topic", "var_dir", "redis_url", "kafka_bootstrap", "kafka_partitions")
+_LOG_FIELDS = (
+    "backend",
+    "topic",
+    "var_dir",
+    "redis_url",
+    "kafka_bootstrap",
+    "kafka_partitions",
+    "consumer_name",
+    "kafka_session_timeout_ms",
+)
 
 
 @dataclass(frozen=True)
