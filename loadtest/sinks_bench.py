@@ -40,6 +40,7 @@ from loadtest.brokers import wait_until
 from loadtest.decisionlog_bench import SinkProcess
 from loadtest.eventlog_bench import backend_settings, build_event
 from services.common import metric_catalogue as catalogue
+from services.common import scrape
 from services.decisionlog import layout
 from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 
@@ -118,8 +119,8 @@ def measure(base: EventLogSettings, work: Path, sinks: int, events: int, round_:
                 proc.process.signal(signal.SIGCONT)
         cpu0, t0 = sum(p.cpu_s() for p in procs), time.perf_counter()
 
-        def total(metric: object) -> float:
-            return sum(p.metric(metric) for p in procs)  # type: ignore[arg-type]
+        def total(metric: scrape.Metric) -> float:
+            return sum(p.metric(metric) for p in procs)
 
         marks: dict[float, float] = {}
         deadline = t0 + 600

@@ -10,7 +10,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -167,6 +167,16 @@ _ScorerReplicas = Annotated[
         "the calls in flight on it a rules answer, not every call until it is back." + _SIZED,
     ),
 ]
+_DecisionLogReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Decision sinks in one consumer group, writing one decision log: on Kafka and "
+        "Redis each writes its share of the log, and the others take over a dead one's; on "
+        'the file log the others wait as standbys (docs/decisionlog.md, "Several sinks").',
+    ),
+]
 _EdgeMaxInFlight = Annotated[
     int | None,
     typer.Option(
@@ -214,6 +224,7 @@ def up(
     envoy_replicas: _EnvoyReplicas = None,
     features_replicas: _FeaturesReplicas = None,
     scorer_replicas: _ScorerReplicas = None,
+    decisionlog_replicas: _DecisionLogReplicas = 1,
     edge_max_in_flight: _EdgeMaxInFlight = None,
     replica_port_step: _ReplicaPortStep = 100,
     prometheus_port: _PrometheusPort = 9090,
@@ -228,16 +239,16 @@ def up(
     _check_choices(store, auth, eventlog, kafka_bootstrap)
     sized = _sizing()
     flags = {"tls": tls, "mtls": mtls, "auth": auth, "health_port": health_port}
-    flags["max_in_flight"] = edge_max_in_flight
-    edge = _edge(var_dir, flags, sized, envoy_replicas or sized.envoy)
-    extra, replicas = _replicas(
+    edge = _edge(var_dir, sized, envoy_replicas or sized.envoy, edge_max_in_flight, flags)
+    ports = _replicas(
         replica_port_step,
+        metrics_port,
         gateway=(gateway_port, gateway_replicas or sized.gateway),
         admin=(admin_port, envoy_replicas or sized.envoy),
         features=(features_port, features_replicas or sized.features),
         scorer=(scorer_port, scorer_replicas or sized.scorer),
+        decisionlog=(decisionlog_port, decisionlog_replicas if live_loop else 1),
     )
-    scraped = metrics_ports(metrics_port, replicas)
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
@@ -249,7 +260,6 @@ def up(
         redis_port=redis_port,
         decisionlog_port=decisionlog_port,
         gateway_in_process=_or(gateway_in_process, sized.gateway_in_process),
-        metrics_ports=scraped,
         edge=edge,
         live_loop=live_loop,
         eventlog=eventlog,
@@ -259,8 +269,7 @@ def up(
         console_port=console_port,
         prometheus_port=prometheus_port,
         otlp_port=otlp_port,
-        collector_metrics_port=metrics_port + len(scraped),
-        **cast("dict[str, Any]", extra),
+        **ports,
         monitor_port=monitor_port,
         monitor=monitor,
     )
@@ -279,10 +288,17 @@ def _sizing() -> sizing.Sizing:
     return sized
 
 
-def _edge(var_dir: Path, flags: dict[str, Any], sized: sizing.Sizing, envoys: int) -> EdgeSettings:
-    """The edge's settings: flags given on the command line win, then FRAUD_EDGE_*
-    (production paths); an admission limit given by neither is the machine's, shared out
-    among the ``envoys`` (each Envoy counts only its own calls)."""
+def _edge(
+    var_dir: Path,
+    sized: sizing.Sizing,
+    envoys: int,
+    max_in_flight: int | None,
+    flags: dict[str, Any],
+) -> EdgeSettings:
+    """The edge's settings: flags given on the command line (``max_in_flight`` among them)
+    win, then FRAUD_EDGE_* (production paths); an admission limit given by neither is the
+    machine's, shared out among the ``envoys`` (each Envoy counts only its own calls)."""
+    flags = {**flags, "max_in_flight": max_in_flight}
     edge = EdgeSettings(var_dir=var_dir, **{k: v for k, v in flags.items() if v is not None})
     if edge.max_in_flight is None:
         share = -(-sized.edge_max_in_flight // envoys)
@@ -293,7 +309,10 @@ def _edge(var_dir: Path, flags: dict[str, Any], sized: sizing.Sizing, envoys: in
 def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:
     """Starts the mesh and supervises it until Ctrl-C/SIGTERM."""
     from services.mesh import Mesh
+    from services.mesh.topology import SINKS_ON_FILE_LOG
 
+    if len(config.replica_ports("decisionlog")) > 1 and config.eventlog_backend == "file":
+        raise typer.BadParameter(SINKS_ON_FILE_LOG, param_hint="--decisionlog-replicas")
     _check_edge_files(edge)
     mesh = Mesh(config)
     if config.observability:
@@ -354,10 +373,12 @@ def _check_choices(
     _check_eventlog(store, eventlog, kafka_bootstrap)
 
 
-def _replicas(step: int, **parts: tuple[int, int]) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-    """Per replicated part (``part=(port, count)``) the ports of its replicas beyond the
-    first, checked, and the names of the service replicas beyond the first (an Envoy's
-    part is its admin port; it has no service name)."""
+def _replicas(step: int, first_metrics_port: int, **parts: tuple[int, int]) -> dict[str, Any]:
+    """The ``MeshConfig`` fields of the ports that follow from the replicas: per replicated
+    part (``part=(port, count)``) the ports of its replicas beyond the first (checked), the
+    /metrics port of every service process (the replicas beyond the first after the others;
+    an Envoy's part is its admin port, and it has no service name), and the trace
+    collector's own /metrics port after those."""
     extra = {
         f"extra_{part}_ports": replica_ports(port, count, step)
         for part, (port, count) in parts.items()
@@ -369,7 +390,12 @@ def _replicas(step: int, **parts: tuple[int, int]) -> tuple[dict[str, tuple[int,
         if part != "admin"
         for i in range(2, count + 1)
     ]
-    return extra, names
+    scraped = metrics_ports(first_metrics_port, names)
+    return {
+        **extra,
+        "metrics_ports": scraped,
+        "collector_metrics_port": first_metrics_port + len(scraped),
+    }
 
 
 def _check_ports(extra: dict[str, tuple[int, ...]]) -> None:
@@ -455,6 +481,11 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
     for part in ("gateway", "features", "scorer"):
         for name, port in list(config.replica_ports(part).items())[1:]:
             rows[name] = f"grpc://{host}:{port}  replica  (metrics :{metrics.get(name, '-')})"
+    for name, port in list(config.replica_ports("decisionlog").items())[1:]:
+        rows[name] = (
+            f"{config.var_dir / 'decisions'}  sink {name} (health grpc://{host}:{port}, "
+            f"metrics :{metrics.get(name, '-')})"
+        )
     for name, admin in list(config.replica_ports("envoy").items())[1:]:
         rows[name] = f"{scheme}://{config.envoy_target}  (admin http://{host}:{admin})"
     return rows

@@ -77,6 +77,10 @@ class MeshConfig:
     """Ports of further feature service replicas; the gateways spread calls over all."""
     extra_scorer_ports: tuple[int, ...] = ()
     """Ports of further scorer replicas; the gateways spread calls over all."""
+    extra_decisionlog_ports: tuple[int, ...] = ()
+    """Health ports of further decision sinks (``decisionlog-2``, …): members of the first's
+    consumer group, each writing its share into the same decision log under its own name
+    (a standby on the file log, whose group has one consumer at a time)."""
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
@@ -118,10 +122,11 @@ class MeshConfig:
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
         """A config whose every port is free now (for tests and side-by-side runs).
-        ``envoy_replicas``, ``features_replicas`` and ``scorer_replicas`` (like
-        ``gateway_replicas``; default 1) give the number of processes of each part."""
+        ``envoy_replicas``, ``features_replicas``, ``scorer_replicas`` and
+        ``decisionlog_replicas`` (like ``gateway_replicas``; default 1) give the number of
+        processes of each part."""
         counts = {"gateway": gateway_replicas}
-        for part in ("envoy", "features", "scorer"):
+        for part in ("envoy", "features", "scorer", "decisionlog"):
             count = overrides.pop(f"{part}_replicas", 1)
             if not isinstance(count, int) or count < 1:
                 raise ValueError(f"{part}_replicas must be a positive int, got {count!r}")
@@ -149,17 +154,19 @@ class MeshConfig:
             ("extra_admin_ports", "envoy"),
             ("extra_features_ports", "features"),
             ("extra_scorer_ports", "scorer"),
+            ("extra_decisionlog_ports", "decisionlog"),
         ):
             ports[name] = tuple(free_port() for _ in range(counts[part] - 1))
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
 
     def replica_ports(self, part: str) -> dict[str, int]:
-        """Process name → port of every replica of ``part`` (gateway, features or scorer;
-        envoy: its admin ports), the first under the part's own name."""
+        """Process name → port of every replica of ``part`` (gateway, features, scorer or
+        decisionlog; envoy: its admin ports), the first under the part's own name."""
         first, extra = {
             "gateway": (self.gateway_port, self.extra_gateway_ports),
             "features": (self.features_port, self.extra_features_ports),
             "scorer": (self.scorer_port, self.extra_scorer_ports),
+            "decisionlog": (self.decisionlog_port, self.extra_decisionlog_ports),
             "envoy": (self.admin_port, self.extra_admin_ports),
         }[part]
         return {part: first} | {f"{part}-{i}": port for i, port in enumerate(extra, 2)}
@@ -318,17 +325,21 @@ class MeshConfig:
             **self.extra_env,
         }
 
-    def decisionlog_env(self) -> dict[str, str]:
-        """Environment of the decision sink: the event log it reads (this mesh's state folder
-        unless the services' environment says otherwise) and where it writes."""
+    def decisionlog_env(self, name: str = "decisionlog") -> dict[str, str]:
+        """Environment of the decision sink ``name`` (``decisionlog``, ``decisionlog-2``, …):
+        the event log it reads (this mesh's state folder unless the services' environment
+        says otherwise) and where it writes. A replica reads under its own consumer name,
+        which its files in the decision log carry; the first keeps the default."""
+        replica = {} if name == "decisionlog" else {"consumer_name": name}
         return {
             **to_env(EventLogSettings, var_dir=self.var_dir),
             **self.service_env(),
             **to_env(
                 DecisionLogSettings,
-                port=self.decisionlog_port,
+                port=self.replica_ports("decisionlog")[name],
                 var_dir=self.var_dir,
-                metrics_port=self.metrics_ports.get("decisionlog"),
+                metrics_port=self.metrics_ports.get(name),
             ),
+            **to_env(EventLogSettings, **replica),
             **self.extra_env,
         }

@@ -32,6 +32,12 @@ from services.updater.settings import UpdaterSettings
 log = logging.getLogger(__name__)
 
 OBSERVABILITY = ("collector", "prometheus")
+
+SINKS_ON_FILE_LOG = (
+    "more than one decision sink needs an event log whose consumer group has several members "
+    "(Kafka or Redis Streams): on the file log a group has one consumer at a time"
+)
+"""Why a mesh on the file log runs one decision sink."""
 """The optional children, started first and stopped last."""
 
 TRACED: dict[str, type[ServerSettings]] = {
@@ -117,14 +123,18 @@ class Mesh:
                 niceness=c.background_niceness if name == "updater" else 0,
             )
         if c.live_loop:
-            self.processes["decisionlog"] = Process(
-                "decisionlog",
-                [sys.executable, "-m", "services.decisionlog"],
-                ready=_serving_probe(f"{c.host}:{c.decisionlog_port}"),
-                env=c.decisionlog_env(),
-                log_path=logs / "decisionlog.log",
-                niceness=c.background_niceness,
-            )
+            sinks = c.replica_ports("decisionlog")
+            if len(sinks) > 1 and c.eventlog_backend == "file":
+                raise ValueError(SINKS_ON_FILE_LOG)
+            for name, port in sinks.items():
+                self.processes[name] = Process(
+                    name,
+                    [sys.executable, "-m", "services.decisionlog"],
+                    ready=_serving_probe(f"{c.host}:{port}"),
+                    env=c.decisionlog_env(name),
+                    log_path=logs / f"{name}.log",
+                    niceness=c.background_niceness,
+                )
         if c.live_loop and c.monitor:
             self.processes["monitor"] = Process(
                 "monitor",
@@ -319,7 +329,7 @@ class Mesh:
         try:
             groups = (
                 ("redis", *OBSERVABILITY),
-                (*self._named("features", "scorer"), "decisionlog", "updater", "monitor"),
+                (*self._named("features", "scorer", "decisionlog"), "updater", "monitor"),
                 self._named("gateway"),
                 self._named("envoy"),
                 ("console",),

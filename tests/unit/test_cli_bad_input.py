@@ -351,3 +351,10 @@ def test_the_console_script_prints_one_line(
     assert not ran.stdout and "Traceback" not in ran.stderr
     _assert_one_line(command, named, ran.stderr)
     assert not list(tmp_path.iterdir())
+
+
+def test_up_refuses_a_second_decision_sink_on_the_file_log(place: Path) -> None:
+    code, err = _run(place, "up", "--var-dir", str(place / "var"), "--decisionlog-replicas", "2")
+    assert code == 2, err
+    _assert_one_line("up", "--decisionlog-replicas", err)
+    assert "Kafka or Redis Streams" in err
