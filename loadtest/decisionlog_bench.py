@@ -45,7 +45,7 @@ from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 from services.mesh import Process, free_port, grpc_serving
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_LOG_FIELDS = (
+LOG_FIELDS = (
     "backend",
     "topic",
     "var_dir",
@@ -55,6 +55,7 @@ _LOG_FIELDS = (
     "consumer_name",
     "kafka_session_timeout_ms",
 )
+"""The event log settings a sink process is given (the rest are the defaults)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class SinkProcess:
         self.port = free_port()
         self.metrics_port = free_port()
         env = {
-            **to_env(EventLogSettings, **{f: getattr(log, f) for f in _LOG_FIELDS}),
+            **to_env(EventLogSettings, **{f: getattr(log, f) for f in LOG_FIELDS}),
             **to_env(
                 DecisionLogSettings,
                 port=self.port,

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadtest.brokers import wait_until
+from loadtest.decisionlog_bench import LOG_FIELDS
 from services.common import scrape
 from services.common.settings import to_env
 from services.decisionlog import layout
@@ -34,18 +35,7 @@ from tests.integration.eventlog.conftest import (  # noqa: F401 - fixtures used 
 
 LogFactory = Callable[..., EventLogSettings]
 
-_LOG_FIELDS = (
-    "backend",
-    "topic",
-    "var_dir",
-    "redis_url",
-    "kafka_bootstrap",
-    "kafka_partitions",
-    "consumer_name",
-    "send_timeout_s",
-    "retry_backoff_s",
-    "retry_backoff_max_s",
-)
+_LOG_FIELDS = (*LOG_FIELDS, "send_timeout_s", "retry_backoff_s", "retry_backoff_max_s")
 
 
 @pytest.fixture(params=BACKENDS)
