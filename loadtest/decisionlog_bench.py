@@ -16,11 +16,14 @@ realistic ``DecisionEvent``s (``eventlog_bench.build_event``):
   flush duration (write + fsync + rename + commit, from its histogram), bytes per event on
   disk, and the write delay of every event: the modification time of the part that holds it
   minus its ``decided_at`` (p50 / p99 / max), which the flush interval bounds.
+
+The table goes to ``loadtest/results/decisionlog.{md,json}`` (``--out``), with provenance.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -33,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prometheus_client import CollectorRegistry
 
+from loadtest import provenance
 from loadtest.brokers import wait_until
 from loadtest.eventlog_bench import backend_settings, build_event
 from services.common import metric_catalogue as catalogue
@@ -45,6 +49,7 @@ from services.eventlog import EventLogMetrics, EventLogSettings, open_producer
 from services.mesh import Process, free_port, grpc_serving
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+RESULTS = Path(__file__).with_name("results")
 LOG_FIELDS = (
     "backend",
     "topic",
@@ -231,6 +236,7 @@ def main() -> None:
         metavar="FIELD=VALUE",
         help="a DecisionLogSettings field for the sink (repeatable), e.g. poll_linger_s=0",
     )
+    parser.add_argument("--out", type=Path, default=RESULTS / "decisionlog")
     args = parser.parse_args()
     sink_settings = dict(item.split("=", 1) for item in args.sink)
     results = []
@@ -243,7 +249,29 @@ def main() -> None:
                 )
             results.append(result)
             print(f"{backend}: {result}", flush=True)
-    print(markdown(results))
+    text = "\n".join(
+        [
+            "# The decision sink: a backlog, then a steady rate",
+            "",
+            f"Per backend a real sink process with its default settings"
+            f"{' and ' + ', '.join(args.sink) if args.sink else ''}: a burst of "
+            f"{args.burst:,} events put on the log while it was stopped, then {args.rate:.0f} "
+            f"events/s for {args.seconds:.0f} s.",
+            "",
+            markdown(results),
+            "",
+        ]
+    )
+    data = {
+        "burst": args.burst,
+        "rate": args.rate,
+        "seconds": args.seconds,
+        "sink": sink_settings,
+        "backends": {r.backend: dataclasses.asdict(r) for r in results},
+    }
+    paths = provenance.write(args.out, data, text, provenance.record())
+    print(text)
+    print("wrote", *paths)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+from services.common import filecommit
 from services.decisionlog import layout, writer
 from services.decisionlog.metrics import SinkMetrics
 from services.decisionlog.rows import AddResult, Batch, RecentIds
@@ -114,6 +115,8 @@ class DecisionSink(ConsumeLoop):
         writer.ensure_dir(self.root)
         self._lock = writer.RootLock(self.root, self.name)
         entry = self.journal.read()
+        if entry is None and self.name != layout.DEFAULT_SINK:
+            entry = self._adopt_default_journal()
         if entry is None:
             self._next_flush = writer.last_flush_on_disk(self.root, self.name) + 1
             return 0
@@ -128,6 +131,29 @@ class DecisionSink(ConsumeLoop):
             extra={"flush": entry.flush, "parts": len(entry.parts), "ids": len(ids)},
         )
         return len(ids)
+
+    def _adopt_default_journal(self) -> writer.JournalEntry | None:
+        """Takes over the journal of the default names, when no sink of that name runs: a
+        sink that wrote under them before sinks were named by their consumer names (a
+        Kubernetes pod, named by its pod) keeps its last flush's ids after the upgrade."""
+        legacy = writer.Journal(self.root)
+        if not legacy.path.exists():
+            return None
+        try:
+            lock = writer.RootLock(self.root)
+        except writer.RootBusyError:
+            return None  # a live sink of the default name: the journal is its own
+        try:
+            entry = legacy.read()
+            if entry is not None:
+                self.journal.begin(entry)
+            legacy.path.unlink()
+            filecommit.fsync_dir(legacy.path.parent)
+        finally:
+            lock.release()
+        if entry is not None:
+            log.info("took over the journal of the default names", extra={"flush": entry.flush})
+        return entry
 
     def open_consumer(self) -> Consumer:
         """Opens the sink's consumer on the log (``BackendUnavailable`` while it is down)."""

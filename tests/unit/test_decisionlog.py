@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client import CollectorRegistry
 
 from fraud.v1 import events_pb2, outcomes_pb2, scoring_pb2
 from services.decisionlog import joined, layout, writer
+from services.decisionlog.metrics import SinkMetrics
 from services.decisionlog.rows import AddResult, Batch, RecentIds
+from services.decisionlog.settings import DecisionLogSettings
+from services.decisionlog.sink import DecisionSink
 from services.domain import featurespec
-from services.eventlog import Record, events
+from services.eventlog import EventLogSettings, Record, events
 from services.pipelines import decisions as reader
 
 DAY0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -342,3 +346,31 @@ def test_a_part_is_never_replaced(tmp_path: Path) -> None:
     write_flush(tmp_path, 1, [decision("e1", "tx-1")])
     with pytest.raises(FileExistsError):
         write_flush(tmp_path, 1, [decision("e2", "tx-2")])
+
+
+def _named_sink(root: Path, name: str) -> DecisionSink:
+    return DecisionSink(
+        DecisionLogSettings(root=root),
+        EventLogSettings(var_dir=root, consumer_name=name),
+        SinkMetrics(CollectorRegistry()),
+    )
+
+
+def test_a_named_sink_takes_over_the_journal_of_the_default_names(tmp_path: Path) -> None:
+    # A sink that wrote under the default names before sinks carried their consumer names.
+    write_flush(tmp_path, 7, [decision("e1", "tx-1"), decision("e2", "tx-2")])
+    entry = writer.JournalEntry(7, (f"decisions/day={DAY0.date()}/{layout.part_name(7)}",))
+    writer.Journal(tmp_path).begin(entry)
+    # While a sink of the default name runs, the journal stays its own.
+    live = writer.RootLock(tmp_path)
+    other = _named_sink(tmp_path, "decision-sink-1")
+    assert other.recover() == 0
+    other.release()
+    live.release()
+    assert layout.journal_path(tmp_path).exists()
+    sink = _named_sink(tmp_path, "decision-sink-0")
+    assert sink.recover() == 2  # the last flush's ids are skipped if the log gives them again
+    assert sink.next_flush == 8
+    sink.release()
+    assert not layout.journal_path(tmp_path).exists()
+    assert writer.Journal(tmp_path, "decision-sink-0").read() == entry
