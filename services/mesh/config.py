@@ -80,7 +80,7 @@ class MeshConfig:
     extra_decisionlog_ports: tuple[int, ...] = ()
     """Health ports of further decision sinks (``decisionlog-2``, …): members of the first's
     consumer group, each writing its share into the same decision log under its own name
-    (a standby on the file log, whose group has one consumer at a time)."""
+    (Kafka or Redis Streams only: on the file log a group has one consumer at a time)."""
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
