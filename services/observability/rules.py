@@ -249,9 +249,11 @@ def loop() -> list[Group]:
         ),
         Alert(
             "FraudmeshDecisionLogLag",
+            # Held, unwritten events are judged per sink: with several sinks, one that owns no
+            # partition never flushes while another holds events between its flushes.
             f"max by (job) ({c.DECISIONLOG_LAG.name}) > {DECISIONLOG_LAG_S} "
-            f"or (max by (job) ({c.DECISIONLOG_LAST_FLUSH_AGE.name}) > {DECISIONLOG_LAG_S} "
-            f"and max by (job) ({c.DECISIONLOG_PENDING.name}) > 0)",
+            f"or on (job) (max by (job, instance) ({c.DECISIONLOG_LAST_FLUSH_AGE.name}) "
+            f"> {DECISIONLOG_LAG_S} and max by (job, instance) ({c.DECISIONLOG_PENDING.name}) > 0)",
             "The decision log trails the event log",
             "The decision sink reads events more than 5 minutes old, or holds events it has not "
             "written for 5 minutes: audits, live evaluation and retraining see old data.",
