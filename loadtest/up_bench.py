@@ -43,7 +43,7 @@ import psutil
 
 from loadtest import data, ghz, provenance, report, runner
 from services.common import scrape
-from services.mesh.process import free_port, reserve_port, up_ports
+from services.mesh.process import free_port_block, up_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "up-default"
@@ -74,14 +74,6 @@ REPLICATED = ("admin", "gateway", "features", "scorer")
 METRICS_BLOCK = 24
 """Ports from ``--metrics-port`` on that ``fraudmesh up`` may give its processes' /metrics
 (one each, replicas after the others)."""
-
-
-def _metrics_block() -> int:
-    """The first of ``METRICS_BLOCK`` consecutive ports, every one reserved."""
-    while True:
-        first = free_port()
-        if all(reserve_port(first + i) for i in range(1, METRICS_BLOCK)):
-            return first
 
 
 def _answers_by_kind(first: int) -> dict[str, float]:
@@ -141,7 +133,7 @@ def _side(
     var = runner.copy_state(state, work / "var")
     # Room for up to three replicas of a part, whatever the side's sizing chooses.
     ports = up_ports(PORTS, REPLICATED, replicas=3)
-    metrics = _metrics_block()
+    metrics = free_port_block(METRICS_BLOCK)
     argv = [
         sys.executable, "-m", "services.cli", "up", "--var-dir", str(var),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),

@@ -124,6 +124,17 @@ def reserve_port(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive free ports, every one reserved as ``free_port``
+    reserves its port: for an option whose value the program counts up from (``fraudmesh
+    up --metrics-port``: one /metrics port per process), where another caller's
+    ``free_port`` could take a port of the run before its process binds it."""
+    while True:
+        first = free_port(host)
+        if all(reserve_port(first + i, host) for i in range(1, count)):
+            return first
+
+
 def grpc_serving(target: str, timeout_s: float = 0.5, service: str = "") -> bool:
     """True when ``target`` answers grpc.health.v1 Check with SERVING."""
     with grpc.insecure_channel(target) as channel:

@@ -15,9 +15,10 @@ import psutil
 import pytest
 import yaml
 
+from loadtest.up_bench import METRICS_BLOCK
 from services import client
-from services.mesh import free_port, grpc_serving, http_ok, sizing
-from services.mesh.process import up_ports
+from services.mesh import grpc_serving, http_ok, sizing
+from services.mesh.process import free_port_block, up_ports
 
 from .conftest import Known
 
@@ -47,7 +48,7 @@ def test_up_serves_and_stops_without_orphans(
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
-        "--metrics-port", str(free_port()),
+        "--metrics-port", str(free_port_block(METRICS_BLOCK)),
     ]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed in finally
     up = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())

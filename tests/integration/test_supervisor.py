@@ -30,10 +30,11 @@ import pytest
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from loadtest import faultwindow
+from loadtest.up_bench import METRICS_BLOCK
 from services import client
 from services.domain import metrics
-from services.mesh import free_port, grpc_serving
-from services.mesh.process import up_ports
+from services.mesh import grpc_serving
+from services.mesh.process import free_port_block, up_ports
 
 from .conftest import Known, first_full_quality, register_logs
 
@@ -81,13 +82,13 @@ def up(
     full quality."""
     tmp = register_logs(request, tmp_path_factory.mktemp("up"))
     # Every port free: another mesh on the machine must not make a child fail to bind.
-    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater")
+    names = ("envoy", "admin", "gateway", "features", "scorer", "decisionlog", "updater", "monitor")
     ports = up_ports(names, replicated=("admin", "gateway"))
     argv = [
         sys.executable, "-m", "services.cli", "up",
         "--var-dir", str(prepared_env.var_dir),
         *(arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))),
-        "--metrics-port", str(free_port()),
+        "--metrics-port", str(free_port_block(METRICS_BLOCK)),
         "--max-restarts", str(MAX_RESTARTS), "--restart-window", "600",
         "--no-observability",
         # One feature service and one scorer, called over the network: what is under test is
