@@ -173,8 +173,9 @@ _DecisionLogReplicas = Annotated[
         min=1,
         max=9,
         help="Decision sinks in one consumer group, writing one decision log: on Kafka and "
-        "Redis each writes its share of the log, and the others take over a dead one's; on "
-        'the file log the others wait as standbys (docs/decisionlog.md, "Several sinks").',
+        "Redis each writes its share of the log, and the others take over a dead one's; "
+        'refused on the file log, whose group has one consumer (docs/decisionlog.md, "Several '
+        'sinks").',
     ),
 ]
 _EdgeMaxInFlight = Annotated[
