@@ -66,6 +66,7 @@ LIMITS_S: dict[str, int] = {
     "test_liveloop.py": 420,
     "test_liveloop_brokers.py": 420,
     "test_liveloop_replay.py": 420,
+    "test_liveloop_group.py": 300,
     # The same, with the console, Chromium and verdicts waited for in the decision log.
     "test_console.py": 480,
     "test_console_secured.py": 420,

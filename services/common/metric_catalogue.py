@@ -531,6 +531,8 @@ UPDATER_PENDING_LABELS = _gauge(
     "Outcomes held for transactions whose decision has not been consumed yet.",
     "updater",
 )  # fmt: skip
+UPDATER_PARTITIONS = _gauge("fraudmesh_updater_partitions",
+    "Partitions a member of a partitioned updater group owns, by kind (cards, merchants).", "updater", ("kind",))  # fmt: skip
 UPDATER_READY = _gauge(
     "fraudmesh_updater_ready",
     "1 while connected to the log and the store and caught up with the log.",

@@ -30,7 +30,7 @@ from services.featurestore import layout
 from services.featurestore.lists import open_lists
 from services.featurestore.settings import FeatureStoreSettings
 from services.featurestore.writer import OnlineFeatureWriter
-from services.updater import seed
+from services.updater import partitioned, partitions, seed
 from services.updater.engine import LiveAggregator
 from services.updater.expiry import ACTOR, ListExpiry
 from services.updater.loop import UpdateLoop
@@ -63,7 +63,7 @@ class UpdaterApp:
         self.metrics = metrics or UpdaterMetrics()
         self._state: StateStore | None = None
         self._writer: OnlineFeatureWriter | None = None
-        self._loop: UpdateLoop | None = None
+        self._loop: UpdateLoop | partitioned.PartitionedLoop | None = None
         self._thread: threading.Thread | None = None
         self._expiry: ListExpiry | None = None
         self._closers: list[Callable[[], None]] = []
@@ -115,6 +115,9 @@ class UpdaterApp:
                 return
             except TimeoutError:
                 pass
+            loop = self._loop
+            if isinstance(loop, partitioned.PartitionedLoop) and not loop.sweeps:
+                continue  # one member of a group sweeps: the owner of the log's partition 0
             try:
                 await asyncio.to_thread(expiry.sweep, time.time())
             except Exception:
@@ -134,6 +137,9 @@ class UpdaterApp:
             self._expiry = ListExpiry(
                 lists, lambda envelope: audit.write(self.events, envelope), self._expiry_envelope
             )
+        if s.partitioned:
+            self._prepare_member()
+            return
         state = StateStore(s.state_file)
         self._state = state
         if s.seed:
@@ -152,6 +158,30 @@ class UpdaterApp:
             aggregator,
             self.metrics,
         )
+
+    def _prepare_member(self) -> None:
+        """A member of a partitioned group: the shared seed (built by the first member to
+        start, under a lock), then the partitioned loop (``partitioned.py``)."""
+        s = self.settings
+        if self.events.backend != "kafka":
+            raise ValueError(
+                "FRAUD_UPDATER_PARTITIONED needs the Kafka event log (FRAUD_EVENTLOG_BACKEND="
+                f"kafka): the {self.events.backend} log has no partitions to own"
+            )
+        directory = s.partition_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        with partitions.seed_lock(directory):
+            base = StateStore(directory / partitions.BASE_FILE)
+            self._state = base
+            if s.seed:
+                path = self.store.data_path / layout.TRANSACTIONS_FILE
+                current = seed.fingerprint(path) if path.is_file() else "none"
+                held = base.meta(SEED_KEY)
+                if held is not None and held != current:
+                    partitions.discard_partitions(directory)
+                self._seed(base)
+        self._writer = OnlineFeatureWriter(self.store, timeout_ms=s.store_timeout_ms)
+        self._loop = partitioned.PartitionedLoop(s, self.events, self._writer, base, self.metrics)
 
     def _seed(self, state: StateStore) -> None:
         """Seeds the states from the dataset's transactions unless they already come from it."""

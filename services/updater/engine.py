@@ -62,6 +62,13 @@ class View(enum.StrEnum):
     TERMINAL = "terminal"
 
 
+ALL_VIEWS = frozenset(View)
+CARD_VIEWS = frozenset({View.CARD})
+"""What an updater of a partitioned group applies from the card-keyed log (``partitioned.py``)."""
+MERCHANT_VIEWS = frozenset({View.MERCHANT, View.TERMINAL})
+"""What it applies from the merchant-keyed topic: a terminal's windows live with its merchant's."""
+
+
 class _Cache(Generic[S]):
     """States by entity id: loaded from the store on a miss, least recently used evicted.
 
@@ -180,8 +187,14 @@ class LiveAggregator:
         max_pending_labels: int,
         snapshot_budget_s: float = 0.01,
         journal_max_events: int = 200_000,
+        views: frozenset[View] = ALL_VIEWS,
     ) -> None:
+        if views not in (ALL_VIEWS, CARD_VIEWS, MERCHANT_VIEWS):
+            raise ValueError(f"views must be all, the card's, or the merchant's: {set(views)}")
         self._store = store
+        self._views = views
+        self._cards_here = View.CARD in views
+        self._merchants_here = View.MERCHANT in views
         self._cards: _Cache[CardState] = _Cache(store.card, cache_max)
         self._merchants: _Cache[MerchantState] = _Cache(store.merchant, cache_max)
         self._terminals: _Cache[MerchantState] = _Cache(store.terminal, cache_max)
@@ -237,12 +250,17 @@ class LiveAggregator:
     def _decision(self, event: events_pb2.DecisionEvent, seq: int) -> Applied:
         tx = transaction_of(event)
         out = Applied()
-        card = apply_card(self._cards.get(tx.card_id), tx)
-        # Rows are computed once per poll batch (``rows``), not per event.
-        self._cards.put(tx.card_id, card.state, None, seq if card.change in _COUNTED else None)
-        out.changes.append((View.CARD, card.change))
-        if card.evicted_by_cap:
-            out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
+        if self._cards_here:
+            card = apply_card(self._cards.get(tx.card_id), tx)
+            # Rows are computed once per poll batch (``rows``), not per event.
+            self._cards.put(tx.card_id, card.state, None, seq if card.change in _COUNTED else None)
+            out.changes.append((View.CARD, card.change))
+            if card.evicted_by_cap:
+                out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
+            if not self._merchants_here:
+                # Only the held outcomes' pruning follows this (``hold``).
+                self._newest_us = max(self._newest_us, round(tx.timestamp_s * _US))
+                return out
         merchant = apply_merchant(self._merchants.get(tx.merchant_id), tx)
         merchant_counted = merchant.change in _COUNTED
         out.changes.append((View.MERCHANT, merchant.change))
@@ -283,6 +301,8 @@ class LiveAggregator:
 
     def _outcome(self, event: events_pb2.OutcomeEvent, seq: int) -> Applied:
         out = Applied()
+        if not self._merchants_here:
+            raise ValueError("outcomes are applied where the merchant windows are")
         if event.outcome == outcomes_pb2.OUTCOME_FRAUD:
             is_fraud = True
         elif event.outcome == outcomes_pb2.OUTCOME_LEGITIMATE:
@@ -307,6 +327,25 @@ class LiveAggregator:
             self._terminals.put(terminal_id, at.state, None, seq if changed else None)
             out.changes.append((View.TERMINAL, at.change))
         return out
+
+    def entities_of(self, tid: str) -> tuple[str, str] | None:
+        """The merchant and terminal ('' for none) of a transaction counted here, whether
+        checkpointed or not (None when not known here)."""
+        return self._entities_of(tid)
+
+    def hold(self, tid: str, label: Label) -> Change:
+        """Holds an outcome whose merchant is not known yet (the card-keyed side of a
+        partitioned group); it is kept at checkpoints, pruned like every held label, and
+        taken back with ``release``."""
+        return self._hold(tid, label)
+
+    def held(self) -> list[tuple[str, Label]]:
+        """The held outcomes, oldest report first."""
+        return sorted(self._pending.items(), key=lambda item: item[1].reported_us)
+
+    def release(self, tid: str) -> Label | None:
+        """Takes a held outcome back (its merchant was found); None if it is not held."""
+        return self._take_pending(tid)
 
     def _entities_of(self, tid: str) -> tuple[str, str] | None:
         """The merchant and terminal ('' for none) of a counted transaction."""
@@ -401,10 +440,10 @@ class LiveAggregator:
         """True when entities were reached whose rows were not taken yet."""
         return any(cache.touched for cache in self._caches.values())
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, meta: dict[str, str] | None = None) -> None:
         """Journals the events applied since the last checkpoint, with the new index entries,
-        the held labels and a budget of snapshots, in one durable transaction; then lets the
-        caches shrink to their bound."""
+        the held labels and a budget of snapshots, in one durable transaction (with ``meta``:
+        the log position of a partition's state); then lets the caches shrink to their bound."""
         prune = None
         if self._newest_us:
             prune = self._newest_us - _MERCHANT_HORIZON_US
@@ -426,6 +465,7 @@ class LiveAggregator:
             prune_before_us=prune,
             journal=self._journal,
             journal_from=keep_from,
+            meta=meta,
         )
         self._first_seq = keep_from
         self._journal = []
@@ -456,11 +496,11 @@ class LiveAggregator:
             out[oldest[1]].append(self._caches[oldest[1]].snapshot_oldest())
         return out
 
-    def snapshot_all(self) -> None:
+    def snapshot_all(self, meta: dict[str, str] | None = None) -> None:
         """Snapshots every changed entity and empties the journal (on an orderly stop)."""
         budget, self._snapshot_budget_s = self._snapshot_budget_s, float("inf")
         try:
-            self.checkpoint()
+            self.checkpoint(meta)
         finally:
             self._snapshot_budget_s = budget
 

@@ -32,6 +32,7 @@ class UpdaterMetrics:
         self.journal = catalogue.UPDATER_JOURNAL_EVENTS.create(registry)
         self.pending_labels = catalogue.UPDATER_PENDING_LABELS.create(registry)
         self.ready = catalogue.UPDATER_READY.create(registry)
+        self.partitions = catalogue.UPDATER_PARTITIONS.create(registry)
         self._lock = threading.Lock()
         self._newest: dict[str, float | None] = dict.fromkeys(_VIEWS)
         for view in _VIEWS:

@@ -78,6 +78,25 @@ class UpdaterSettings(ServerSettings):
         "a sweep reads one counter while nothing changed and nothing expired. 0: never.",
     )
 
+    partitioned: bool = Field(
+        False,
+        description="Run as one member of a partitioned group (Kafka only): card windows per "
+        "partition of the event log, merchant and terminal windows per partition of the "
+        "merchant-keyed topic it forwards to; start as many members as partitions, each "
+        'with its own FRAUD_EVENTLOG_CONSUMER_NAME (docs/liveloop.md, "Several updaters").',
+    )
+    partition_path: Path | None = Field(
+        None,
+        description="Folder of a partitioned group's state files (one per partition, and the "
+        "seed they share), on a file system every member reaches; default "
+        "<var_dir>/updater/<group>.",
+    )
+
+    @property
+    def partition_dir(self) -> Path:
+        """The folder of a partitioned group's state files."""
+        return self.partition_path or self.var_dir / "updater" / self.group
+
     @property
     def state_file(self) -> Path:
         """The SQLite file of the entity states."""

@@ -80,9 +80,12 @@ IndexEntry = tuple[str, str, str, int]
 class StateStore:
     """The SQLite file of the updater's state (one writer: the updater's loop thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, base: StateStore | None = None) -> None:
+        """``base``: where an entity or transaction this file does not hold is looked up
+        (the seed a partitioned group's members share; ``partitioned.py``)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._base = base
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -123,28 +126,36 @@ class StateStore:
     def card(self, card_id: str) -> CardState | None:
         """A card's saved state."""
         row = self._db.execute("SELECT state FROM cards WHERE id = ?", (card_id,)).fetchone()
-        return None if row is None else CardState.from_bytes(row[0])
+        if row is None:
+            return None if self._base is None else self._base.card(card_id)
+        return CardState.from_bytes(row[0])
 
     def merchant(self, merchant_id: str) -> MerchantState | None:
         """A merchant's saved state."""
         row = self._db.execute(
             "SELECT state FROM merchants WHERE id = ?", (merchant_id,)
         ).fetchone()
-        return None if row is None else MerchantState.from_bytes(row[0])
+        if row is None:
+            return None if self._base is None else self._base.merchant(merchant_id)
+        return MerchantState.from_bytes(row[0])
 
     def terminal(self, terminal_id: str) -> MerchantState | None:
         """A terminal's saved state."""
         row = self._db.execute(
             "SELECT state FROM terminals WHERE id = ?", (terminal_id,)
         ).fetchone()
-        return None if row is None else MerchantState.from_bytes(row[0])
+        if row is None:
+            return None if self._base is None else self._base.terminal(terminal_id)
+        return MerchantState.from_bytes(row[0])
 
     def entities_of(self, transaction_id: str) -> tuple[str, str] | None:
         """The merchant and terminal ('' for none) a transaction paid, if it is in the index."""
         row = self._db.execute(
             "SELECT merchant_id, terminal_id FROM transactions WHERE id = ?", (transaction_id,)
         ).fetchone()
-        return None if row is None else (str(row[0]), str(row[1]))
+        if row is None:
+            return None if self._base is None else self._base.entities_of(transaction_id)
+        return str(row[0]), str(row[1])
 
     def pending_label(self, transaction_id: str) -> Label | None:
         """A held label of a transaction not consumed yet."""
@@ -211,10 +222,12 @@ class StateStore:
         journal: Iterable[tuple[int, bytes]] = (),
         journal_from: int | None = None,
         live: bool = True,
+        meta: dict[str, str] | None = None,
     ) -> None:
         """Writes one checkpoint in a single durable transaction: state snapshots (``to_bytes``;
         ``live``: they come from events, not from the seed), index entries, held labels, and
-        the journal (new events appended, those before ``journal_from`` deleted)."""
+        the journal (new events appended, those before ``journal_from`` deleted), and ``meta``
+        values (a partition's log position, so that it moves with its state)."""
         db = self._db
         flag = int(live)
         with db:
@@ -248,6 +261,10 @@ class StateStore:
             db.executemany("INSERT INTO journal (seq, record) VALUES (?, ?)", journal)
             if journal_from is not None:
                 db.execute("DELETE FROM journal WHERE seq < ?", (journal_from,))
+            if meta:
+                db.executemany(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.items()
+                )
 
     def reset(self) -> None:
         """Empties every table (a new seed follows)."""

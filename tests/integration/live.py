@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pandas as pd
 
 from fraud.v1 import events_pb2, features_pb2, features_pb2_grpc, outcomes_pb2
@@ -427,3 +428,86 @@ def store_mismatches(
         return bad
     finally:
         reader.close()
+
+
+# --- a replayed day ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A history folder (dataset, registry, materialized store) and the day that follows it."""
+
+    var_dir: Path
+    events: list[events_pb2.EventEnvelope]
+    """Outcomes of some of the day's transactions (before their decisions: held), the day's
+    decisions (a tenth retried, some out of order, a fifth naming no terminal), then outcomes
+    of history transactions."""
+    expected: tuple[Expected, Expected, Expected]
+    """Newest batch rows per card, merchant and terminal over the history and the day."""
+
+
+def replay_day(prepared_env: Any, var_dir: Path) -> Replay:
+    """The prepared history less its last day, materialized in ``var_dir``, and the events
+    of that day (``Replay``)."""
+    tx = pd.read_parquet(prepared_env.data_dir / layout.TRANSACTIONS_FILE)
+    cut = tx["timestamp"].max() - pd.Timedelta(days=1)
+    history, day = tx[tx["timestamp"] <= cut], tx[tx["timestamp"] > cut]
+    day = day.assign(terminal_id=day["terminal_id"].where(np.arange(len(day)) % 5 != 0, None))
+    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
+    dataset.write(dataset.Dataset.from_transactions(history), settings.data_path)
+    store_admin.apply(settings)
+    store_admin.materialize(settings)
+
+    rng = np.random.default_rng(3)
+    # Outcomes that overtake their decisions (keyed by transaction on the log): held until
+    # the decision comes, then labels of the merchant and the terminal.
+    early = day[day["terminal_id"].notna()].sample(10, random_state=5)
+    early_s = day["timestamp"].max().timestamp()
+    events = [outcome_envelope(str(t), True, early_s) for t in early["transaction_id"]]
+    # Out of order by up to ten minutes; a tenth of the decisions sent twice (retries).
+    micros = day["timestamp"].astype("int64").to_numpy() // 1000
+    order = np.argsort(micros + rng.integers(0, 600_000_000, len(day)))
+    for i in order:
+        row = day.iloc[int(i)]
+        events.append(decision_envelope(row))
+        if rng.random() < 0.1:
+            events.append(decision_envelope(row))
+    # Outcomes of history transactions inside the merchants' fraud-rate windows: some turn
+    # out fraud (reported during the day), some frauds turn out legitimate.
+    reported_s = (cut + pd.Timedelta(hours=12)).timestamp()
+    window = history[
+        (history["timestamp"] > cut - pd.Timedelta(days=30))
+        & (history["timestamp"] < cut - pd.Timedelta(days=8))
+    ]
+    flipped = window[~window["is_fraud"]].sample(40, random_state=4)
+    cleared = window[window["is_fraud"]].head(5)
+    events += [outcome_envelope(str(t), True, reported_s) for t in flipped["transaction_id"]]
+    events += [outcome_envelope(str(t), False, reported_s) for t in cleared["transaction_id"]]
+
+    full = pd.concat([history, as_live(day)], ignore_index=True)
+    full["fraud_reported_at"] = pd.Series(pd.NaT, index=full.index, dtype=full["timestamp"].dtype)
+    fraud_now = full["transaction_id"].isin(flipped["transaction_id"])
+    full.loc[fraud_now, "is_fraud"] = True
+    full.loc[fraud_now, "fraud_reported_at"] = pd.Timestamp(reported_s, unit="s", tz="UTC")
+    fraud_early = full["transaction_id"].isin(early["transaction_id"])
+    full.loc[fraud_early, "is_fraud"] = True
+    full.loc[fraud_early, "fraud_reported_at"] = pd.Timestamp(early_s, unit="s", tz="UTC")
+    full.loc[full["transaction_id"].isin(cleared["transaction_id"]), "is_fraud"] = False
+    return Replay(var_dir, events, newest_rows(full))
+
+
+def wait_equal(var_dir: Path, replay: Replay) -> None:
+    settings = FeatureStoreSettings(var_dir=var_dir, store="sqlite")
+    cards, merchants, terminals = replay.expected
+    assert terminals  # the simulated data names terminals: they are compared too
+    last: list[str] = []
+
+    def equal() -> bool:
+        nonlocal last
+        last = store_mismatches(settings, cards, merchants, terminals)
+        return not last
+
+    try:
+        wait_for(equal, "online rows equal to the batch", timeout_s=120)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; still differing: {last}") from None

@@ -1,0 +1,559 @@
+"""Updaters as a Kafka consumer group: each partition's windows owned by one member at a time.
+
+The event log is keyed by card (decisions) and by transaction (outcomes), while a merchant's
+windows gather the events of every card. So the group reads two topics:
+
+- ``<topic>`` (the event log): the member owning its partition *p* applies the card windows
+  of *p*'s cards, and forwards each decision to the merchant-keyed topic. An outcome names
+  only its transaction: it is forwarded once the transaction's merchant is known (from the
+  shared seed or a merchant partition's index), and held in *p*'s state until then.
+- ``<topic>.by-merchant`` (keyed by merchant, one partition per ``crc32(merchant) % n``): the
+  member owning its partition *q* applies the merchant and terminal windows of *q*'s
+  merchants (a terminal's windows live with its merchant's: terminal ids are unique across
+  merchants), with the transaction index and the outcomes that come before their decision.
+
+Kafka assigns the partitions; nothing here schedules. Every partition has its own state file
+(``<state dir>/<kind>-<partition>.db``: states, held outcomes, journal, index) whose
+checkpoint transaction also saves the partition's next offset. A member given a partition
+opens its file, applies its journal again and seeks to that offset before it applies
+anything; one losing a partition writes its rows, flushes its forwards, snapshots it and
+closes the file first. Forwards are flushed before any checkpoint, so a crash at any point
+forwards again (never loses) what followed the last one, and the windows count a
+transaction once (its id). The states the dataset's history left are seeded once into
+``base.db``, which every partition reads for the entities it has not changed.
+
+A partition's file is locked while a member holds it: a member that lost the partition but
+has not noticed yet (paused past its session) cannot write beside the new owner.
+
+How to run and scale it: ``docs/liveloop.md``, "Several updaters".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from google.protobuf.message import DecodeError
+
+from fraud.v1 import events_pb2, outcomes_pb2
+from services.common.errors import Unavailable
+from services.domain.aggregation import Label
+from services.eventlog import BackendUnavailable, EventLogError, EventLogSettings
+from services.eventlog import Consumer as EventLogConsumer
+from services.eventlog.consume import Backoff, ConsumeLoop
+from services.eventlog.kafka_log import static_member_id
+from services.updater.engine import CARD_VIEWS, MERCHANT_VIEWS, Applied, LiveAggregator, View
+from services.updater.loop import RowWriter
+from services.updater.metrics import UpdaterMetrics
+from services.updater.partitions import (
+    OFFSET_KEY,
+    Kind,
+    Part,
+    Topics,
+    lock_file,
+    partition_of,
+    state_file,
+)
+from services.updater.settings import UpdaterSettings
+from services.updater.state import StateStore
+
+log = logging.getLogger(__name__)
+
+_NANOS = 1e9
+
+
+def _seconds(stamp: Any) -> float:
+    return float(stamp.seconds + stamp.nanos / _NANOS)
+
+
+def _outcome_envelope(tid: str, label: Label) -> bytes:
+    """An outcome re-made from a held label (what the merchant side reads of it)."""
+    event = events_pb2.OutcomeEvent(
+        transaction_id=tid,
+        outcome=outcomes_pb2.OUTCOME_FRAUD if label.is_fraud else outcomes_pb2.OUTCOME_LEGITIMATE,
+    )
+    event.reported_at.FromMicroseconds(label.reported_us)
+    return events_pb2.EventEnvelope(outcome=event).SerializeToString()
+
+
+class PartitionedLoop(ConsumeLoop):
+    """One member of a partitioned updater group (poll, apply, forward, write, checkpoint)."""
+
+    def __init__(
+        self,
+        settings: UpdaterSettings,
+        events: EventLogSettings,
+        writer: RowWriter,
+        base: StateStore,
+        metrics: UpdaterMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            "updater",
+            lambda: cast(EventLogConsumer, self._open()),
+            lambda what: metrics.store_errors.labels(what).inc(),
+            Backoff(settings.retry_backoff_s),
+        )
+        self._settings = settings
+        self._events = events
+        self._writer = writer
+        self._base = base
+        self._metrics = metrics
+        self._clock = clock
+        self._dir = settings.partition_dir
+        self._topics = Topics(events)
+        self._parts: dict[tuple[str, int], Part] = {}
+        self._kafka: Consumer | None = None
+        self._producer: Producer | None = None
+        self._forward_errors: list[str] = []
+        self._peers: dict[int, sqlite3.Connection] = {}
+        self._store_ok = True
+        self._caught_up = False
+        self._applied = 0
+        self._last_retry = time.monotonic()
+        self._unwritten: list[tuple[View, float]] = []
+
+    # --- the group ---------------------------------------------------------------------
+
+    def _open(self) -> _Member:
+        self._topics.ensure()
+        config = {"bootstrap.servers": self._events.kafka_bootstrap, "logger": log}
+        config.update(self._events.kafka_config)
+        self._producer = Producer(
+            {
+                **config,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "none",
+                "message.timeout.ms": int(self._events.send_timeout_s * 1000),
+            }
+        )
+        name = self._events.consumer_name
+        self._kafka = Consumer(
+            {
+                **config,
+                "group.id": self._settings.group,
+                "group.instance.id": static_member_id(name, self._topics.events),
+                "group.protocol": "classic",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": self._events.kafka_session_timeout_ms,
+                "heartbeat.interval.ms": max(1000, self._events.kafka_session_timeout_ms // 5),
+                "fetch.wait.max.ms": 50,
+            }
+        )
+        self._kafka.subscribe(
+            [self._topics.events, self._topics.merchants],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        return _Member(self)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Opens each new partition's state (journal applied again) and seeks to its offset."""
+        for tp in partitions:
+            kind = Kind.CARDS if tp.topic == self._topics.events else Kind.MERCHANTS
+            part = self._open_part(kind, tp.partition)
+            self._parts[(tp.topic, tp.partition)] = part
+            if part.next_offset is not None:
+                tp.offset = part.next_offset
+        consumer.assign(partitions)
+        self._count_partitions()
+        log.info(
+            "updater partitions assigned",
+            extra={"partitions": sorted(f"{t}:{p}" for t, p in self._parts)},
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Finishes the partitions taken away: rows, forwards, a full snapshot, then closed."""
+        taken = [
+            self._parts[k] for tp in partitions if (k := (tp.topic, tp.partition)) in self._parts
+        ]
+        try:
+            if taken:
+                self._write_rows()
+                self._flush_forwards()
+                for part in taken:
+                    part.agg.snapshot_all(part.meta())
+        finally:
+            self._drop(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a revoke (session expired): another member may own them
+        now, so nothing more is saved; their files keep the last checkpoint."""
+        self._drop(partitions)
+
+    def _count_partitions(self) -> None:
+        for kind in Kind:
+            owned = sum(1 for part in self._parts.values() if part.kind is kind)
+            self._metrics.partitions.labels(kind.value).set(owned)
+
+    def _drop(self, partitions: list[TopicPartition] | None = None) -> None:
+        keys: list[tuple[str, int]] = (
+            list(self._parts)
+            if partitions is None
+            else [(str(tp.topic), int(tp.partition)) for tp in partitions]
+        )
+        for key in keys:
+            part = self._parts.pop(key, None)
+            if part is not None:
+                part.close()
+        self._count_partitions()
+
+    def _open_part(self, kind: Kind, partition: int) -> Part:
+        path = state_file(self._dir, kind, partition)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        fd = lock_file(path.with_suffix(".lock"), self._events.kafka_session_timeout_ms / 1000)
+        try:
+            store = StateStore(path, base=self._base)
+            s = self._settings
+            agg = LiveAggregator(
+                store,
+                s.cache_max_entities,
+                s.max_pending_labels,
+                views=CARD_VIEWS if kind is Kind.CARDS else MERCHANT_VIEWS,
+            )
+            agg.restore_live_rows()
+            offset = store.meta(OFFSET_KEY)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Part(kind, partition, store, agg, fd, None if offset is None else int(offset))
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether this member sweeps the lists' expired entries: the one that owns the
+        event log's partition 0 (one member of the group at a time, give or take a
+        rebalance; a sweep done twice audits an expiry twice and removes nothing twice)."""
+        return (self._topics.events, 0) in self._parts
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Connected to the log and the store, and caught up with the log's end."""
+        return self._connected and self._store_ok and self._caught_up
+
+    def turn(self, stop: threading.Event) -> float:
+        self.step()
+        return 0.0
+
+    def failure_of(self, error: Exception) -> str | None:
+        """The log's errors, the online store's and the state files'."""
+        if isinstance(error, (BackendUnavailable, EventLogError, KafkaException)):
+            self._connected = False
+            return "log"
+        if isinstance(error, Unavailable):
+            self._store_ok = False
+            return "online_store"
+        return "state" if isinstance(error, sqlite3.Error) else None
+
+    def on_failure(self, what: str) -> None:
+        """Not ready; after a log or state failure, the member leaves the group and its
+        partitions start again from their files (what was applied since is applied again)."""
+        self._metrics.ready.set(0)
+        if what in ("log", "state"):
+            self._drop()
+            self.close_consumer()
+
+    def step(self) -> None:
+        """One iteration: retry unwritten rows, checkpoint if due, poll, apply, write."""
+        if any(p.agg.rows_pending for p in self._parts.values()):
+            self._write_rows()
+        s = self._settings
+        if self.checkpoint_due(s.checkpoint_interval_s, self._applied, s.checkpoint_max_events) or (
+            time.monotonic() - self._last_retry >= s.checkpoint_interval_s
+            and any(p.agg.pending_labels for p in self._parts.values() if p.kind is Kind.CARDS)
+        ):
+            self.checkpoint()
+        member = cast(_Member, self.consumer())
+        records = member.poll_messages(s.poll_max_records, s.poll_timeout_s)
+        self._connected = True
+        self._failures.recovered("log")
+        if records:
+            if self._uncommitted_since is None:
+                self._uncommitted_since = time.monotonic()
+            last_created = self._apply(records)
+            self._write_rows()
+            full = len(records) >= s.poll_max_records
+            age = max(0.0, self._clock() - last_created) if last_created else 0.0
+            self._caught_up = not full and age < max(1.0, 4 * s.poll_timeout_s)
+            self._metrics.lag.set(age if not self._caught_up else 0.0)
+        else:
+            self._caught_up = True
+            self._metrics.lag.set(0.0)
+        self._metrics.ready.set(1 if self.ready() else 0)
+        self._metrics.pending_labels.set(sum(p.agg.pending_labels for p in self._parts.values()))
+
+    def _apply(self, messages: list[Message]) -> float:
+        """Applies (and forwards) the messages; returns the newest one's creation time."""
+        m = self._metrics
+        last = 0.0
+        for msg in messages:
+            part = self._parts.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
+            if part is None:  # taken away within this poll: its new owner applies it
+                continue
+            part.next_offset = msg.offset() + 1  # type: ignore[operator]
+            part.changed = True
+            raw = msg.value() or b""
+            try:
+                envelope = events_pb2.EventEnvelope.FromString(raw)
+                kind = envelope.WhichOneof("event")
+                if kind == "decision":
+                    created = _seconds(envelope.decision.decided_at)
+                elif kind == "outcome":
+                    created = _seconds(envelope.outcome.received_at)
+                elif kind == "list_change":
+                    m.records.labels(kind).inc()
+                    continue
+                else:
+                    raise ValueError("the envelope carries no event")
+                applied = self._apply_one(part, envelope, kind, raw)
+            except (DecodeError, ValueError) as error:
+                m.records.labels("invalid").inc()
+                log.error(
+                    "skipped an invalid event log record",
+                    extra={
+                        "position": f"{msg.topic()}:{msg.partition()}:{msg.offset()}",
+                        "error": str(error),
+                    },
+                )
+                continue
+            m.records.labels(kind).inc()
+            self._applied += 1
+            for view, change in applied.changes:
+                m.changes.labels(view.value, change.value).inc()
+            for view, evicted in applied.evicted_by_cap:
+                m.evicted_by_cap.labels(view.value).inc(evicted)
+            for view in {v for v, _ in applied.changes}:
+                self._unwritten.append((view, created))
+            last = max(last, created)
+        for part in self._parts.values():
+            if part.agg.labels_dropped:
+                m.labels_dropped.inc(part.agg.labels_dropped)
+                part.agg.labels_dropped = 0
+        return last
+
+    def _apply_one(
+        self, part: Part, envelope: events_pb2.EventEnvelope, kind: str, raw: bytes
+    ) -> Applied:
+        if part.kind is Kind.MERCHANTS:
+            return part.agg.apply(envelope, raw)
+        if kind == "decision":
+            applied = part.agg.apply(envelope, raw)
+            self._forward(envelope.decision.merchant_id, raw)
+            return applied
+        outcome = envelope.outcome
+        if outcome.outcome not in (outcomes_pb2.OUTCOME_FRAUD, outcomes_pb2.OUTCOME_LEGITIMATE):
+            return Applied()  # disputed (or unknown): not a label
+        tid = outcome.transaction_id
+        entities = self._entities_of(tid)
+        if entities is not None:
+            self._forward(entities[0], raw)
+            return Applied()
+        label = Label(
+            outcome.outcome == outcomes_pb2.OUTCOME_FRAUD, outcome.reported_at.ToMicroseconds()
+        )
+        return Applied(changes=[(View.MERCHANT, part.agg.hold(tid, label))])
+
+    # --- forwarding ----------------------------------------------------------------------
+
+    def _forward(self, merchant_id: str, raw: bytes) -> None:
+        assert self._producer is not None
+        key = merchant_id.encode()
+        partition = partition_of(key, self._topics.merchant_partitions)
+
+        def report(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self._forward_errors.append(err.str())
+
+        while True:
+            try:
+                self._producer.produce(
+                    self._topics.merchants,
+                    value=raw,
+                    key=key,
+                    partition=partition,
+                    on_delivery=report,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+
+    def _flush_forwards(self) -> None:
+        """Waits until every forward is stored; raises ``BackendUnavailable`` otherwise (the
+        partitions then start again from their checkpoints, and forward again)."""
+        if self._producer is None:
+            return
+        remaining = self._producer.flush(self._events.send_timeout_s + 1.0)
+        if remaining or self._forward_errors:
+            first = self._forward_errors[0] if self._forward_errors else "not delivered in time"
+            self._forward_errors.clear()
+            raise BackendUnavailable(f"kafka: forwarding to {self._topics.merchants}: {first}")
+
+    def _entities_of(self, tid: str) -> tuple[str, str] | None:
+        """A transaction's merchant and terminal: from the merchant partitions held here
+        (saved or not), the other partitions' files, or the seed."""
+        for part in self._parts.values():
+            if part.kind is Kind.MERCHANTS:
+                found = part.agg.entities_of(tid)
+                if found is not None:
+                    return found
+        for conn in self._peer_files():
+            try:
+                row = conn.execute(
+                    "SELECT merchant_id, terminal_id FROM transactions WHERE id = ?", (tid,)
+                ).fetchone()
+            except sqlite3.OperationalError:  # a file being created: asked again later
+                continue
+            if row is not None:
+                return str(row[0]), str(row[1])
+        return self._base.entities_of(tid)
+
+    def _peer_files(self) -> Iterator[sqlite3.Connection]:
+        """Read-only connections to every merchant partition's file (opened once it exists)."""
+        for partition in range(self._topics.merchant_partitions):
+            conn = self._peers.get(partition)
+            if conn is None:
+                path = state_file(self._dir, Kind.MERCHANTS, partition)
+                if not path.exists():
+                    continue
+                conn = sqlite3.connect(
+                    f"file:{path}?mode=ro", uri=True, timeout=30, check_same_thread=False
+                )
+                self._peers[partition] = conn
+            yield conn
+
+    def _retry_held(self) -> None:
+        """Forwards the held outcomes whose merchant is known by now."""
+        for part in self._parts.values():
+            if part.kind is not Kind.CARDS or not part.agg.pending_labels:
+                continue
+            for tid, label in part.agg.held():
+                entities = self._entities_of(tid)
+                if entities is not None:
+                    self._forward(entities[0], _outcome_envelope(tid, label))
+                    part.agg.release(tid)
+                    part.changed = True
+        self._last_retry = time.monotonic()
+
+    # --- rows and checkpoints --------------------------------------------------------------
+
+    def _write_rows(self) -> None:
+        cards, merchants, terminals = [], [], []
+        for part in self._parts.values():
+            rows = part.agg.rows()
+            cards += rows.cards
+            merchants += rows.merchants
+            terminals += rows.terminals
+        self._writer.write(cards, merchants, terminals)
+        for part in self._parts.values():
+            part.agg.rows_written()
+        self._store_ok = True
+        self._failures.recovered("online_store")
+        done = self._clock()
+        for view, created in self._unwritten:
+            self._metrics.event_to_store.observe(max(0.0, done - created))
+            self._metrics.applied(view.value, created)
+        self._unwritten.clear()
+
+    def checkpoint(self) -> None:
+        """Forwards what is held and known, flushes every forward, then saves each changed
+        partition's state with its offset (one transaction per file); then commits the
+        offsets to the group too (what lag monitoring reads)."""
+        if self._consumer is None or any(p.agg.rows_pending for p in self._parts.values()):
+            return
+        self._metrics.checkpoint.observe(self.commit_after(self._save))
+
+    def _save(self) -> None:
+        self._retry_held()
+        self._flush_forwards()
+        for part in self._parts.values():
+            if part.changed:
+                part.agg.checkpoint(part.meta())
+                part.changed = False
+        self._applied = 0
+        for view in View:
+            self._metrics.cached.labels(view.value).set(
+                sum(p.agg.sizes()[view] for p in self._parts.values())
+            )
+
+    def commit_offsets(self) -> None:
+        """Commits the owned partitions' offsets to the group (asynchronously: the state
+        files hold the truth; the group's offsets are for lag monitoring)."""
+        assert self._kafka is not None
+        offsets = [
+            TopicPartition(topic, partition, part.next_offset)
+            for (topic, partition), part in self._parts.items()
+            if part.next_offset is not None
+        ]
+        if offsets:
+            with contextlib.suppress(KafkaException):
+                self._kafka.commit(offsets=offsets, asynchronous=True)
+
+    def finish(self) -> None:
+        """On stop: the last rows, a full snapshot of every partition, then leave the group."""
+        try:
+            if self._parts:
+                self._write_rows()
+                self._flush_forwards()
+                for part in self._parts.values():
+                    part.agg.snapshot_all(part.meta())
+                self.commit_offsets()
+        except Exception:
+            log.exception("final checkpoint failed; the log gives the rest again on restart")
+        self.close_consumer()
+        self._drop()
+        for conn in self._peers.values():
+            conn.close()
+        self._peers.clear()
+        self._metrics.ready.set(0)
+
+
+class _Member:
+    """The consumer as ``ConsumeLoop`` holds it (poll, commit, close)."""
+
+    def __init__(self, loop: PartitionedLoop) -> None:
+        self._loop = loop
+
+    def poll_messages(self, max_records: int, timeout_s: float) -> list[Message]:
+        kafka = self._loop._kafka
+        assert kafka is not None
+        first = kafka.poll(timeout_s)
+        if first is None:
+            return []
+        messages = [first]
+        if max_records > 1:
+            messages += kafka.consume(max_records - 1, 0)
+        out = []
+        for msg in messages:
+            error = msg.error()
+            if error is None:
+                out.append(msg)
+            elif error.fatal():
+                raise BackendUnavailable(f"kafka: {error.str()}")
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("updater kafka consumer: %s", error.str())
+        return out
+
+    def commit(self) -> None:
+        self._loop.commit_offsets()
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop._kafka is not None:
+            try:
+                loop._kafka.close()  # revokes: the partitions are finished first
+            finally:
+                loop._kafka = None
+        if loop._producer is not None:
+            loop._producer.flush(1.0)
+            loop._producer = None

@@ -1,0 +1,186 @@
+"""The files and topics of a partitioned updater group (``partitioned.py``): where each
+partition's state lives, the lock that keeps one member on it, the seed every partition
+shares, and the merchant-keyed topic."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import logging
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from services.eventlog import BackendUnavailable, EventLogError, EventLogSettings
+from services.eventlog.kafka_log import ensure_topic
+from services.updater.engine import LiveAggregator
+from services.updater.state import StateStore
+
+log = logging.getLogger(__name__)
+
+MERCHANT_TOPIC_SUFFIX = ".by-merchant"
+OFFSET_KEY = "next_offset"
+"""Meta key of a partition's state file: the offset its checkpoint covers up to."""
+
+
+def merchant_topic(topic: str) -> str:
+    """The merchant-keyed topic a partitioned group forwards ``topic``'s events to."""
+    return topic + MERCHANT_TOPIC_SUFFIX
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of a key: CRC-32 modulo the count (what librdkafka's default
+    partitioner does with a key)."""
+    return zlib.crc32(key) % partitions
+
+
+class Kind(enum.StrEnum):
+    """Which windows a partition's state holds."""
+
+    CARDS = "cards"
+    MERCHANTS = "merchants"
+
+
+BASE_FILE = "base.db"
+"""The seed every partition reads for the entities it has not changed."""
+
+
+@contextlib.contextmanager
+def seed_lock(directory: Path) -> Iterator[None]:
+    """Held while a member checks (and builds) the shared seed: one member seeds, the
+    others wait and find it done."""
+    fd = os.open(directory / "base.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def discard_partitions(directory: Path) -> None:
+    """Deletes every partition's state (the seed they build on is about to change); raises
+    ``PartitionBusy`` if a member holds one: the members must all stop first."""
+    held = []
+    try:
+        for lock in sorted(directory.glob("*-*.lock")):
+            held.append(lock_file(lock, 0.0))
+        for path in directory.glob("*-*.db*"):
+            path.unlink()
+    except PartitionBusy as error:
+        raise PartitionBusy(
+            f"the dataset changed since the group's seed, but {error}: stop every member of "
+            "the group, then start them again to seed from the new dataset"
+        ) from None
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def state_file(directory: Path, kind: Kind, partition: int) -> Path:
+    """The state file of one partition."""
+    return directory / f"{kind.value}-{partition}.db"
+
+
+class PartitionBusy(EventLogError):
+    """Another member still holds a partition's state file."""
+
+
+@dataclass
+class Part:
+    """One partition this member owns: its state file, its windows, where it is in the log."""
+
+    kind: Kind
+    partition: int
+    store: StateStore
+    agg: LiveAggregator
+    lock_fd: int
+    next_offset: int | None
+    changed: bool = False
+
+    def meta(self) -> dict[str, str]:
+        return {} if self.next_offset is None else {OFFSET_KEY: str(self.next_offset)}
+
+    def close(self) -> None:
+        self.store.close()
+        os.close(self.lock_fd)
+
+
+def lock_file(path: Path, timeout_s: float) -> int:
+    """An exclusive lock on ``path`` (waits up to ``timeout_s`` for a member finishing with it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise PartitionBusy(f"{path.name} is still held by another member") from None
+            time.sleep(0.05)
+
+
+class Topics:
+    """The two topics: created if missing (the merchant-keyed one with the event log's
+    partition count), and the merchant-keyed one's partition count."""
+
+    def __init__(self, events: EventLogSettings) -> None:
+        self.events = events.topic
+        self.merchants = merchant_topic(events.topic)
+        self._settings = events
+        self.merchant_partitions = 0
+
+    def ensure(self) -> None:
+        ensure_topic(self._settings)
+        config: dict[str, Any] = {
+            "bootstrap.servers": self._settings.kafka_bootstrap,
+            "logger": log,
+            **self._settings.kafka_config,
+        }
+        admin = AdminClient(config)
+        timeout = self._settings.send_timeout_s
+        if self._partitions(admin, self.merchants, 0.0) == 0:
+            topic = NewTopic(
+                self.merchants,
+                num_partitions=self._partitions(admin, self.events, timeout),
+                replication_factor=self._settings.kafka_replication,
+                config={"retention.ms": str(self._settings.kafka_retention_ms)},
+            )
+            future = admin.create_topics([topic], operation_timeout=timeout)[self.merchants]
+            try:
+                future.result(timeout=timeout + 1)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
+                    raise BackendUnavailable(f"kafka: creating {self.merchants}: {exc}") from exc
+        self.merchant_partitions = self._partitions(admin, self.merchants, timeout)
+
+    @staticmethod
+    def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int:
+        """The topic's partition count, waiting up to ``timeout_s`` for a topic just created
+        to show its partitions; 0 if it has none by then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                found = admin.list_topics(topic=topic, timeout=max(timeout_s, 1.0)).topics
+            except KafkaException as exc:
+                raise BackendUnavailable(f"kafka: metadata: {exc}") from exc
+            meta = found.get(topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                return len(meta.partitions)
+            if time.monotonic() >= deadline:
+                if timeout_s > 0:
+                    raise BackendUnavailable(f"kafka: {topic} shows no partitions")
+                return 0
+            time.sleep(0.1)
