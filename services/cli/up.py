@@ -178,6 +178,16 @@ _DecisionLogReplicas = Annotated[
         'sinks").',
     ),
 ]
+_UpdaterReplicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Feature updaters: with more than one, a partitioned group on the Kafka event "
+        "log, each owning its share of the card windows and of the merchant and terminal "
+        'windows (refused on the other logs; docs/liveloop.md, "Several updaters").',
+    ),
+]
 _EdgeMaxInFlight = Annotated[
     int | None,
     typer.Option(
@@ -226,6 +236,7 @@ def up(
     features_replicas: _FeaturesReplicas = None,
     scorer_replicas: _ScorerReplicas = None,
     decisionlog_replicas: _DecisionLogReplicas = 1,
+    updater_replicas: _UpdaterReplicas = 1,
     edge_max_in_flight: _EdgeMaxInFlight = None,
     replica_port_step: _ReplicaPortStep = 100,
     prometheus_port: _PrometheusPort = 9090,
@@ -249,23 +260,18 @@ def up(
         features=(features_port, features_replicas or sized.features),
         scorer=(scorer_port, scorer_replicas or sized.scorer),
         decisionlog=(decisionlog_port, decisionlog_replicas if live_loop else 1),
+        updater=(updater_port, updater_replicas if live_loop else 1),
     )
     config = MeshConfig(
         var_dir=var_dir,
         store=store,
         envoy_port=envoy_port,
-        admin_port=admin_port,
-        gateway_port=gateway_port,
-        features_port=features_port,
-        scorer_port=scorer_port,
         redis_port=redis_port,
-        decisionlog_port=decisionlog_port,
         gateway_in_process=_or(gateway_in_process, sized.gateway_in_process),
         edge=edge,
         live_loop=live_loop,
         eventlog=eventlog,
         kafka_bootstrap=kafka_bootstrap,
-        updater_port=updater_port,
         observability=observability,
         console_port=console_port,
         prometheus_port=prometheus_port,
@@ -310,10 +316,12 @@ def _edge(
 def _run(config: MeshConfig, edge: EdgeSettings, policy: RestartPolicy, demo: bool) -> None:
     """Starts the mesh and supervises it until Ctrl-C/SIGTERM."""
     from services.mesh import Mesh
-    from services.mesh.topology import SINKS_ON_FILE_LOG
+    from services.mesh.topology import SINKS_ON_FILE_LOG, UPDATERS_NEED_KAFKA
 
     if len(config.replica_ports("decisionlog")) > 1 and config.eventlog_backend == "file":
         raise typer.BadParameter(SINKS_ON_FILE_LOG, param_hint="--decisionlog-replicas")
+    if len(config.replica_ports("updater")) > 1 and config.eventlog_backend != "kafka":
+        raise typer.BadParameter(UPDATERS_NEED_KAFKA, param_hint="--updater-replicas")
     _check_edge_files(edge)
     mesh = Mesh(config)
     if config.observability:
@@ -376,7 +384,8 @@ def _check_choices(
 
 def _replicas(step: int, first_metrics_port: int, **parts: tuple[int, int]) -> dict[str, Any]:
     """The ``MeshConfig`` fields of the ports that follow from the replicas: per replicated
-    part (``part=(port, count)``) the ports of its replicas beyond the first (checked), the
+    part (``part=(port, count)``) its first port and the ports of its replicas beyond the
+    first (checked), the
     /metrics port of every service process (the replicas beyond the first after the others;
     an Envoy's part is its admin port, and it has no service name), and the trace
     collector's own /metrics port after those."""
@@ -393,6 +402,7 @@ def _replicas(step: int, first_metrics_port: int, **parts: tuple[int, int]) -> d
     ]
     scraped = metrics_ports(first_metrics_port, names)
     return {
+        **{f"{part}_port": port for part, (port, _) in parts.items()},
         **extra,
         "metrics_ports": scraped,
         "collector_metrics_port": first_metrics_port + len(scraped),
@@ -486,6 +496,11 @@ def _endpoints(config: MeshConfig, edge: EdgeSettings) -> dict[str, str]:
         rows[name] = (
             f"{config.var_dir / 'decisions'}  sink {name} (health grpc://{host}:{port}, "
             f"metrics :{metrics.get(name, '-')})"
+        )
+    for name, port in list(config.replica_ports("updater").items())[1:]:
+        rows[name] = (
+            f"grpc://{host}:{port}  health only; member of the partitioned updater group  "
+            f"(metrics :{metrics.get(name, '-')})"
         )
     for name, admin in list(config.replica_ports("envoy").items())[1:]:
         rows[name] = f"{scheme}://{config.envoy_target}  (admin http://{host}:{admin})"

@@ -81,6 +81,9 @@ class MeshConfig:
     """Health ports of further decision sinks (``decisionlog-2``, …): members of the first's
     consumer group, each writing its share into the same decision log under its own name
     (Kafka or Redis Streams only: on the file log a group has one consumer at a time)."""
+    extra_updater_ports: tuple[int, ...] = ()
+    """Health ports of further feature updaters (``updater-2``, …). With any, every updater
+    is a member of one partitioned group on Kafka (``services/updater/partitioned.py``)."""
     gateway_in_process: bool = False
     """Gateways read the online store and run the model themselves (FRAUD_GATEWAY_IN_PROCESS)."""
     rate_limit_rps: int = 1000
@@ -122,11 +125,11 @@ class MeshConfig:
     @classmethod
     def on_free_ports(cls, gateway_replicas: int = 1, **overrides: object) -> MeshConfig:
         """A config whose every port is free now (for tests and side-by-side runs).
-        ``envoy_replicas``, ``features_replicas``, ``scorer_replicas`` and
-        ``decisionlog_replicas`` (like ``gateway_replicas``; default 1) give the number of
-        processes of each part."""
+        ``envoy_replicas``, ``features_replicas``, ``scorer_replicas``,
+        ``decisionlog_replicas`` and ``updater_replicas`` (like ``gateway_replicas``; default
+        1) give the number of processes of each part."""
         counts = {"gateway": gateway_replicas}
-        for part in ("envoy", "features", "scorer", "decisionlog"):
+        for part in ("envoy", "features", "scorer", "decisionlog", "updater"):
             count = overrides.pop(f"{part}_replicas", 1)
             if not isinstance(count, int) or count < 1:
                 raise ValueError(f"{part}_replicas must be a positive int, got {count!r}")
@@ -155,18 +158,21 @@ class MeshConfig:
             ("extra_features_ports", "features"),
             ("extra_scorer_ports", "scorer"),
             ("extra_decisionlog_ports", "decisionlog"),
+            ("extra_updater_ports", "updater"),
         ):
             ports[name] = tuple(free_port() for _ in range(counts[part] - 1))
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
 
     def replica_ports(self, part: str) -> dict[str, int]:
-        """Process name → port of every replica of ``part`` (gateway, features, scorer or
-        decisionlog; envoy: its admin ports), the first under the part's own name."""
+        """Process name → port of every replica of ``part`` (gateway, features, scorer,
+        decisionlog or updater; envoy: its admin ports), the first under the part's own
+        name."""
         first, extra = {
             "gateway": (self.gateway_port, self.extra_gateway_ports),
             "features": (self.features_port, self.extra_features_ports),
             "scorer": (self.scorer_port, self.extra_scorer_ports),
             "decisionlog": (self.decisionlog_port, self.extra_decisionlog_ports),
+            "updater": (self.updater_port, self.extra_updater_ports),
             "envoy": (self.admin_port, self.extra_admin_ports),
         }[part]
         return {part: first} | {f"{part}-{i}": port for i, port in enumerate(extra, 2)}
@@ -323,6 +329,16 @@ class MeshConfig:
             # not every 5 as the feature updater must (a tenth of its idle CPU).
             **to_env(EventLogSettings, file_poll_interval_ms=MONITOR_POLL_INTERVAL_MS),
             **self.extra_env,
+        }
+
+    def updater_env(self, name: str = "updater") -> dict[str, str]:
+        """What the feature updater ``name`` adds to the services' environment: with several
+        updaters, membership of the partitioned group under its own consumer name."""
+        if not self.extra_updater_ports:
+            return {}
+        return {
+            **to_env(UpdaterSettings, partitioned=True),
+            **to_env(EventLogSettings, consumer_name=name),
         }
 
     def decisionlog_env(self, name: str = "decisionlog") -> dict[str, str]:

@@ -32,13 +32,18 @@ from services.updater.settings import UpdaterSettings
 log = logging.getLogger(__name__)
 
 OBSERVABILITY = ("collector", "prometheus")
+"""The optional children, started first and stopped last."""
 
 SINKS_ON_FILE_LOG = (
     "more than one decision sink needs an event log whose consumer group has several members "
     "(Kafka or Redis Streams): on the file log a group has one consumer at a time"
 )
 """Why a mesh on the file log runs one decision sink."""
-"""The optional children, started first and stopped last."""
+UPDATERS_NEED_KAFKA = (
+    "more than one feature updater needs the Kafka event log (--eventlog kafka): the updaters "
+    "share its partitions, and the file log and Redis Streams have none to own"
+)
+"""Why a mesh on another event log runs one feature updater."""
 
 TRACED: dict[str, type[ServerSettings]] = {
     "gateway": GatewaySettings,
@@ -108,7 +113,10 @@ class Mesh:
             for name, port in c.replica_ports(part).items()
         ]
         if c.live_loop:
-            services.append(("updater", "updater", UpdaterSettings, c.updater_port))
+            updaters = c.replica_ports("updater")
+            if len(updaters) > 1 and c.eventlog_backend != "kafka":
+                raise ValueError(UPDATERS_NEED_KAFKA)
+            services += [(n, "updater", UpdaterSettings, port) for n, port in updaters.items()]
         for name, module, settings_class, port in services:
             self.processes[name] = Process(
                 name,
@@ -117,10 +125,11 @@ class Mesh:
                 env={
                     **env,
                     **to_env(settings_class, port=port, metrics_port=c.metrics_ports.get(name)),
+                    **(c.updater_env(name) if module == "updater" else {}),
                     **self._trace_env(name, module),
                 },
                 log_path=logs / f"{name}.log",
-                niceness=c.background_niceness if name == "updater" else 0,
+                niceness=c.background_niceness if module == "updater" else 0,
             )
         if c.live_loop:
             sinks = c.replica_ports("decisionlog")
@@ -329,7 +338,7 @@ class Mesh:
         try:
             groups = (
                 ("redis", *OBSERVABILITY),
-                (*self._named("features", "scorer", "decisionlog"), "updater", "monitor"),
+                (*self._named("features", "scorer", "decisionlog", "updater"), "monitor"),
                 self._named("gateway"),
                 self._named("envoy"),
                 ("console",),

@@ -39,7 +39,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from google.protobuf.message import DecodeError
 
 from fraud.v1 import events_pb2, outcomes_pb2
@@ -57,6 +65,7 @@ from services.updater.partitions import (
     Kind,
     Part,
     Topics,
+    group_id,
     lock_file,
     partition_of,
     state_file,
@@ -140,7 +149,7 @@ class PartitionedLoop(ConsumeLoop):
         self._kafka = Consumer(
             {
                 **config,
-                "group.id": self._settings.group,
+                "group.id": group_id(self._settings.group),
                 "group.instance.id": static_member_id(name, self._topics.events),
                 "group.protocol": "classic",
                 "enable.auto.commit": False,
@@ -164,8 +173,9 @@ class PartitionedLoop(ConsumeLoop):
             kind = Kind.CARDS if tp.topic == self._topics.events else Kind.MERCHANTS
             part = self._open_part(kind, tp.partition)
             self._parts[(tp.topic, tp.partition)] = part
-            if part.next_offset is not None:
-                tp.offset = part.next_offset
+            # A partition without a checkpoint holds the seed only: every event the log
+            # still has comes after it (the group's committed offsets are for monitoring).
+            tp.offset = OFFSET_BEGINNING if part.next_offset is None else part.next_offset
         consumer.assign(partitions)
         self._count_partitions()
         log.info(

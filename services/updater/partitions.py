@@ -31,6 +31,13 @@ OFFSET_KEY = "next_offset"
 """Meta key of a partition's state file: the offset its checkpoint covers up to."""
 
 
+def group_id(group: str) -> str:
+    """The Kafka group of a partitioned updater group: apart from the single updater's, whose
+    committed offsets match only its own state file (scaling from one updater to several and
+    back leaves each resuming where its own state is)."""
+    return group + ".partitioned"
+
+
 def merchant_topic(topic: str) -> str:
     """The merchant-keyed topic a partitioned group forwards ``topic``'s events to."""
     return topic + MERCHANT_TOPIC_SUFFIX

@@ -47,9 +47,11 @@ def _run_flow(var_dir: Path, known: Known, **config: Any) -> None:
     try:
         assert_flow(card_testing_flow(mesh, known.merchant_id))
         assert_terminal_flow(terminal_flow(mesh, known.merchant_id))
-        updater = metrics_url(mesh, "updater")
+        updaters = [metrics_url(mesh, name) for name in mesh.config.replica_ports("updater")]
         wait_for(
-            lambda: metric(updater, catalogue.UPDATER_RECORDS, kind="outcome") >= 1,
+            lambda: (
+                sum(metric(u, catalogue.UPDATER_RECORDS, kind="outcome") for u in updaters) >= 1
+            ),
             "the outcome at the updater",
         )
     finally:
@@ -68,3 +70,24 @@ def test_the_loop_on_kafka(
 ) -> None:
     var_dir = copy_state(prepared_env.var_dir, tmp_path / "var")
     _run_flow(var_dir, known, eventlog="kafka", kafka_bootstrap=kafka.bootstrap)
+
+
+@pytest.mark.kafka
+def test_the_loop_on_kafka_with_two_updaters(
+    prepared_env: Any, known: Known, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """``fraudmesh up --updater-replicas 2``: a partitioned group of two, each owning a share
+    of both topics' partitions, gives the same live rows."""
+    var_dir = copy_state(prepared_env.var_dir, tmp_path / "var")
+    _run_flow(
+        var_dir,
+        known,
+        eventlog="kafka",
+        kafka_bootstrap=kafka.bootstrap,
+        updater_replicas=2,
+        metrics=("updater", "updater-2", "gateway"),
+    )
+    assert sorted(p.name for p in (var_dir / "updater" / "feature-updater").glob("*.db")) == [
+        "base.db",
+        *sorted(f"{kind}-{n}.db" for kind in ("cards", "merchants") for n in range(6)),
+    ]

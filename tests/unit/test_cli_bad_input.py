@@ -358,3 +358,10 @@ def test_up_refuses_a_second_decision_sink_on_the_file_log(place: Path) -> None:
     assert code == 2, err
     _assert_one_line("up", "--decisionlog-replicas", err)
     assert "Kafka or Redis Streams" in err
+
+
+def test_up_refuses_a_second_updater_without_kafka(place: Path) -> None:
+    code, err = _run(place, "up", "--var-dir", str(place / "var"), "--updater-replicas", "2")
+    assert code == 2, err
+    _assert_one_line("up", "--updater-replicas", err)
+    assert "Kafka event log" in err
