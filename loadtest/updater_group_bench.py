@@ -7,10 +7,10 @@ test-brokers``). Each measurement gets a fresh 6-partition topic, a fresh group 
 folder on a copy of ``var``'s dataset (``make data``). The members (``python -m
 services.updater`` with ``FRAUD_UPDATER_PARTITIONED=true``, consumer names ``updater-a``,
 ``updater-b``, …) start on the empty topic, seed, and are stopped (SIGSTOP) once every member
-owns partitions of both topics; ``--events`` decision events of the dataset's cards, merchants
+owns partitions of all three topics; ``--events`` decision events of the dataset's cards, merchants
 and terminals (new transactions, one outcome per 20 decisions) go onto the log meanwhile;
 then every member is resumed at once. Measured: events applied per second (decisions and
-outcomes, each counted once although a group applies it on both topics) from a tenth of the
+outcomes, each counted once although a group consumes it from three topics) from a tenth of the
 backlog applied to nine tenths, the time until all were applied, and the CPU per event of the
 members, of the broker and of redis-server over that time. The sessions last 60 s, so that
 the pause does not end them. The counts alternate within each round (1, 2, then 2, 1, …),
@@ -50,6 +50,7 @@ from services.eventlog.events import new_event_id
 from services.featurestore import layout
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Process, free_port, grpc_serving
+from services.updater.partitions import Kind
 from services.updater.settings import UpdaterSettings
 
 RESULTS = Path(__file__).with_name("results")
@@ -200,11 +201,10 @@ def measure(
 
         def settled() -> bool:
             owned = [
-                [p.metric(catalogue.UPDATER_PARTITIONS, kind=k) for k in ("cards", "merchants")]
-                for p in procs
+                [p.metric(catalogue.UPDATER_PARTITIONS, kind=k.value) for k in Kind] for p in procs
             ]
             return all(min(o) > 0 for o in owned) and all(
-                sum(o[i] for o in owned) == PARTITIONS for i in (0, 1)
+                sum(o[i] for o in owned) == PARTITIONS for i in range(len(Kind))
             )
 
         assert wait_until(settled, 120, 0.2), "the group did not settle"
@@ -221,8 +221,10 @@ def measure(
         cpu0 = [sum(p.cpu_s() for p in procs), *(_cpu(s) for s in servers)]
 
         def applied() -> float:
-            # Each event is consumed twice in a group: from the log, then forwarded.
-            return sum(p.metric(catalogue.UPDATER_RECORDS) for p in procs) / 2
+            # A group consumes each event three times: from the log, then forwarded to the
+            # merchant- and transaction-keyed topics (a decision's index entry to the latter,
+            # an outcome to both in turn).
+            return sum(p.metric(catalogue.UPDATER_RECORDS) for p in procs) / 3
 
         marks: dict[float, float] = {}
         deadline = t0 + 900
@@ -277,7 +279,7 @@ def markdown(runs: list[Run], counts: list[int], totals: dict[str, object]) -> s
     lines = [
         "# The live updater as a partitioned group: one member against more",
         "",
-        f"A Kafka topic of 6 partitions (and its merchant-keyed topic), a backlog of "
+        f"A Kafka topic of 6 partitions (and the merchant- and transaction-keyed topics it forwards to), a backlog of "
         f"{runs[0].events:,} events (decisions of the dataset's entities, one outcome per "
         f"{OUTCOME_EVERY}) put on it while the members were stopped, then every member "
         "resumed; events applied per second from a tenth of the backlog to nine tenths, CPU per "

@@ -258,8 +258,6 @@ class LiveAggregator:
             if card.evicted_by_cap:
                 out.evicted_by_cap.append((View.CARD, card.evicted_by_cap))
             if not self._merchants_here:
-                # Only the held outcomes' pruning follows this (``hold``).
-                self._newest_us = max(self._newest_us, round(tx.timestamp_s * _US))
                 return out
         merchant = apply_merchant(self._merchants.get(tx.merchant_id), tx)
         merchant_counted = merchant.change in _COUNTED
@@ -327,25 +325,6 @@ class LiveAggregator:
             self._terminals.put(terminal_id, at.state, None, seq if changed else None)
             out.changes.append((View.TERMINAL, at.change))
         return out
-
-    def entities_of(self, tid: str) -> tuple[str, str] | None:
-        """The merchant and terminal ('' for none) of a transaction counted here, whether
-        checkpointed or not (None when not known here)."""
-        return self._entities_of(tid)
-
-    def hold(self, tid: str, label: Label) -> Change:
-        """Holds an outcome whose merchant is not known yet (the card-keyed side of a
-        partitioned group); it is kept at checkpoints, pruned like every held label, and
-        taken back with ``release``."""
-        return self._hold(tid, label)
-
-    def held(self) -> list[tuple[str, Label]]:
-        """The held outcomes, oldest report first."""
-        return sorted(self._pending.items(), key=lambda item: item[1].reported_us)
-
-    def release(self, tid: str) -> Label | None:
-        """Takes a held outcome back (its merchant was found); None if it is not held."""
-        return self._take_pending(tid)
 
     def _entities_of(self, tid: str) -> tuple[str, str] | None:
         """The merchant and terminal ('' for none) of a counted transaction."""

@@ -1,26 +1,32 @@
 """Updaters as a Kafka consumer group: each partition's windows owned by one member at a time.
 
 The event log is keyed by card (decisions) and by transaction (outcomes), while a merchant's
-windows gather the events of every card. So the group reads two topics:
+windows gather the events of every card, and an outcome names only its transaction. So the
+group reads three topics, and forwards between them:
 
 - ``<topic>`` (the event log): the member owning its partition *p* applies the card windows
-  of *p*'s cards, and forwards each decision to the merchant-keyed topic. An outcome names
-  only its transaction: it is forwarded once the transaction's merchant is known (from the
-  shared seed or a merchant partition's index), and held in *p*'s state until then.
-- ``<topic>.by-merchant`` (keyed by merchant, one partition per ``crc32(merchant) % n``): the
-  member owning its partition *q* applies the merchant and terminal windows of *q*'s
-  merchants (a terminal's windows live with its merchant's: terminal ids are unique across
-  merchants), with the transaction index and the outcomes that come before their decision.
+  of *p*'s cards. It forwards each decision to the merchant-keyed topic, and the decision's
+  index entry (transaction → merchant, terminal, time) and each outcome to the
+  transaction-keyed topic.
+- ``<topic>.by-transaction`` (keyed by transaction): the member owning a partition joins
+  each outcome with its transaction's index entry (``joiner.py``; the history's transactions
+  are in the shared seed) and forwards it to its merchant; an outcome that comes before its
+  entry is held in the partition's state until the entry comes.
+- ``<topic>.by-merchant`` (keyed by merchant): the member owning a partition applies the
+  merchant and terminal windows of its merchants (a terminal's windows live with its
+  merchant's: terminal ids are unique across merchants), with the outcomes that come before
+  their decision held as in the single updater.
 
-Kafka assigns the partitions; nothing here schedules. Every partition has its own state file
-(``<state dir>/<kind>-<partition>.db``: states, held outcomes, journal, index) whose
-checkpoint transaction also saves the partition's next offset. A member given a partition
-opens its file, applies its journal again and seeks to that offset before it applies
-anything; one losing a partition writes its rows, flushes its forwards, snapshots it and
-closes the file first. Forwards are flushed before any checkpoint, so a crash at any point
-forwards again (never loses) what followed the last one, and the windows count a
-transaction once (its id). The states the dataset's history left are seeded once into
-``base.db``, which every partition reads for the entities it has not changed.
+Forwarded records go to partition ``crc32(key) % partitions``. Kafka assigns the partitions;
+nothing here schedules. Every partition has its own state file (``<state dir>/<kind>-<n>.db``)
+whose checkpoint transaction also saves the partition's next offset, and only the member
+holding the partition opens it. A member given a partition opens its file, applies its
+journal again and seeks to that offset before it applies anything; one losing a partition
+writes its rows, flushes its forwards, snapshots it and closes the file first. Forwards are
+flushed before any checkpoint, so a crash at any point forwards again (never loses) what
+followed the last one, and the windows count a transaction once (its id). The states the
+dataset's history left are seeded once into ``base.db``, which every partition reads (and
+none writes) for the entities it has not changed.
 
 A partition's file is locked while a member holds it: a member that lost the partition but
 has not noticed yet (paused past its session) cannot write beside the new owner.
@@ -50,14 +56,14 @@ from confluent_kafka import (
 )
 from google.protobuf.message import DecodeError
 
-from fraud.v1 import events_pb2, outcomes_pb2
+from fraud.v1 import events_pb2
 from services.common.errors import Unavailable
-from services.domain.aggregation import Label
 from services.eventlog import BackendUnavailable, EventLogError, EventLogSettings
 from services.eventlog import Consumer as EventLogConsumer
 from services.eventlog.consume import Backoff, ConsumeLoop
 from services.eventlog.kafka_log import static_member_id
 from services.updater.engine import CARD_VIEWS, MERCHANT_VIEWS, Applied, LiveAggregator, View
+from services.updater.joiner import OutcomeJoin, index_entry
 from services.updater.loop import RowWriter
 from services.updater.metrics import UpdaterMetrics
 from services.updater.partitions import (
@@ -80,16 +86,6 @@ _NANOS = 1e9
 
 def _seconds(stamp: Any) -> float:
     return float(stamp.seconds + stamp.nanos / _NANOS)
-
-
-def _outcome_envelope(tid: str, label: Label) -> bytes:
-    """An outcome re-made from a held label (what the merchant side reads of it)."""
-    event = events_pb2.OutcomeEvent(
-        transaction_id=tid,
-        outcome=outcomes_pb2.OUTCOME_FRAUD if label.is_fraud else outcomes_pb2.OUTCOME_LEGITIMATE,
-    )
-    event.reported_at.FromMicroseconds(label.reported_us)
-    return events_pb2.EventEnvelope(outcome=event).SerializeToString()
 
 
 class PartitionedLoop(ConsumeLoop):
@@ -122,11 +118,9 @@ class PartitionedLoop(ConsumeLoop):
         self._kafka: Consumer | None = None
         self._producer: Producer | None = None
         self._forward_errors: list[str] = []
-        self._peers: dict[int, sqlite3.Connection] = {}
         self._store_ok = True
         self._caught_up = False
         self._applied = 0
-        self._last_retry = time.monotonic()
         self._unwritten: list[tuple[View, float]] = []
 
     # --- the group ---------------------------------------------------------------------
@@ -160,7 +154,7 @@ class PartitionedLoop(ConsumeLoop):
             }
         )
         self._kafka.subscribe(
-            [self._topics.events, self._topics.merchants],
+            [self._topics.events, self._topics.transactions, self._topics.merchants],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -170,8 +164,7 @@ class PartitionedLoop(ConsumeLoop):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Opens each new partition's state (journal applied again) and seeks to its offset."""
         for tp in partitions:
-            kind = Kind.CARDS if tp.topic == self._topics.events else Kind.MERCHANTS
-            part = self._open_part(kind, tp.partition)
+            part = self._open_part(self._topics.kind_of(tp.topic), tp.partition)
             self._parts[(tp.topic, tp.partition)] = part
             # A partition without a checkpoint holds the seed only: every event the log
             # still has comes after it (the group's committed offsets are for monitoring).
@@ -193,7 +186,7 @@ class PartitionedLoop(ConsumeLoop):
                 self._write_rows()
                 self._flush_forwards()
                 for part in taken:
-                    part.agg.snapshot_all(part.meta())
+                    self._save_part(part, final=True)
         finally:
             self._drop(partitions)
 
@@ -225,19 +218,24 @@ class PartitionedLoop(ConsumeLoop):
         fd = lock_file(path.with_suffix(".lock"), self._events.kafka_session_timeout_ms / 1000)
         try:
             store = StateStore(path, base=self._base)
-            s = self._settings
-            agg = LiveAggregator(
-                store,
-                s.cache_max_entities,
-                s.max_pending_labels,
-                views=CARD_VIEWS if kind is Kind.CARDS else MERCHANT_VIEWS,
-            )
-            agg.restore_live_rows()
             offset = store.meta(OFFSET_KEY)
+            part = Part(kind, partition, store, fd, None if offset is None else int(offset))
+            s = self._settings
+            if kind is Kind.TRANSACTIONS:
+                part.join = OutcomeJoin(store, self._forward_to_merchant, s.max_pending_labels)
+            else:
+                views = CARD_VIEWS if kind is Kind.CARDS else MERCHANT_VIEWS
+                agg = LiveAggregator(store, s.cache_max_entities, s.max_pending_labels, views=views)
+                agg.restore_live_rows()
+                part.agg = agg
         except BaseException:
             os.close(fd)
             raise
-        return Part(kind, partition, store, agg, fd, None if offset is None else int(offset))
+        return part
+
+    def _aggs(self) -> Iterator[LiveAggregator]:
+        """The windows of the card and merchant partitions held."""
+        return (p.agg for p in self._parts.values() if p.agg is not None)
 
     @property
     def sweeps(self) -> bool:
@@ -276,13 +274,10 @@ class PartitionedLoop(ConsumeLoop):
 
     def step(self) -> None:
         """One iteration: retry unwritten rows, checkpoint if due, poll, apply, write."""
-        if any(p.agg.rows_pending for p in self._parts.values()):
+        if any(agg.rows_pending for agg in self._aggs()):
             self._write_rows()
         s = self._settings
-        if self.checkpoint_due(s.checkpoint_interval_s, self._applied, s.checkpoint_max_events) or (
-            time.monotonic() - self._last_retry >= s.checkpoint_interval_s
-            and any(p.agg.pending_labels for p in self._parts.values() if p.kind is Kind.CARDS)
-        ):
+        if self.checkpoint_due(s.checkpoint_interval_s, self._applied, s.checkpoint_max_events):
             self.checkpoint()
         member = cast(_Member, self.consumer())
         records = member.poll_messages(s.poll_max_records, s.poll_timeout_s)
@@ -301,7 +296,7 @@ class PartitionedLoop(ConsumeLoop):
             self._caught_up = True
             self._metrics.lag.set(0.0)
         self._metrics.ready.set(1 if self.ready() else 0)
-        self._metrics.pending_labels.set(sum(p.agg.pending_labels for p in self._parts.values()))
+        self._metrics.pending_labels.set(sum(p.pending for p in self._parts.values()))
 
     def _apply(self, messages: list[Message]) -> float:
         """Applies (and forwards) the messages; returns the newest one's creation time."""
@@ -347,56 +342,55 @@ class PartitionedLoop(ConsumeLoop):
                 self._unwritten.append((view, created))
             last = max(last, created)
         for part in self._parts.values():
-            if part.agg.labels_dropped:
-                m.labels_dropped.inc(part.agg.labels_dropped)
-                part.agg.labels_dropped = 0
+            dropped = part.take_dropped()
+            if dropped:
+                m.labels_dropped.inc(dropped)
         return last
 
     def _apply_one(
         self, part: Part, envelope: events_pb2.EventEnvelope, kind: str, raw: bytes
     ) -> Applied:
+        if part.join is not None:
+            if kind == "decision":
+                part.join.entry(envelope.decision)
+            else:
+                part.join.outcome(envelope.outcome, raw)
+            return Applied()
+        assert part.agg is not None
         if part.kind is Kind.MERCHANTS:
             return part.agg.apply(envelope, raw)
-        if kind == "decision":
-            applied = part.agg.apply(envelope, raw)
-            self._forward(envelope.decision.merchant_id, raw)
-            return applied
-        outcome = envelope.outcome
-        if outcome.outcome not in (outcomes_pb2.OUTCOME_FRAUD, outcomes_pb2.OUTCOME_LEGITIMATE):
-            return Applied()  # disputed (or unknown): not a label
-        tid = outcome.transaction_id
-        entities = self._entities_of(tid)
-        if entities is not None:
-            self._forward(entities[0], raw)
+        if kind == "outcome":
+            self._forward(self._topics.transactions, envelope.outcome.transaction_id, raw)
             return Applied()
-        label = Label(
-            outcome.outcome == outcomes_pb2.OUTCOME_FRAUD, outcome.reported_at.ToMicroseconds()
-        )
-        return Applied(changes=[(View.MERCHANT, part.agg.hold(tid, label))])
+        applied = part.agg.apply(envelope, raw)
+        decision = envelope.decision
+        self._forward_to_merchant(decision.merchant_id, raw)
+        self._forward(self._topics.transactions, decision.transaction_id, index_entry(decision))
+        return applied
 
     # --- forwarding ----------------------------------------------------------------------
 
-    def _forward(self, merchant_id: str, raw: bytes) -> None:
+    def _forward_to_merchant(self, merchant_id: str, raw: bytes) -> None:
+        self._forward(self._topics.merchants, merchant_id, raw)
+
+    def _forward(self, topic: str, key_text: str, raw: bytes) -> None:
+        """Produces one record to ``topic``'s partition of the key (acknowledged by the
+        flush before the next checkpoint)."""
         assert self._producer is not None
-        key = merchant_id.encode()
-        partition = partition_of(key, self._topics.merchant_partitions)
-
-        def report(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                self._forward_errors.append(err.str())
-
+        key = key_text.encode()
+        partition = partition_of(key, self._topics.partitions[topic])
         while True:
             try:
                 self._producer.produce(
-                    self._topics.merchants,
-                    value=raw,
-                    key=key,
-                    partition=partition,
-                    on_delivery=report,
+                    topic, value=raw, key=key, partition=partition, on_delivery=self._delivered
                 )
                 return
             except BufferError:
                 self._producer.poll(0.1)
+
+    def _delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._forward_errors.append(err.str())
 
     def _flush_forwards(self) -> None:
         """Waits until every forward is stored; raises ``BackendUnavailable`` otherwise (the
@@ -407,66 +401,20 @@ class PartitionedLoop(ConsumeLoop):
         if remaining or self._forward_errors:
             first = self._forward_errors[0] if self._forward_errors else "not delivered in time"
             self._forward_errors.clear()
-            raise BackendUnavailable(f"kafka: forwarding to {self._topics.merchants}: {first}")
-
-    def _entities_of(self, tid: str) -> tuple[str, str] | None:
-        """A transaction's merchant and terminal: from the merchant partitions held here
-        (saved or not), the other partitions' files, or the seed."""
-        for part in self._parts.values():
-            if part.kind is Kind.MERCHANTS:
-                found = part.agg.entities_of(tid)
-                if found is not None:
-                    return found
-        for conn in self._peer_files():
-            try:
-                row = conn.execute(
-                    "SELECT merchant_id, terminal_id FROM transactions WHERE id = ?", (tid,)
-                ).fetchone()
-            except sqlite3.OperationalError:  # a file being created: asked again later
-                continue
-            if row is not None:
-                return str(row[0]), str(row[1])
-        return self._base.entities_of(tid)
-
-    def _peer_files(self) -> Iterator[sqlite3.Connection]:
-        """Read-only connections to every merchant partition's file (opened once it exists)."""
-        for partition in range(self._topics.merchant_partitions):
-            conn = self._peers.get(partition)
-            if conn is None:
-                path = state_file(self._dir, Kind.MERCHANTS, partition)
-                if not path.exists():
-                    continue
-                conn = sqlite3.connect(
-                    f"file:{path}?mode=ro", uri=True, timeout=30, check_same_thread=False
-                )
-                self._peers[partition] = conn
-            yield conn
-
-    def _retry_held(self) -> None:
-        """Forwards the held outcomes whose merchant is known by now."""
-        for part in self._parts.values():
-            if part.kind is not Kind.CARDS or not part.agg.pending_labels:
-                continue
-            for tid, label in part.agg.held():
-                entities = self._entities_of(tid)
-                if entities is not None:
-                    self._forward(entities[0], _outcome_envelope(tid, label))
-                    part.agg.release(tid)
-                    part.changed = True
-        self._last_retry = time.monotonic()
+            raise BackendUnavailable(f"kafka: forwarding: {first}")
 
     # --- rows and checkpoints --------------------------------------------------------------
 
     def _write_rows(self) -> None:
         cards, merchants, terminals = [], [], []
-        for part in self._parts.values():
-            rows = part.agg.rows()
+        for agg in self._aggs():
+            rows = agg.rows()
             cards += rows.cards
             merchants += rows.merchants
             terminals += rows.terminals
         self._writer.write(cards, merchants, terminals)
-        for part in self._parts.values():
-            part.agg.rows_written()
+        for agg in self._aggs():
+            agg.rows_written()
         self._store_ok = True
         self._failures.recovered("online_store")
         done = self._clock()
@@ -476,25 +424,35 @@ class PartitionedLoop(ConsumeLoop):
         self._unwritten.clear()
 
     def checkpoint(self) -> None:
-        """Forwards what is held and known, flushes every forward, then saves each changed
-        partition's state with its offset (one transaction per file); then commits the
-        offsets to the group too (what lag monitoring reads)."""
-        if self._consumer is None or any(p.agg.rows_pending for p in self._parts.values()):
+        """Flushes every forward, then saves each changed partition's state with its offset
+        (one transaction per file); then commits the offsets to the group too (what lag
+        monitoring reads)."""
+        if self._consumer is None or any(agg.rows_pending for agg in self._aggs()):
             return
         self._metrics.checkpoint.observe(self.commit_after(self._save))
 
     def _save(self) -> None:
-        self._retry_held()
         self._flush_forwards()
         for part in self._parts.values():
             if part.changed:
-                part.agg.checkpoint(part.meta())
-                part.changed = False
+                self._save_part(part)
         self._applied = 0
         for view in View:
             self._metrics.cached.labels(view.value).set(
-                sum(p.agg.sizes()[view] for p in self._parts.values())
+                sum(agg.sizes()[view] for agg in self._aggs())
             )
+
+    @staticmethod
+    def _save_part(part: Part, final: bool = False) -> None:
+        """One partition's checkpoint (``final``: every state snapshotted, no journal left)."""
+        if part.join is not None:
+            part.join.checkpoint(part.meta())
+        elif part.agg is not None:
+            if final:
+                part.agg.snapshot_all(part.meta())
+            else:
+                part.agg.checkpoint(part.meta())
+        part.changed = False
 
     def commit_offsets(self) -> None:
         """Commits the owned partitions' offsets to the group (asynchronously: the state
@@ -516,15 +474,12 @@ class PartitionedLoop(ConsumeLoop):
                 self._write_rows()
                 self._flush_forwards()
                 for part in self._parts.values():
-                    part.agg.snapshot_all(part.meta())
+                    self._save_part(part, final=True)
                 self.commit_offsets()
         except Exception:
             log.exception("final checkpoint failed; the log gives the rest again on restart")
         self.close_consumer()
         self._drop()
-        for conn in self._peers.values():
-            conn.close()
-        self._peers.clear()
         self._metrics.ready.set(0)
 
 

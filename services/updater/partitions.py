@@ -22,11 +22,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from services.eventlog import BackendUnavailable, EventLogError, EventLogSettings
 from services.eventlog.kafka_log import ensure_topic
 from services.updater.engine import LiveAggregator
+from services.updater.joiner import OutcomeJoin
 from services.updater.state import StateStore
 
 log = logging.getLogger(__name__)
 
 MERCHANT_TOPIC_SUFFIX = ".by-merchant"
+TRANSACTION_TOPIC_SUFFIX = ".by-transaction"
 OFFSET_KEY = "next_offset"
 """Meta key of a partition's state file: the offset its checkpoint covers up to."""
 
@@ -43,6 +45,11 @@ def merchant_topic(topic: str) -> str:
     return topic + MERCHANT_TOPIC_SUFFIX
 
 
+def transaction_topic(topic: str) -> str:
+    """The transaction-keyed topic where outcomes meet their decisions' index entries."""
+    return topic + TRANSACTION_TOPIC_SUFFIX
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """The partition of a key: CRC-32 modulo the count (what librdkafka's default
     partitioner does with a key)."""
@@ -50,10 +57,13 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 
 class Kind(enum.StrEnum):
-    """Which windows a partition's state holds."""
+    """What a partition's state holds: card windows (the event log's partitions), merchant
+    and terminal windows (the merchant-keyed topic's), or the outcome join (the
+    transaction-keyed topic's)."""
 
     CARDS = "cards"
     MERCHANTS = "merchants"
+    TRANSACTIONS = "transactions"
 
 
 BASE_FILE = "base.db"
@@ -107,13 +117,34 @@ class Part:
     kind: Kind
     partition: int
     store: StateStore
-    agg: LiveAggregator
     lock_fd: int
     next_offset: int | None
+    agg: LiveAggregator | None = None
+    """The windows of a card or merchant partition."""
+    join: OutcomeJoin | None = None
+    """The join of a transaction partition."""
     changed: bool = False
 
     def meta(self) -> dict[str, str]:
+        """What the partition's checkpoint saves besides its state: its next offset."""
         return {} if self.next_offset is None else {OFFSET_KEY: str(self.next_offset)}
+
+    @property
+    def pending(self) -> int:
+        """Outcomes held here for a decision (or an index entry) not seen yet."""
+        if self.agg is not None:
+            return self.agg.pending_labels
+        return self.join.pending if self.join is not None else 0
+
+    def take_dropped(self) -> int:
+        """Held outcomes dropped since the last call."""
+        if self.agg is not None:
+            dropped, self.agg.labels_dropped = self.agg.labels_dropped, 0
+        elif self.join is not None:
+            dropped, self.join.dropped = self.join.dropped, 0
+        else:
+            dropped = 0
+        return dropped
 
     def close(self) -> None:
         self.store.close()
@@ -136,16 +167,25 @@ def lock_file(path: Path, timeout_s: float) -> int:
 
 
 class Topics:
-    """The two topics: created if missing (the merchant-keyed one with the event log's
-    partition count), and the merchant-keyed one's partition count."""
+    """The three topics of a group: the event log, and the merchant- and transaction-keyed
+    topics it forwards to (created if missing, with the event log's partition count), and how
+    many partitions each forwarded topic has."""
 
     def __init__(self, events: EventLogSettings) -> None:
         self.events = events.topic
         self.merchants = merchant_topic(events.topic)
+        self.transactions = transaction_topic(events.topic)
         self._settings = events
-        self.merchant_partitions = 0
+        self.partitions: dict[str, int] = {}
+
+    def kind_of(self, topic: str) -> Kind:
+        """Which state a partition of ``topic`` holds."""
+        if topic == self.events:
+            return Kind.CARDS
+        return Kind.MERCHANTS if topic == self.merchants else Kind.TRANSACTIONS
 
     def ensure(self) -> None:
+        """Creates what is missing; learns the forwarded topics' partition counts."""
         ensure_topic(self._settings)
         config: dict[str, Any] = {
             "bootstrap.servers": self._settings.kafka_bootstrap,
@@ -154,24 +194,28 @@ class Topics:
         }
         admin = AdminClient(config)
         timeout = self._settings.send_timeout_s
-        if self._partitions(admin, self.merchants, 0.0) == 0:
-            topic = NewTopic(
-                self.merchants,
-                num_partitions=self._partitions(admin, self.events, timeout),
-                replication_factor=self._settings.kafka_replication,
-                config={"retention.ms": str(self._settings.kafka_retention_ms)},
-            )
-            future = admin.create_topics([topic], operation_timeout=timeout)[self.merchants]
-            try:
-                future.result(timeout=timeout + 1)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not (
-                    isinstance(error, KafkaError)
-                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
-                ):
-                    raise BackendUnavailable(f"kafka: creating {self.merchants}: {exc}") from exc
-        self.merchant_partitions = self._partitions(admin, self.merchants, timeout)
+        for name in (self.merchants, self.transactions):
+            if self._partitions(admin, name, 0.0) == 0:
+                self._create(admin, name, self._partitions(admin, self.events, timeout))
+            self.partitions[name] = self._partitions(admin, name, timeout)
+
+    def _create(self, admin: AdminClient, name: str, partitions: int) -> None:
+        timeout = self._settings.send_timeout_s
+        topic = NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=self._settings.kafka_replication,
+            config={"retention.ms": str(self._settings.kafka_retention_ms)},
+        )
+        future = admin.create_topics([topic], operation_timeout=timeout)[name]
+        try:
+            future.result(timeout=timeout + 1)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (
+                isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+            ):
+                raise BackendUnavailable(f"kafka: creating {name}: {exc}") from exc
 
     @staticmethod
     def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int:

@@ -89,5 +89,7 @@ def test_the_loop_on_kafka_with_two_updaters(
     )
     assert sorted(p.name for p in (var_dir / "updater" / "feature-updater").glob("*.db")) == [
         "base.db",
-        *sorted(f"{kind}-{n}.db" for kind in ("cards", "merchants") for n in range(6)),
+        *sorted(
+            f"{kind}-{n}.db" for kind in ("cards", "merchants", "transactions") for n in range(6)
+        ),
     ]
