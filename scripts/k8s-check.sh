@@ -7,7 +7,7 @@
 #   2. every overlay under deploy/k8s/overlays builds (kubectl kustomize, or the standalone
 #      kustomize from scripts/tools.sh when kubectl is absent);
 #   3. strict schema validation of every object against Kubernetes 1.37 (kubernetes-validate,
-#      schemas bundled, offline);
+#      schemas bundled, offline), and of KEDA's objects against deploy/k8s/schemas/keda.json;
 #   4. kube-score with no CRITICAL finding;
 #   5. the Envoy bootstrap each overlay ships passes `envoy --mode validate`, both with the
 #      project's Envoy (.venv) and with the release the manifests pin the official image to
@@ -74,7 +74,23 @@ print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 EOF
 )"
 
-  "$PY" -m kubernetes_validate --strict -k "$K8S_VERSION" --quiet "$built" \
+  # Kubernetes' own kinds against its schemas; KEDA's (keda.sh) against deploy/k8s/schemas.
+  core=$OUT/$name.core.yaml
+  "$PY" - "$built" "$core" deploy/k8s/schemas/keda.json <<'EOF' || die "$name: a KEDA object fails deploy/k8s/schemas/keda.json"
+import json, sys, yaml
+import jsonschema
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+keda = [d for d in docs if d["apiVersion"].startswith("keda.sh/")]
+yaml.safe_dump_all([d for d in docs if d not in keda], open(sys.argv[2], "w"), sort_keys=False)
+schema = json.load(open(sys.argv[3]))
+for doc in keda:
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError as error:
+        sys.exit(f"{doc['kind']} {doc['metadata']['name']}: {error.message} at {list(error.absolute_path)}")
+print(f"ok  {len(keda)} KEDA objects pass deploy/k8s/schemas/keda.json" if keda else "ok  no KEDA objects")
+EOF
+  "$PY" -m kubernetes_validate --strict -k "$K8S_VERSION" --quiet "$core" \
     || die "$name: schema validation against Kubernetes $K8S_VERSION failed"
   echo "ok  $name passes strict schema validation (Kubernetes $K8S_VERSION)"
 

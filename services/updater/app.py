@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -170,18 +171,37 @@ class UpdaterApp:
             )
         directory = s.partition_dir
         directory.mkdir(parents=True, exist_ok=True)
+        path = directory / partitions.BASE_FILE
+        data = self.store.data_path / layout.TRANSACTIONS_FILE
+        current = seed.fingerprint(data) if data.is_file() else "none"
         with partitions.seed_lock(directory):
-            base = StateStore(directory / partitions.BASE_FILE)
-            self._state = base
-            if s.seed:
-                path = self.store.data_path / layout.TRANSACTIONS_FILE
-                current = seed.fingerprint(path) if path.is_file() else "none"
-                held = base.meta(SEED_KEY)
+            held = self._seeded_as(path)
+            # Every member reads the seed, on whatever host, and none writes it once built:
+            # it is opened for writing only when it must be built (again).
+            if not path.exists() or (s.seed and held != current):
                 if held is not None and held != current:
                     partitions.discard_partitions(directory)
-                self._seed(base)
+                base = StateStore(path)
+                if s.seed:
+                    self._seed(base)
+                base.seal()
+        base = StateStore.frozen(path)
+        self._state = base
         self._writer = OnlineFeatureWriter(self.store, timeout_ms=s.store_timeout_ms)
         self._loop = partitioned.PartitionedLoop(s, self.events, self._writer, base, self.metrics)
+
+    @staticmethod
+    def _seeded_as(path: Path) -> str | None:
+        """The dataset fingerprint a group's seed was built from (None: not built)."""
+        if not path.exists():
+            return None
+        frozen = StateStore.frozen(path)
+        try:
+            return frozen.meta(SEED_KEY)
+        except sqlite3.OperationalError:  # a file left without its tables
+            return None
+        finally:
+            frozen.close()
 
     def _seed(self, state: StateStore) -> None:
         """Seeds the states from the dataset's transactions unless they already come from it."""

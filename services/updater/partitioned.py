@@ -217,7 +217,7 @@ class PartitionedLoop(ConsumeLoop):
         self._dir.mkdir(parents=True, exist_ok=True)
         fd = lock_file(path.with_suffix(".lock"), self._events.kafka_session_timeout_ms / 1000)
         try:
-            store = StateStore(path, base=self._base)
+            store = StateStore(path, base=self._base, exclusive=True)
             offset = store.meta(OFFSET_KEY)
             part = Part(kind, partition, store, fd, None if offset is None else int(offset))
             s = self._settings

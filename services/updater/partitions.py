@@ -168,8 +168,8 @@ def lock_file(path: Path, timeout_s: float) -> int:
 
 class Topics:
     """The three topics of a group: the event log, and the merchant- and transaction-keyed
-    topics it forwards to (created if missing, with the event log's partition count), and how
-    many partitions each forwarded topic has."""
+    topics it forwards to (created if missing, with the event log's partitions and
+    replicas), and how many partitions each forwarded topic has."""
 
     def __init__(self, events: EventLogSettings) -> None:
         self.events = events.topic
@@ -196,15 +196,19 @@ class Topics:
         timeout = self._settings.send_timeout_s
         for name in (self.merchants, self.transactions):
             if self._partitions(admin, name, 0.0) == 0:
-                self._create(admin, name, self._partitions(admin, self.events, timeout))
+                self._create(admin, name)
             self.partitions[name] = self._partitions(admin, name, timeout)
 
-    def _create(self, admin: AdminClient, name: str, partitions: int) -> None:
+    def _create(self, admin: AdminClient, name: str) -> None:
+        """Creates a forwarded topic like the event log: its partitions and replicas."""
         timeout = self._settings.send_timeout_s
+        partitions = self._partitions(admin, self.events, timeout)
+        events = admin.list_topics(topic=self.events, timeout=timeout).topics[self.events]
+        replicas = len(events.partitions[0].replicas) or self._settings.kafka_replication
         topic = NewTopic(
             name,
             num_partitions=partitions,
-            replication_factor=self._settings.kafka_replication,
+            replication_factor=replicas,
             config={"retention.ms": str(self._settings.kafka_retention_ms)},
         )
         future = admin.create_topics([topic], operation_timeout=timeout)[name]

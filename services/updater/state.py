@@ -80,13 +80,20 @@ IndexEntry = tuple[str, str, str, int]
 class StateStore:
     """The SQLite file of the updater's state (one writer: the updater's loop thread)."""
 
-    def __init__(self, path: Path, base: StateStore | None = None) -> None:
+    def __init__(
+        self, path: Path, base: StateStore | None = None, *, exclusive: bool = False
+    ) -> None:
         """``base``: where an entity or transaction this file does not hold is looked up
-        (the seed a partitioned group's members share; ``partitioned.py``)."""
+        (the seed a partitioned group's members share; ``partitioned.py``). ``exclusive``:
+        one connection of one process uses the file (a partition's, held under its lock),
+        so SQLite keeps the write-ahead log's index in that process's memory rather than in
+        a shared-memory file, and the file may live on a network file system."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._base = base
         self._db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+        if exclusive:
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self.migrated_from: str | None = None
@@ -265,6 +272,25 @@ class StateStore:
                 db.executemany(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.items()
                 )
+
+    @classmethod
+    def frozen(cls, path: Path) -> StateStore:
+        """The file opened read-only as immutable (no locks, no write-ahead log): a seed
+        nobody writes any more, read by members on any host (``seal`` it first)."""
+        store = cls.__new__(cls)
+        store.path = path
+        store._base = None
+        store.migrated_from = None
+        store._db = sqlite3.connect(
+            f"file:{path}?immutable=1", uri=True, timeout=30, check_same_thread=False
+        )
+        return store
+
+    def seal(self) -> None:
+        """Folds the write-ahead log into the file and leaves WAL mode, so that ``frozen``
+        readers, which ignore a write-ahead log, see everything; then closes it."""
+        self._db.execute("PRAGMA journal_mode=DELETE")
+        self._db.close()
 
     def reset(self) -> None:
         """Empties every table (a new seed follows)."""

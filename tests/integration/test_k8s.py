@@ -45,6 +45,7 @@ from services.mesh import Process, free_port, http_ok
 from services.monitor.settings import MonitorSettings
 from services.pipelines.simulate import SimulatorSettings
 from services.scorer.settings import ScorerSettings
+from services.updater.partitions import group_id
 from services.updater.settings import UpdaterSettings
 
 S = TypeVar("S", bound=BaseSettings)
@@ -530,6 +531,42 @@ def test_state_lives_where_it_survives(built: Built) -> None:
         _bytes(v["emptyDir"]["sizeLimit"]) for v in gateway.pod["volumes"] if "emptyDir" in v
     )
     assert _bytes(gateway.spec["resources"]["limits"]["ephemeral-storage"]) > folders
+
+
+def test_a_partitioned_updater_group_keeps_its_states_where_every_member_reaches_them(
+    built: Built,
+) -> None:
+    (updater,) = built.processes("services.updater")
+    settings = updater.settings(UpdaterSettings)
+    scaled = [
+        d for d in built.all("ScaledObject") if d["spec"]["scaleTargetRef"]["name"] == "updater"
+    ]
+    if not settings.partitioned:
+        assert not scaled, f"{built.name}: a single updater must not be scaled"
+        return
+    # Every member mounts the group's folder from one ReadWriteMany claim (never a claim
+    # template: a partition's state moves from pod to pod), writable.
+    group = updater.mount_of(settings.partition_dir)
+    assert group.writable and group.claim is not None, "the group's states on a shared claim"
+    claim = built.get("PersistentVolumeClaim", group.claim)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    # Each member is its own consumer (the pod's name), on the Kafka log the gateways write.
+    assert updater.settings(EventLogSettings).backend == "kafka"
+    consumer = {v["name"]: v for v in updater.spec["env"]}["FRAUD_EVENTLOG_CONSUMER_NAME"]
+    assert consumer["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # KEDA scales it on the group's lag, at most to the partition count.
+    (scaler,) = scaled
+    assert scaler["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    events = updater.settings(EventLogSettings)
+    (trigger,) = scaler["spec"]["triggers"]
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == group_id(settings.group)
+    assert trigger["metadata"]["bootstrapServers"] == events.kafka_bootstrap
+    assert "topic" not in trigger["metadata"], "the lag over the three topics the group reads"
+    assert scaler["spec"]["maxReplicaCount"] <= events.kafka_partitions
+    auth = built.get("TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert auth["spec"]["secretTargetRef"]
+    assert updater.workload["spec"]["podManagementPolicy"] == "Parallel"
 
 
 def test_the_model_lifecycle_works_on_one_folder(built: Built) -> None:
