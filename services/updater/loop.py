@@ -18,11 +18,12 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
+from fraud.v1 import events_pb2
 from services.common.errors import Unavailable
 from services.eventlog import BackendUnavailable, Consumer, EventLogError, Record
 from services.eventlog.consume import Backoff, ConsumeLoop
 from services.featurestore.writer import Row
-from services.updater.engine import Applied, LiveAggregator, View
+from services.updater.engine import LiveAggregator, View
 from services.updater.metrics import UpdaterMetrics
 from services.updater.settings import UpdaterSettings
 
@@ -43,6 +44,27 @@ class RowWriter(Protocol):
 
 def _seconds(stamp: object) -> float:
     return stamp.seconds + stamp.nanos / _NANOS  # type: ignore[attr-defined]
+
+
+def event_of(envelope: events_pb2.EventEnvelope) -> tuple[str, float | None]:
+    """An event's kind and its creation at the mesh (None for a list change, the lists'
+    audit: no feature moves with it). Raises ValueError for an envelope without an event."""
+    kind = envelope.WhichOneof("event")
+    if kind == "decision":
+        return kind, _seconds(envelope.decision.decided_at)
+    if kind == "outcome":
+        return kind, _seconds(envelope.outcome.received_at)
+    if kind == "list_change":
+        return kind, None
+    raise ValueError("the envelope carries no event")
+
+
+def lag_after(polled: int, last_created: float, now: float, s: UpdaterSettings) -> float | None:
+    """How far behind the log a poll of ``polled`` records leaves the loop: None when caught
+    up; behind is a full batch, or records older than one poll wait (a backlog)."""
+    age = max(0.0, now - last_created) if last_created else 0.0
+    behind = polled >= s.poll_max_records or age >= max(1.0, 4 * s.poll_timeout_s)
+    return age if behind else None
 
 
 class UpdateLoop(ConsumeLoop):
@@ -109,11 +131,9 @@ class UpdateLoop(ConsumeLoop):
         if records:
             last_created = self._apply(records)
             self._write_rows()
-            full = len(records) >= s.poll_max_records
-            age = max(0.0, self._clock() - last_created) if last_created else 0.0
-            # Behind: a full batch, or records older than one poll wait (a backlog).
-            self._caught_up = not full and age < max(1.0, 4 * s.poll_timeout_s)
-            self._metrics.lag.set(age if not self._caught_up else 0.0)
+            lag = lag_after(len(records), last_created, self._clock(), s)
+            self._caught_up = lag is None
+            self._metrics.lag.set(lag or 0.0)
         else:
             self._caught_up = True
             self._metrics.lag.set(0.0)
@@ -127,17 +147,10 @@ class UpdateLoop(ConsumeLoop):
         for record in records:
             try:
                 envelope = record.envelope()
-                kind = envelope.WhichOneof("event")
-                if kind == "decision":
-                    created = _seconds(envelope.decision.decided_at)
-                elif kind == "outcome":
-                    created = _seconds(envelope.outcome.received_at)
-                elif kind == "list_change":
-                    # The lists' audit: no feature moves with it.
+                kind, created = event_of(envelope)
+                if created is None:
                     m.records.labels(kind).inc()
                     continue
-                else:
-                    raise ValueError("the envelope carries no event")
                 applied = self._agg.apply(envelope, record.value)
             except (DecodeError, ValueError) as error:
                 m.records.labels("invalid").inc()
@@ -147,7 +160,7 @@ class UpdateLoop(ConsumeLoop):
                 )
                 continue
             m.records.labels(kind).inc()
-            self._count(applied)
+            m.count(applied)
             for view in {v for v, _ in applied.changes}:
                 self._unwritten.append((view, created))
             last = max(last, created)
@@ -157,24 +170,13 @@ class UpdateLoop(ConsumeLoop):
             self._agg.labels_dropped = 0
         return last
 
-    def _count(self, applied: Applied) -> None:
-        m = self._metrics
-        for view, change in applied.changes:
-            m.changes.labels(view.value, change.value).inc()
-        for view, evicted in applied.evicted_by_cap:
-            m.evicted_by_cap.labels(view.value).inc(evicted)
-
     def _write_rows(self) -> None:
         rows = self._agg.rows()
         self._writer.write(rows.cards, rows.merchants, rows.terminals)
         self._agg.rows_written()
         self._store_ok = True
         self._failures.recovered("online_store")
-        done = self._clock()
-        m = self._metrics
-        for view, created in self._unwritten:
-            m.event_to_store.observe(max(0.0, done - created))
-            m.applied(view.value, created)
+        self._metrics.written(self._unwritten, self._clock())
         self._unwritten.clear()
 
     def checkpoint(self) -> None:

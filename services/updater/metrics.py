@@ -9,7 +9,7 @@ import time
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from services.common import metric_catalogue as catalogue
-from services.updater.engine import View
+from services.updater.engine import Applied, View
 
 _VIEWS = tuple(view.value for view in View)
 """card, merchant, terminal: each has its freshness from the start (NaN until an event)."""
@@ -37,6 +37,19 @@ class UpdaterMetrics:
         self._newest: dict[str, float | None] = dict.fromkeys(_VIEWS)
         for view in _VIEWS:
             self.freshness.labels(view).set_function(functools.partial(self._age, view))
+
+    def count(self, applied: Applied) -> None:
+        """Counts what one event did to each view, and its evictions by the state caps."""
+        for view, change in applied.changes:
+            self.changes.labels(view.value, change.value).inc()
+        for view, evicted in applied.evicted_by_cap:
+            self.evicted_by_cap.labels(view.value).inc(evicted)
+
+    def written(self, unwritten: list[tuple[View, float]], done_s: float) -> None:
+        """The rows of events created at these times (per view) were written at ``done_s``."""
+        for view, created in unwritten:
+            self.event_to_store.observe(max(0.0, done_s - created))
+            self.applied(view.value, created)
 
     def applied(self, view: str, created_s: float) -> None:
         """Records that an event created at ``created_s`` reached ``view``'s online rows."""

@@ -43,7 +43,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -64,7 +64,7 @@ from services.eventlog.consume import Backoff, ConsumeLoop
 from services.eventlog.kafka_log import static_member_id
 from services.updater.engine import CARD_VIEWS, MERCHANT_VIEWS, Applied, LiveAggregator, View
 from services.updater.joiner import OutcomeJoin, index_entry
-from services.updater.loop import RowWriter
+from services.updater.loop import RowWriter, event_of, lag_after
 from services.updater.metrics import UpdaterMetrics
 from services.updater.partitions import (
     OFFSET_KEY,
@@ -80,12 +80,6 @@ from services.updater.settings import UpdaterSettings
 from services.updater.state import StateStore
 
 log = logging.getLogger(__name__)
-
-_NANOS = 1e9
-
-
-def _seconds(stamp: Any) -> float:
-    return float(stamp.seconds + stamp.nanos / _NANOS)
 
 
 class PartitionedLoop(ConsumeLoop):
@@ -288,10 +282,9 @@ class PartitionedLoop(ConsumeLoop):
                 self._uncommitted_since = time.monotonic()
             last_created = self._apply(records)
             self._write_rows()
-            full = len(records) >= s.poll_max_records
-            age = max(0.0, self._clock() - last_created) if last_created else 0.0
-            self._caught_up = not full and age < max(1.0, 4 * s.poll_timeout_s)
-            self._metrics.lag.set(age if not self._caught_up else 0.0)
+            lag = lag_after(len(records), last_created, self._clock(), s)
+            self._caught_up = lag is None
+            self._metrics.lag.set(lag or 0.0)
         else:
             self._caught_up = True
             self._metrics.lag.set(0.0)
@@ -311,16 +304,10 @@ class PartitionedLoop(ConsumeLoop):
             raw = msg.value() or b""
             try:
                 envelope = events_pb2.EventEnvelope.FromString(raw)
-                kind = envelope.WhichOneof("event")
-                if kind == "decision":
-                    created = _seconds(envelope.decision.decided_at)
-                elif kind == "outcome":
-                    created = _seconds(envelope.outcome.received_at)
-                elif kind == "list_change":
+                kind, created = event_of(envelope)
+                if created is None:
                     m.records.labels(kind).inc()
                     continue
-                else:
-                    raise ValueError("the envelope carries no event")
                 applied = self._apply_one(part, envelope, kind, raw)
             except (DecodeError, ValueError) as error:
                 m.records.labels("invalid").inc()
@@ -334,10 +321,7 @@ class PartitionedLoop(ConsumeLoop):
                 continue
             m.records.labels(kind).inc()
             self._applied += 1
-            for view, change in applied.changes:
-                m.changes.labels(view.value, change.value).inc()
-            for view, evicted in applied.evicted_by_cap:
-                m.evicted_by_cap.labels(view.value).inc(evicted)
+            m.count(applied)
             for view in {v for v, _ in applied.changes}:
                 self._unwritten.append((view, created))
             last = max(last, created)
@@ -417,10 +401,7 @@ class PartitionedLoop(ConsumeLoop):
             agg.rows_written()
         self._store_ok = True
         self._failures.recovered("online_store")
-        done = self._clock()
-        for view, created in self._unwritten:
-            self._metrics.event_to_store.observe(max(0.0, done - created))
-            self._metrics.applied(view.value, created)
+        self._metrics.written(self._unwritten, self._clock())
         self._unwritten.clear()
 
     def checkpoint(self) -> None:

@@ -147,7 +147,7 @@ def _produce(group: Group, replay: Replay, pace: bool = False) -> None:
     for i, envelope in enumerate(replay.events):
         producer.append(envelope)
         if pace and i % 10 == 9:
-            time.sleep(0.1)  # about 100 events a second
+            time.sleep(0.05)  # about 200 events a second
     assert producer.flush(60)
     producer.close()
 
