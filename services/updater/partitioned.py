@@ -71,6 +71,7 @@ from services.updater.partitions import (
     Kind,
     Part,
     Topics,
+    check_partition_counts,
     group_id,
     lock_file,
     partition_of,
@@ -121,6 +122,7 @@ class PartitionedLoop(ConsumeLoop):
 
     def _open(self) -> _Member:
         self._topics.ensure()
+        check_partition_counts(self._dir, self._topics.partitions)
         config = {"bootstrap.servers": self._events.kafka_bootstrap, "logger": log}
         config.update(self._events.kafka_config)
         self._producer = Producer(

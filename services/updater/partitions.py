@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import json
 import logging
 import os
 import time
@@ -110,6 +111,37 @@ class PartitionBusy(EventLogError):
     """Another member still holds a partition's state file."""
 
 
+class PartitionsChanged(Exception):
+    """A topic's partition count is not the one the group's states were built on."""
+
+
+COUNTS_FILE = "partitions.json"
+"""The partition count of each topic the group's states were built on."""
+
+
+def check_partition_counts(directory: Path, counts: dict[str, int]) -> None:
+    """Records the topics' partition counts at the group's first start; afterwards raises
+    ``PartitionsChanged`` if one differs: a key's partition, and so the state file that
+    holds its windows, follows from the count, and a changed count would apply a card's or a
+    merchant's events onto a state that lacks its history."""
+    path = directory / COUNTS_FILE
+    directory.mkdir(parents=True, exist_ok=True)
+    with seed_lock(directory):
+        if not path.exists():
+            scratch = path.with_suffix(".tmp")
+            scratch.write_text(json.dumps(counts, sort_keys=True))
+            os.replace(scratch, path)
+            return
+        built = json.loads(path.read_text())
+    changed = {t: (built.get(t), n) for t, n in counts.items() if built.get(t) != n}
+    if changed:
+        detail = ", ".join(f"{t}: {was} then, {now} now" for t, (was, now) in changed.items())
+        raise PartitionsChanged(
+            f"the group's states were built on other partition counts ({detail}): stop every "
+            f"member, delete {directory}, and start again to seed and replay the log"
+        )
+
+
 @dataclass
 class Part:
     """One partition this member owns: its state file, its windows, where it is in the log."""
@@ -194,6 +226,7 @@ class Topics:
         }
         admin = AdminClient(config)
         timeout = self._settings.send_timeout_s
+        self.partitions[self.events] = self._partitions(admin, self.events, timeout)
         for name in (self.merchants, self.transactions):
             if self._partitions(admin, name, 0.0) == 0:
                 self._create(admin, name)
