@@ -1,7 +1,8 @@
 """Updaters as a partitioned Kafka group: a simulated day replayed through a 6-partition
 topic gives the online rows the batch tables give, for every card, merchant and terminal,
-whether one, two or three members share the partitions, and when one of two is killed (-9)
-mid-stream and the group moves its partitions to the other: nothing lost, nothing counted
+whether one, two or three members share the partitions, when one of two is killed (-9)
+mid-stream and the group moves its partitions to the other, and when a second member joins
+mid-stream and takes partitions over with their states: nothing lost, nothing counted
 twice."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,27 @@ def test_kill_9_of_one_member_loses_nothing_and_counts_nothing_twice(
     finally:
         thread.join()
     wait_equal(group.var_dir, replay)
+
+
+def test_a_member_joining_mid_stream_takes_partitions_with_their_state(
+    replay: Replay, group: Group
+) -> None:
+    """Scaling out: the first member gives up partitions in an orderly rebalance (rows
+    written, forwards flushed, states snapshotted), the second resumes them from there and
+    applies the rest of the day onto them."""
+    half = len(replay.events) // 2
+    group.start(1)
+    group.await_shares()
+    _produce(group, replace(replay, events=replay.events[:half]))
+    wait_for(
+        lambda: (
+            group.records() >= half
+            and metric(group.members[0].metrics, catalogue.UPDATER_CHECKPOINT.count) >= 1
+        ),
+        "the first half applied and checkpointed by one member",
+    )
+    group.start(1)
+    group.await_shares()
+    _produce(group, replace(replay, events=replay.events[half:]))
+    wait_equal(group.var_dir, replay)
+    assert metric(group.members[1].metrics, catalogue.UPDATER_RECORDS) > 0
