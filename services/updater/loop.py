@@ -67,15 +67,15 @@ def lag_after(polled: int, last_created: float, now: float, s: UpdaterSettings) 
     return age if behind else None
 
 
-class UpdateLoop(ConsumeLoop):
-    """Consumes the event log into the online store (poll, apply, write, checkpoint, commit)."""
+class UpdaterLoop(ConsumeLoop):
+    """What every updater loop shares (the single updater's and a partitioned group
+    member's): its settings, row writer and metrics, readiness, and which errors are whose."""
 
     def __init__(
         self,
         settings: UpdaterSettings,
         open_consumer: Callable[[], Consumer],
         writer: RowWriter,
-        aggregator: LiveAggregator,
         metrics: UpdaterMetrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -87,7 +87,6 @@ class UpdateLoop(ConsumeLoop):
         )
         self._settings = settings
         self._writer = writer
-        self._agg = aggregator
         self._metrics = metrics
         self._clock = clock
         self._store_ok = True
@@ -105,6 +104,10 @@ class UpdateLoop(ConsumeLoop):
         self.step()
         return 0.0
 
+    def step(self) -> None:
+        """One iteration."""
+        raise NotImplementedError
+
     def failure_of(self, error: Exception) -> str | None:
         """The log's errors, the online store's and the state file's."""
         if isinstance(error, (BackendUnavailable, EventLogError)):
@@ -118,6 +121,22 @@ class UpdateLoop(ConsumeLoop):
     def on_failure(self, what: str) -> None:
         """Not ready while anything fails."""
         self._metrics.ready.set(0)
+
+
+class UpdateLoop(UpdaterLoop):
+    """Consumes the event log into the online store (poll, apply, write, checkpoint, commit)."""
+
+    def __init__(
+        self,
+        settings: UpdaterSettings,
+        open_consumer: Callable[[], Consumer],
+        writer: RowWriter,
+        aggregator: LiveAggregator,
+        metrics: UpdaterMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(settings, open_consumer, writer, metrics, clock)
+        self._agg = aggregator
 
     def step(self) -> None:
         """One iteration: retry unwritten rows, checkpoint if due, poll, apply, write."""

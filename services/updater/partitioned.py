@@ -39,8 +39,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import cast
@@ -57,14 +55,12 @@ from confluent_kafka import (
 from google.protobuf.message import DecodeError
 
 from fraud.v1 import events_pb2
-from services.common.errors import Unavailable
-from services.eventlog import BackendUnavailable, EventLogError, EventLogSettings
+from services.eventlog import BackendUnavailable, EventLogSettings
 from services.eventlog import Consumer as EventLogConsumer
-from services.eventlog.consume import Backoff, ConsumeLoop
 from services.eventlog.kafka_log import static_member_id
 from services.updater.engine import CARD_VIEWS, MERCHANT_VIEWS, Applied, LiveAggregator, View
 from services.updater.joiner import OutcomeJoin, index_entry
-from services.updater.loop import RowWriter, event_of, lag_after
+from services.updater.loop import RowWriter, UpdaterLoop, event_of, lag_after
 from services.updater.metrics import UpdaterMetrics
 from services.updater.partitions import (
     OFFSET_KEY,
@@ -83,7 +79,7 @@ from services.updater.state import StateStore
 log = logging.getLogger(__name__)
 
 
-class PartitionedLoop(ConsumeLoop):
+class PartitionedLoop(UpdaterLoop):
     """One member of a partitioned updater group (poll, apply, forward, write, checkpoint)."""
 
     def __init__(
@@ -96,27 +92,17 @@ class PartitionedLoop(ConsumeLoop):
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
-            "updater",
-            lambda: cast(EventLogConsumer, self._open()),
-            lambda what: metrics.store_errors.labels(what).inc(),
-            Backoff(settings.retry_backoff_s),
+            settings, lambda: cast(EventLogConsumer, self._open()), writer, metrics, clock
         )
-        self._settings = settings
         self._events = events
-        self._writer = writer
         self._base = base
-        self._metrics = metrics
-        self._clock = clock
         self._dir = settings.partition_dir
         self._topics = Topics(events)
         self._parts: dict[tuple[str, int], Part] = {}
         self._kafka: Consumer | None = None
         self._producer: Producer | None = None
         self._forward_errors: list[str] = []
-        self._store_ok = True
-        self._caught_up = False
         self._applied = 0
-        self._unwritten: list[tuple[View, float]] = []
 
     # --- the group ---------------------------------------------------------------------
 
@@ -242,23 +228,12 @@ class PartitionedLoop(ConsumeLoop):
 
     # --- the loop ----------------------------------------------------------------------
 
-    def ready(self) -> bool:
-        """Connected to the log and the store, and caught up with the log's end."""
-        return self._connected and self._store_ok and self._caught_up
-
-    def turn(self, stop: threading.Event) -> float:
-        self.step()
-        return 0.0
-
     def failure_of(self, error: Exception) -> str | None:
-        """The log's errors, the online store's and the state files'."""
-        if isinstance(error, (BackendUnavailable, EventLogError, KafkaException)):
+        """The Kafka client's own errors are the log's too; the rest as any updater's."""
+        if isinstance(error, KafkaException):
             self._connected = False
             return "log"
-        if isinstance(error, Unavailable):
-            self._store_ok = False
-            return "online_store"
-        return "state" if isinstance(error, sqlite3.Error) else None
+        return super().failure_of(error)
 
     def on_failure(self, what: str) -> None:
         """Not ready; after a log or state failure, the member leaves the group and its
