@@ -68,7 +68,16 @@ class EventLogSettings(BaseSettings):
         "come (an idle producer syncs when it falls idle).",
     )
     file_poll_interval_ms: float = Field(
-        5.0, gt=0, description="How often an idle file-log consumer looks for new records."
+        5.0,
+        gt=0,
+        description="How often an idle file-log consumer looks for new records when it does "
+        "not watch the head (file_watch_head off, or no inotify).",
+    )
+    file_watch_head: bool = Field(
+        True,
+        description="An idle file-log consumer sleeps until a writer moves the head (inotify, "
+        "Linux) instead of looking every file_poll_interval_ms: no wake-ups without records, "
+        "and the first record after a quiet spell read at once.",
     )
     file_retention_check_s: float = Field(
         5.0, ge=0, description="Least time between two retention passes of a file consumer."

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from feast import FeatureStore, FeatureView, RepoConfig
@@ -89,6 +90,13 @@ def sqlite_entity_key(config: RepoConfig, key: EntityKey) -> bytes:
     """An entity key as the SQLite online store stores it."""
     version = config.entity_key_serialization_version
     return serialize_entity_key(key, entity_key_serialization_version=version)
+
+
+def sqlite_timestamp(when: datetime) -> object:
+    """What the SQLite online store stores for a timestamp: the value of the adapter the
+    store's module registers with ``sqlite3`` for ``datetime`` (epoch seconds of the naive
+    time read in the local zone), which ``sqlite3`` would otherwise call for every row."""
+    return sqlite3.adapters[(datetime, sqlite3.PrepareProtocol)](when)
 
 
 def sqlite_value_text(value: Any) -> str | None:

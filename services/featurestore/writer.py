@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -64,7 +65,7 @@ class Row(NamedTuple):
 
 
 _FeastRow = tuple[EntityKey, dict[str, Value], datetime, datetime | None]
-_SqliteRow = tuple[bytes, str, bytes, str | None, datetime, None]
+_SqliteRow = tuple[bytes, str, bytes, str | None, object, None]
 
 _UPSERT = (
     "INSERT INTO {table} (entity_key, feature_name, value, value_text, event_ts, created_ts) "
@@ -109,14 +110,17 @@ class _ViewWriter:
         return out
 
     def sqlite_rows(self, config: RepoConfig, rows: Sequence[Row]) -> list[_SqliteRow]:
-        """The rows in the SQLite online store's table: one per feature of each entity."""
+        """The rows in the SQLite online store's table: one per feature of each entity. The
+        event time is adapted for SQLite once per entity instead of once per feature."""
         out: list[_SqliteRow] = []
         for row in rows:
             key = feast_internals.sqlite_entity_key(config, self.entity_key(row.entity_id))
-            stamp = datetime.fromtimestamp(row.event_s, UTC).replace(tzinfo=None)
-            for (name, _), value in zip(self.fields, self.values(row), strict=True):
-                text = feast_internals.sqlite_value_text(value)
-                out.append((key, name, value.SerializeToString(), text, stamp, None))
+            when = datetime.fromtimestamp(row.event_s, UTC).replace(tzinfo=None)
+            stamp = feast_internals.sqlite_timestamp(when)
+            values = row.values
+            for name, integer in self.fields:
+                value, text = stored_value(values[name], integer)
+                out.append((key, name, value, text, stamp, None))
         return out
 
     def data(self, rows: Sequence[Row]) -> list[_FeastRow]:
@@ -131,6 +135,42 @@ class _ViewWriter:
             )
             for row in rows
         ]
+
+
+_DOUBLE_VAL = b"\x29"
+"""The tag of ``Value.double_val`` (field 5, 64-bit): a serialized double value starts so."""
+_INT64_VAL = b"\x20"
+"""The tag of ``Value.int64_val`` (field 4, varint)."""
+_PACK_DOUBLE = struct.Struct("<d").pack
+_SMALL_INT64 = tuple(_INT64_VAL + bytes((n,)) for n in range(128))
+"""A serialized ``Value(int64_val=n)`` for each n whose varint is one byte (most counts)."""
+
+
+def stored_value(value: float, integer: bool) -> tuple[bytes, str | None]:
+    """The ``value`` and ``value_text`` columns the SQLite online store writes for one feature:
+    the serialized ``Value`` message (``int64_val`` when ``integer``, else ``double_val``; an
+    empty message for a NaN, which materialization leaves null) and Feast's text of it.
+
+    Equal, byte for byte, to ``Value(...).SerializeToString()`` and Feast's
+    ``extract_text_and_num`` (``tests/unit/test_feature_writer_values.py``) at a tenth of
+    their cost: a message field of a ``oneof`` is written even when zero, so a value is its
+    tag and then its 8 little-endian bytes or its varint."""
+    if math.isnan(value):
+        return b"", None
+    if integer:
+        number = int(value)
+        if 0 <= number < 128:
+            return _SMALL_INT64[number], str(number)
+        if number < 0:  # ten-byte two's-complement varint: left to protobuf
+            return Value(int64_val=number).SerializeToString(), str(number)
+        varint = bytearray()
+        while number > 0x7F:
+            varint.append((number & 0x7F) | 0x80)
+            number >>= 7
+        varint.append(number)
+        return _INT64_VAL + bytes(varint), str(int(value))
+    real = float(value)
+    return _DOUBLE_VAL + _PACK_DOUBLE(real), str(real)
 
 
 class OnlineFeatureWriter:

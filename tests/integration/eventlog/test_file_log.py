@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ from services.eventlog import (
     open_consumer,
     open_producer,
 )
-from services.eventlog.filelog import FileLogWriter, list_segments
+from services.eventlog.filelog import FileLogConsumer, FileLogWriter, list_segments
+from services.eventlog.records import Record
 from tests.integration.eventlog.conftest import drain, read_json_lines, start_worker
 from tests.integration.eventlog.sample import decision, event_id
 
@@ -152,3 +155,41 @@ def test_damage_below_the_acknowledged_end_is_reported(settings: EventLogSetting
         assert 0 < len(good) < 10
         with pytest.raises(CorruptLogError):
             consumer.poll(100, 1.0)
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_an_idle_consumer_waits_for_the_head_to_move_instead_of_looking(
+    settings: EventLogSettings, watch: bool
+) -> None:
+    """With the head watched, a poll that finds nothing sleeps until a writer acknowledges a
+    batch: over a quiet second it reads the head once, and wakes for the batch another
+    thread writes; unwatched, it looks every interval (2 ms here), hundreds of times."""
+    settings = settings.model_copy(update={"file_watch_head": watch})
+    with open_consumer(settings, "g") as consumer:
+        assert isinstance(consumer, FileLogConsumer)
+        assert (consumer._watch_fd >= 0) == watch
+        reads = 0
+        read = consumer._read
+
+        def counted(max_records: int) -> list[Record]:
+            nonlocal reads
+            reads += 1
+            return read(max_records)
+
+        consumer._read = counted  # type: ignore[method-assign]
+        writer = FileLogWriter(settings)
+        late = threading.Timer(1.0, writer.write, [[(b"k", decision(1).SerializeToString())]])
+        late.start()
+        try:
+            started = time.monotonic()
+            records = consumer.poll(10, 30.0)
+            waited = time.monotonic() - started
+        finally:
+            late.join()
+            writer.close()
+        assert [r.key for r in records] == [b"k"]
+        assert 0.9 < waited < 20.0  # the batch ended the wait, not the timeout
+        if watch:
+            assert reads <= 2, reads
+        else:
+            assert reads > 50, reads
