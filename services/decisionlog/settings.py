@@ -73,9 +73,10 @@ class DecisionLogSettings(ServerSettings):
     file_poll_interval_ms: float = Field(
         50.0,
         gt=0,
-        description="On the file log: how often an idle sink looks for new records. It "
-        "replaces FRAUD_EVENTLOG_FILE_POLL_INTERVAL_MS for the sink, which has seconds to "
-        "write an event, not milliseconds (idle CPU by poll interval: docs/decisionlog.md).",
+        description="On the file log, where the sink cannot watch the head (no inotify): how "
+        "often an idle sink looks for new records. It replaces "
+        "FRAUD_EVENTLOG_FILE_POLL_INTERVAL_MS for the sink, which has seconds to write an "
+        "event, not milliseconds (idle CPU by poll interval: docs/decisionlog.md).",
     )
     dedupe_window: int = Field(
         200_000,

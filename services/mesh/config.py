@@ -31,8 +31,8 @@ _GROUPS_WITHOUT_MONITOR = [
 
 
 MONITOR_POLL_INTERVAL_MS = 50.0
-"""How often the monitor looks for new events on an idle file log (docs/performance.md,
-"Defaults sized to the machine")."""
+"""How often the monitor looks for new events on an idle file log where it cannot watch the
+head (no inotify; docs/eventlog.md; docs/performance.md, "Defaults sized to the machine")."""
 
 
 def replicas_target(host: str, ports: Sequence[int]) -> str:
@@ -325,8 +325,9 @@ class MeshConfig:
                 var_dir=self.var_dir,
                 metrics_port=self.metrics_ports.get("monitor"),
             ),
-            # The monitor judges drift over minutes: it looks for new events every 50 ms,
-            # not every 5 as the feature updater must (a tenth of its idle CPU).
+            # The monitor judges drift over minutes: without a head watch it looks for new
+            # events every 50 ms, not every 5 as the feature updater must (a tenth of its
+            # idle CPU).
             **to_env(EventLogSettings, file_poll_interval_ms=MONITOR_POLL_INTERVAL_MS),
             **self.extra_env,
         }
