@@ -19,7 +19,7 @@ or were late, the goodput (answers OK within 42 ms per second) and the calls tha
 their deadline or found no server (DEADLINE_EXCEEDED, UNAVAILABLE).
 
 Run with ``python -m loadtest.up_bench --before ../landed --before-var-dir ../landed/var``;
-report: ``loadtest/results/up-default.md`` and ``.json``.
+report: ``loadtest/results/up-default.md`` and ``.json`` (``--name`` another stem).
 """
 
 from __future__ import annotations
@@ -372,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--quiet", type=float, default=0.25, help="cores the settled tree spends at most"
     )
     parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--name", default=STEM, help="results file stem in loadtest/results (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     after = Path(__file__).resolve().parent.parent
     for state in (args.var_dir, args.before_var_dir):
@@ -388,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
     )
 
-    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(command))
+    paths = provenance.write(RESULTS / args.name, result, text, provenance.record(command))
     print(text)
     print("written:", *paths)
 

@@ -418,13 +418,6 @@ def watch_head(path: Path) -> int | None:
     return fd
 
 
-def _drain(fd: int) -> None:
-    """Reads every queued inotify event (their content does not matter: the head is read)."""
-    with contextlib.suppress(BlockingIOError):
-        while os.read(fd, 4096):
-            pass
-
-
 class FileLogConsumer:
     """A consumer group member of the file log (one live member per group).
 
@@ -558,8 +551,6 @@ class FileLogConsumer:
         interval = self._settings.file_poll_interval_ms / 1e3
         watch = self._watch_fd
         while True:
-            if watch >= 0:
-                _drain(watch)  # a head moved from here on ends the wait below at once
             records = self._read(max_records)
             if records:
                 return records
@@ -567,7 +558,11 @@ class FileLogConsumer:
             if remaining <= 0:
                 return []
             if watch >= 0:
-                self._head_moved.poll(math.ceil(remaining * 1000))
+                # Events of batches already read may be queued: they end this wait at once,
+                # are read here, and the next look at the head waits for a new one.
+                if self._head_moved.poll(math.ceil(remaining * 1000)):
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(watch, 4096)
             else:
                 time.sleep(min(interval, remaining))
 

@@ -91,6 +91,8 @@ class _ViewWriter:
         self.join_key = join_key
         types = {field.name: field.dtype for field in view.features}
         self.fields = tuple((name, types[name] == Int64) for name in names)
+        self._sqlite_keys: dict[str, bytes] = {}
+        """Entity id → its serialized key, for the entities written lately (``_KEYS_KEPT``)."""
 
     def entity_key(self, entity_id: str) -> EntityKey:
         """The Feast entity key of one entity of this view."""
@@ -113,8 +115,14 @@ class _ViewWriter:
         """The rows in the SQLite online store's table: one per feature of each entity. The
         event time is adapted for SQLite once per entity instead of once per feature."""
         out: list[_SqliteRow] = []
+        keys = self._sqlite_keys
         for row in rows:
-            key = feast_internals.sqlite_entity_key(config, self.entity_key(row.entity_id))
+            key = keys.get(row.entity_id)
+            if key is None:
+                if len(keys) >= _KEYS_KEPT:
+                    keys.clear()
+                key = feast_internals.sqlite_entity_key(config, self.entity_key(row.entity_id))
+                keys[row.entity_id] = key
             when = datetime.fromtimestamp(row.event_s, UTC).replace(tzinfo=None)
             stamp = feast_internals.sqlite_timestamp(when)
             values = row.values
@@ -136,6 +144,9 @@ class _ViewWriter:
             for row in rows
         ]
 
+
+_KEYS_KEPT = 100_000
+"""Serialized entity keys a view's writer keeps (a few MB); past this it starts over."""
 
 _DOUBLE_VAL = b"\x29"
 """The tag of ``Value.double_val`` (field 5, 64-bit): a serialized double value starts so."""

@@ -162,8 +162,9 @@ def test_an_idle_consumer_waits_for_the_head_to_move_instead_of_looking(
     settings: EventLogSettings, watch: bool
 ) -> None:
     """With the head watched, a poll that finds nothing sleeps until a writer acknowledges a
-    batch: over a quiet second it reads the head once, and wakes for the batch another
-    thread writes; unwatched, it looks every interval (2 ms here), hundreds of times."""
+    batch: over a quiet second it reads the head at most twice (the writer's opening moved
+    the head once before the poll), and wakes for the batch another thread writes;
+    unwatched, it looks every interval (2 ms here), hundreds of times."""
     settings = settings.model_copy(update={"file_watch_head": watch})
     with open_consumer(settings, "g") as consumer:
         assert isinstance(consumer, FileLogConsumer)
@@ -190,6 +191,6 @@ def test_an_idle_consumer_waits_for_the_head_to_move_instead_of_looking(
         assert [r.key for r in records] == [b"k"]
         assert 0.9 < waited < 20.0  # the batch ended the wait, not the timeout
         if watch:
-            assert reads <= 2, reads
+            assert reads <= 3, reads
         else:
             assert reads > 50, reads
