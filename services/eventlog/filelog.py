@@ -407,13 +407,14 @@ def watch_head(path: Path) -> int | None:
     except (OSError, AttributeError):
         return None
     fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd < 0:
-        return None
-    if add(fd, os.fsencode(path), _IN_MODIFY) < 0:
+    if fd < 0 or add(fd, os.fsencode(path), _IN_MODIFY) < 0:
         log.warning(
-            "eventlog: no inotify watch on %s (errno %d); polling", path, ctypes.get_errno()
+            "eventlog: no inotify watch on %s (%s); polling instead",
+            path,
+            os.strerror(ctypes.get_errno()),
         )
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         return None
     return fd
 

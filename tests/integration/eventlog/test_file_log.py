@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ from services.eventlog import (
     open_consumer,
     open_producer,
 )
-from services.eventlog.filelog import FileLogConsumer, FileLogWriter, list_segments
+from services.eventlog.filelog import FileLogConsumer, FileLogWriter, list_segments, watch_head
 from services.eventlog.records import Record
 from tests.integration.eventlog.conftest import drain, read_json_lines, start_worker
 from tests.integration.eventlog.sample import decision, event_id
@@ -194,3 +195,14 @@ def test_an_idle_consumer_waits_for_the_head_to_move_instead_of_looking(
             assert reads <= 3, reads
         else:
             assert reads > 50, reads
+
+
+def test_a_head_that_cannot_be_watched_is_polled_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the watch is refused (here: no such file; in production, the user's inotify
+    limits), ``watch_head`` says why and the consumer polls instead."""
+    with caplog.at_level(logging.WARNING, logger="services.eventlog.filelog"):
+        assert watch_head(tmp_path / "missing" / "HEAD") is None
+    assert "polling instead" in caplog.text
+    assert "No such file" in caplog.text
