@@ -124,6 +124,13 @@ def reserve_port(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _reserve_new(port: int, host: str = "127.0.0.1") -> bool:
+    """Reserves ``port`` unless this process already holds it: a port it handed out before
+    (another part's, a block's, an earlier run's) is not free for the next caller, though
+    ``reserve_port`` would say this process holds it."""
+    return port not in _reserved and reserve_port(port, host)
+
+
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     """The first of ``count`` consecutive free ports, every one reserved as ``free_port``
     reserves its port: for an option whose value the program counts up from (``fraudmesh
@@ -131,7 +138,7 @@ def free_port_block(count: int, host: str = "127.0.0.1") -> int:
     ``free_port`` could take a port of the run before its process binds it."""
     while True:
         first = free_port(host)
-        if all(reserve_port(first + i, host) for i in range(1, count)):
+        if all(_reserve_new(first + i, host) for i in range(1, count)):
             return first
 
 
@@ -166,7 +173,7 @@ def up_ports(
     for name in names:
         port = free_port()
         while name in replicated and not all(
-            reserve_port(port + step * n) for n in range(1, replicas)
+            _reserve_new(port + step * n) for n in range(1, replicas)
         ):
             port = free_port()
         ports[name] = port

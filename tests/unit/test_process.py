@@ -180,3 +180,23 @@ def test_a_reserved_port_is_held_from_other_processes_free_port() -> None:
     )
     assert theirs.returncode == 0, theirs.stderr
     assert int(theirs.stdout) not in (derived, base)
+
+
+def test_a_port_block_never_takes_a_port_this_process_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block for a counted-up option (``--metrics-port``) must not take a port handed out
+    before in the same process (a part's, a replica's): a benchmark's metrics block once
+    took a gateway replica's gRPC port and read HTTP/2 bytes as /metrics."""
+    from services.mesh import process
+
+    handed = process.up_ports(["gateway"], ["gateway"], replicas=3)["gateway"]
+    replica = handed + 100  # reserved by up_ports for the second gateway
+    assert replica in process._reserved
+    # The block's search starts just below that replica's port.
+    starts = iter([replica - 2 - process.PORT_FLOOR])
+    real = process.random.randrange
+    monkeypatch.setattr(process.random, "randrange", lambda n: next(starts, None) or real(n))
+    first = process.free_port_block(24)
+    assert not first <= replica < first + 24
+    assert not first <= handed < first + 24
