@@ -163,9 +163,9 @@ def stored_value(value: float, integer: bool) -> tuple[bytes, str | None]:
     empty message for a NaN, which materialization leaves null) and Feast's text of it.
 
     Equal, byte for byte, to ``Value(...).SerializeToString()`` and Feast's
-    ``extract_text_and_num`` (``tests/unit/test_feature_writer_values.py``) at a tenth of
-    their cost: a message field of a ``oneof`` is written even when zero, so a value is its
-    tag and then its 8 little-endian bytes or its varint."""
+    ``extract_text_and_num`` (``tests/unit/test_feature_writer_values.py``), without building
+    the message: a field of a ``oneof`` is written even when zero, so a value is its tag and
+    then its 8 little-endian bytes or its varint."""
     if math.isnan(value):
         return b"", None
     if integer:
@@ -175,11 +175,12 @@ def stored_value(value: float, integer: bool) -> tuple[bytes, str | None]:
         if number < 0:  # ten-byte two's-complement varint: left to protobuf
             return Value(int64_val=number).SerializeToString(), str(number)
         varint = bytearray()
-        while number > 0x7F:
-            varint.append((number & 0x7F) | 0x80)
-            number >>= 7
-        varint.append(number)
-        return _INT64_VAL + bytes(varint), str(int(value))
+        rest = number
+        while rest > 0x7F:
+            varint.append((rest & 0x7F) | 0x80)
+            rest >>= 7
+        varint.append(rest)
+        return _INT64_VAL + bytes(varint), str(number)
     real = float(value)
     return _DOUBLE_VAL + _PACK_DOUBLE(real), str(real)
 
