@@ -332,7 +332,7 @@ def summary(seeds: list[dict[str, Any]]) -> dict[str, Any]:
                 for name in _MAIN
             }
         if {"before", "after"} <= set(versions):
-            per_label["after_minus_before"] = {
+            differences = {
                 name: _spread(
                     [
                         s["versions"]["after"][label][name] - s["versions"]["before"][label][name]
@@ -341,8 +341,23 @@ def summary(seeds: list[dict[str, Any]]) -> dict[str, Any]:
                 )
                 for name in _MAIN
             }
+            per_label["after_minus_before"] = differences
+            per_label["verdict"] = {name: verdict(differences[name]) for name in _MAIN}
         out[label] = per_label
     return out
+
+
+def verdict(difference: dict[str, Any]) -> str:
+    """A paired difference over seeds read against its own spread: ``better`` or ``worse``
+    only when its mean is further from zero than one standard deviation of the per-seed
+    differences, ``within the spread`` otherwise; one seed has no spread to read it against."""
+    if difference["n"] < 2:
+        return "one seed: no spread"
+    if difference["mean"] > difference["sd"]:
+        return "better"
+    if difference["mean"] < -difference["sd"]:
+        return "worse"
+    return "within the spread"
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -380,6 +395,8 @@ def markdown(results: dict[str, Any]) -> str:
     )
     for label, per_label in results["summary"].items():
         for version, figures in per_label.items():
+            if version == "verdict":
+                continue
             cells = " | ".join(
                 f"{figures[n]['mean']:+.3f} ± {figures[n]['sd']:.3f}"
                 if version == "after_minus_before"
@@ -389,6 +406,11 @@ def markdown(results: dict[str, Any]) -> str:
             what = "after − before, per seed" if version == "after_minus_before" else version
             lines.append(f"| fraudmesh {what}, {label} (mean ± sd, n={figures['auc_roc']['n']}) "
                          f"| {cells} |")  # fmt: skip
+        if "verdict" in per_label:
+            cells = " | ".join(per_label["verdict"][n] for n in _MAIN)
+            lines.append(
+                f"| verdict: the paired difference against its spread, {label} | {cells} |"
+            )
     lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | train s |", "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for s in results["seeds"]:
         for version, runs in s["versions"].items():

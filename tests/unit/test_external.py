@@ -43,6 +43,32 @@ def test_paired_differences_carry_the_spread_of_the_seeds() -> None:
     )
     assert "| fraudmesh after − before, per seed, handbook periods (mean ± sd, n=3) |" in table
     assert "+0.027 ± 0.006" in table
+    # AP moved by more than its spread; AUC and CP@100 did not move at all.
+    assert summary["verdict"] == {
+        "auc_roc": "within the spread",
+        "average_precision": "better",
+        "card_precision_at_100": "within the spread",
+    }
+    assert (
+        "| verdict: the paired difference against its spread, handbook periods "
+        "| within the spread | better | within the spread |"
+    ) in table
+
+
+@pytest.mark.parametrize(
+    ("differences", "expected"),
+    [
+        ([0.010, 0.012, 0.008], "better"),
+        ([-0.010, -0.012, -0.008], "worse"),
+        # A mean of +0.003 against a spread of 0.008: noise, whatever its sign.
+        ([0.012, -0.004, 0.001], "within the spread"),
+        ([0.05], "one seed: no spread"),
+    ],
+)
+def test_a_difference_is_named_only_when_it_exceeds_its_spread(
+    differences: list[float], expected: str
+) -> None:
+    assert external.verdict(external._spread(differences)) == expected
 
 
 def test_seeds_must_be_a_list_of_numbers() -> None:
