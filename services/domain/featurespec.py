@@ -75,8 +75,6 @@ CARD_FEATURES: tuple[str, ...] = (
     "card_amount_max_7d",
     "card_amount_mean_30d",
     "card_amount_std_30d",
-    "card_amount_median_30d",
-    "card_amount_q75_30d",
     "card_distinct_merchants_24h",
     "card_small_txn_count_1h",
     "card_last_txn_s",
@@ -111,13 +109,7 @@ terminal. A compromised terminal (a skimmer) shows here long before its merchant
 STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES + TERMINAL_FEATURES
 """Every Feast-backed feature, in the order the feature service returns them."""
 
-HELPER_FEATURES: tuple[str, ...] = (
-    "card_last_txn_s",
-    "card_home_country",
-    "merchant_country",
-    "card_amount_median_30d",
-    "card_amount_q75_30d",
-)
+HELPER_FEATURES: tuple[str, ...] = ("card_last_txn_s", "card_home_country", "merchant_country")
 """Store features that only feed derived features and are left out of the model input."""
 
 MODEL_STORE_FEATURES: tuple[str, ...] = tuple(n for n in STORE_FEATURES if n not in HELPER_FEATURES)
@@ -140,17 +132,12 @@ REQUEST_FEATURES: tuple[str, ...] = (
         for entity in ("terminal", "merchant")
         for window in RISK_WINDOWS
     ),
-    "amount_to_card_median_30d",
-    "card_max_7d_to_median_30d",
-    "amount_to_card_q75_30d",
 )
 """Features derived at request time from the transaction and the store features: the
 card's spending pattern (this amount against the card's last day, its recent weeks against
-its month, a run of unusually large payments), the known frauds of the terminal and the
+its month, a run of unusually large payments) and the known frauds of the terminal and the
 merchant (rate × labelled transactions: a count says "a skimmer was seen here" where a rate
-over three payments says little), and this payment and the week's largest against the
-card's usual payment (the median and upper quartile of its month, which a run of stolen-card
-payments moves far less than the mean)."""
+over three payments says little)."""
 
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
@@ -298,7 +285,6 @@ def model_vector(
 
     _append_spending(vector, store, amount, defaults)
     _append_fraud_counts(vector, store, defaults)
-    _append_usual(vector, store, amount, defaults)
     if helpers:
         for name in HELPER_FEATURES:
             value = get(name)
@@ -355,32 +341,6 @@ def _append_fraud_counts(
                 vector.append(rate * known)
 
 
-def _append_usual(
-    vector: list[float], store: Mapping[str, float | None], amount: float,
-    defaults: Mapping[str, float],
-) -> None:  # fmt: skip
-    """``model_vector``'s payment and week's largest against the card's usual payment."""
-    get = store.get
-    append = vector.append
-    median = get("card_amount_median_30d")
-    # ``median > 0.0`` is False for NaN; a NaN numerator gives NaN, then the default.
-    if median is not None and median > 0.0:
-        append(amount / median)
-        max_7d = get("card_amount_max_7d")
-        if max_7d is not None and max_7d == max_7d:
-            append(max_7d / median)
-        else:
-            append(defaults["card_max_7d_to_median_30d"])
-    else:
-        append(defaults["amount_to_card_median_30d"])
-        append(defaults["card_max_7d_to_median_30d"])
-    q75 = get("card_amount_q75_30d")
-    if q75 is not None and q75 > 0.0:
-        append(amount / q75)
-    else:
-        append(defaults["amount_to_card_q75_30d"])
-
-
 _STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
 _AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
 
@@ -408,15 +368,6 @@ def missing_features(store: Mapping[str, float | None], amount: float) -> list[i
     if not (mean_30d is not None and mean_30d > 0.0):
         missing.append(_AT["amount_to_card_mean_30d"])
     missing += _missing_spending(store, amount)
-    median = get("card_amount_median_30d")
-    if not (median is not None and median > 0.0):
-        missing.append(_AT["amount_to_card_median_30d"])
-    max_7d = get("card_amount_max_7d")
-    if not (median is not None and median > 0.0 and max_7d is not None and max_7d == max_7d):
-        missing.append(_AT["card_max_7d_to_median_30d"])
-    q75 = get("card_amount_q75_30d")
-    if not (q75 is not None and q75 > 0.0):
-        missing.append(_AT["amount_to_card_q75_30d"])
     for entity in ("terminal", "merchant"):
         for window in RISK_WINDOWS:
             rate = get(f"{entity}_fraud_rate_{window}")
@@ -497,11 +448,6 @@ def model_frame(
             out[f"{entity}_fraud_count_{window}"] = store(f"{entity}_fraud_rate_{window}") * store(
                 f"{entity}_labelled_txn_count_{window}"
             )
-    median, q75 = store("card_amount_median_30d"), store("card_amount_q75_30d")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["amount_to_card_median_30d"] = np.where(median > 0.0, amount / median, np.nan)
-        out["card_max_7d_to_median_30d"] = np.where(median > 0.0, max_7d / median, np.nan)
-        out["amount_to_card_q75_30d"] = np.where(q75 > 0.0, amount / q75, np.nan)
     home, country = store("card_home_country"), store("merchant_country")
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from services.domain import featurespec
 from services.domain.aggregation.schema import (
     CARD_HORIZON_US,
-    CARD_QUANTILES,
     DAY_US,
     HOUR_US,
     LABEL_DELAY,
@@ -61,9 +59,6 @@ def card_feature_table(tx: pd.DataFrame) -> pd.DataFrame:
         "card_last_txn_s": np.floor_divide(t, US),
         "card_home_country": rows.latest_known("card_home_country"),
     }
-    quantiles = _window_quantiles(eur, lo_30d, keep, tuple(q for _, q in CARD_QUANTILES))
-    for (name, _), values in zip(CARD_QUANTILES, quantiles, strict=True):
-        columns[f"card_amount_{name}_30d"] = values
     return _table(columns, keep, featurespec.CARD_FEATURES)
 
 
@@ -341,40 +336,6 @@ def _window_max(values: np.ndarray, lo: np.ndarray) -> np.ndarray:
     for lag in range(1, _longest(reach) + 1):
         rows = _rows_reaching(order, reach, lag)
         out[rows] = np.maximum(out[rows], values[rows - lag])
-    return out
-
-
-def _window_quantiles(
-    values: np.ndarray, lo: np.ndarray, rows: np.ndarray, levels: tuple[float, ...]
-) -> list[np.ndarray]:
-    """Quantiles (``schema.quantile_of_sorted``) of ``values[lo:i+1]`` for each row i that
-    ``rows`` selects, NaN elsewhere (the table keeps only those rows).
-
-    Windows of one length are taken together as a matrix and partitioned at the ranks the
-    levels need, so the work is the windows' total size, never one Python step per row."""
-    import numpy as np
-
-    out = [np.full(len(values), np.nan) for _ in levels]
-    chosen = np.flatnonzero(rows)
-    if len(chosen) == 0:
-        return out
-    length = chosen - lo[chosen] + 1
-    order = np.argsort(length, kind="stable")
-    bounds = np.flatnonzero(np.r_[True, length[order][1:] != length[order][:-1], True])
-    for start, end in itertools.pairwise(bounds.tolist()):
-        at = chosen[order[start:end]]
-        m = int(length[order[start]])
-        positions = [q * (m - 1) for q in levels]
-        ranks = sorted({r for p in positions for r in (int(p), min(int(p) + 1, m - 1))})
-        window = values[lo[at][:, None] + np.arange(m)]
-        window.partition(ranks, axis=1)
-        for column, position in zip(out, positions, strict=True):
-            k = int(position)
-            low = window[:, k]
-            if k + 1 == m:
-                column[at] = low
-            else:
-                column[at] = low + (window[:, k + 1] - low) * (position - k)
     return out
 
 

@@ -18,7 +18,6 @@ from services.domain import featurespec
 from services.domain.aggregation.codec import StateReader, StateWriter
 from services.domain.aggregation.schema import (
     CARD_HORIZON_US,
-    CARD_QUANTILES,
     DAY_US,
     FRAUD_WINDOW_US,
     HOUR_US,
@@ -31,7 +30,6 @@ from services.domain.aggregation.schema import (
     FeatureRow,
     TransactionEvent,
     event_micros,
-    quantile_of_sorted,
 )
 
 
@@ -247,8 +245,7 @@ def card_row(state: CardState) -> FeatureRow | None:
     mean_30d = sum(month) / n_30d
     var_30d = sum(map(operator.mul, month, month)) / n_30d - mean_30d * mean_30d
     small = featurespec.SMALL_AMOUNT_EUR
-    ordered = sorted(month)
-    row: FeatureRow = {
+    return {
         "card_txn_count_1h": n - lo_1h,
         "card_txn_count_24h": n - lo_24h,
         "card_txn_count_7d": n - lo_7d,
@@ -263,9 +260,6 @@ def card_row(state: CardState) -> FeatureRow | None:
         "card_last_txn_s": newest // US,
         "card_home_country": state.home_country.feature(),
     }
-    for name, q in CARD_QUANTILES:
-        row[f"card_amount_{name}_30d"] = quantile_of_sorted(ordered, q)
-    return row
 
 
 def apply_card(state: CardState | None, event: TransactionEvent) -> Update[CardState]:

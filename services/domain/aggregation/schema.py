@@ -81,24 +81,6 @@ MAX_PENDING_LABELS = 10_000
 """Most labels a merchant state holds for transactions it has not seen yet."""
 
 
-CARD_QUANTILES: tuple[tuple[str, float], ...] = (("median", 0.5), ("q75", 0.75))
-"""Name and level of each quantile of a card's amounts over 30 days
-(``card_amount_<name>_30d``): a baseline of the card's usual payment that a run of unusually
-large ones moves far less than its mean."""
-
-
-def quantile_of_sorted(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ascending ``values`` (not empty), interpolated linearly between
-    the two nearest ranks (numpy's default method). The batch path computes the same two
-    operations on arrays, so both paths give the same bits."""
-    position = q * (len(values) - 1)
-    k = int(position)
-    low = values[k]
-    if k + 1 == len(values):
-        return low
-    return low + (values[k + 1] - low) * (position - k)
-
-
 def micros_of(delta: timedelta) -> int:
     """``delta`` in whole microseconds, exactly (no float on the way)."""
     return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
