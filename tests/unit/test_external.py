@@ -3,6 +3,7 @@ differences, and its table."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from loadtest import external
@@ -76,3 +77,37 @@ def test_seeds_must_be_a_list_of_numbers() -> None:
     with pytest.raises(SystemExit) as exit_:
         external.main(["--seeds", "one"])
     assert exit_.value.code == 2
+
+
+def _payment(day: int, card: int, terminal: int, scenario: int) -> dict[str, int]:
+    return {
+        "TX_TIME_SECONDS": day * 86_400 + 43_200,
+        "TX_TIME_DAYS": day,
+        "CUSTOMER_ID": card,
+        "TERMINAL_ID": terminal,
+        "TX_FRAUD": int(scenario > 0),
+        "TX_FRAUD_SCENARIO": scenario,
+    }
+
+
+def test_card_precision_bounds_count_only_frauds_a_payment_or_a_known_label_reveals() -> None:
+    """Terminal 9 is compromised from day 0: its frauds of days 3 and 5 show nothing yet
+    (no label is back before day 7), those of day 10 follow a label known since day 7.
+    Card 4's fraud on day 3 is an unusual amount (scenario 3): revealed at once."""
+    history = [_payment(0, 1, 9, 2)]
+    test_rows = [
+        _payment(3, 2, 9, 2), _payment(3, 3, 8, 0), _payment(3, 4, 7, 3),
+        _payment(5, 5, 9, 2), _payment(5, 6, 8, 0),
+        _payment(10, 7, 9, 2), _payment(10, 8, 8, 0),
+    ]  # fmt: skip
+    tx = pd.DataFrame(history + test_rows)
+    test = pd.DataFrame(test_rows)
+    bounds = external.card_precision_bounds(tx, test, k=1)
+    # The ceiling finds a fraudulent card every day; the reachable ranking on day 3 (card 4)
+    # and day 10 (card 7), and on day 5 only the genuine card 6 ranks above card 5.
+    assert bounds["card_precision_at_1_ceiling"] == pytest.approx(1.0)
+    assert bounds["card_precision_at_1_reachable"] == pytest.approx(2 / 3)
+    # A label 35 days old has left the longest fraud-rate window: it reveals nothing.
+    late = [_payment(40, 7, 9, 2), _payment(40, 8, 8, 0)]
+    bounds = external.card_precision_bounds(pd.DataFrame(history + late), pd.DataFrame(late), 1)
+    assert bounds["card_precision_at_1_reachable"] == 0.0
