@@ -102,14 +102,26 @@ MERCHANT_FEATURES: tuple[str, ...] = (
 )
 """Merchant aggregates (fraud rates from labels known after a 7-day delay), in view order."""
 
-TERMINAL_FEATURES: tuple[str, ...] = _risk("terminal")
-"""Terminal aggregates, as the merchant's risk features; missing when a payment names no
-terminal. A compromised terminal (a skimmer) shows here long before its merchant's rates move."""
+TERMINAL_FEATURES: tuple[str, ...] = (
+    *_risk("terminal"),
+    "terminal_known_fraud_first_s",
+    "terminal_known_fraud_last_s",
+)
+"""Terminal aggregates, as the merchant's risk features, then the times (epoch seconds) of the
+earliest and the latest fraud its 28-day fraud rate counts (missing when it counts none);
+missing when a payment names no terminal. A compromised terminal (a skimmer) shows here long
+before its merchant's rates move."""
 
 STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES + TERMINAL_FEATURES
 """Every Feast-backed feature, in the order the feature service returns them."""
 
-HELPER_FEATURES: tuple[str, ...] = ("card_last_txn_s", "card_home_country", "merchant_country")
+HELPER_FEATURES: tuple[str, ...] = (
+    "card_last_txn_s",
+    "card_home_country",
+    "merchant_country",
+    "terminal_known_fraud_first_s",
+    "terminal_known_fraud_last_s",
+)
 """Store features that only feed derived features and are left out of the model input."""
 
 MODEL_STORE_FEATURES: tuple[str, ...] = tuple(n for n in STORE_FEATURES if n not in HELPER_FEATURES)
@@ -132,12 +144,15 @@ REQUEST_FEATURES: tuple[str, ...] = (
         for entity in ("terminal", "merchant")
         for window in RISK_WINDOWS
     ),
+    "terminal_days_since_first_known_fraud",
+    "terminal_days_since_last_known_fraud",
 )
 """Features derived at request time from the transaction and the store features: the
 card's spending pattern (this amount against the card's last day, its recent weeks against
-its month, a run of unusually large payments) and the known frauds of the terminal and the
+its month, a run of unusually large payments), the known frauds of the terminal and the
 merchant (rate × labelled transactions: a count says "a skimmer was seen here" where a rate
-over three payments says little)."""
+over three payments says little), and how long the terminal's known fraud episode has run:
+the days since its earliest and its latest known fraud."""
 
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
@@ -285,6 +300,13 @@ def model_vector(
 
     _append_spending(vector, store, amount, defaults)
     _append_fraud_counts(vector, store, defaults)
+    for name, helper in _EPISODE:
+        at = get(helper)
+        if at is None or at != at:
+            append(defaults[name])
+        else:
+            # A payment stamped before the fraud (clock skew) counts as the same instant.
+            append(max(0.0, timestamp_s - at) / 86_400.0)
     if helpers:
         for name in HELPER_FEATURES:
             value = get(name)
@@ -341,6 +363,12 @@ def _append_fraud_counts(
                 vector.append(rate * known)
 
 
+_EPISODE = (
+    ("terminal_days_since_first_known_fraud", "terminal_known_fraud_first_s"),
+    ("terminal_days_since_last_known_fraud", "terminal_known_fraud_last_s"),
+)
+"""The terminal's fraud episode features and the store time each is measured from."""
+
 _STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
 _AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
 
@@ -374,6 +402,10 @@ def missing_features(store: Mapping[str, float | None], amount: float) -> list[i
             known = get(f"{entity}_labelled_txn_count_{window}")
             if rate is None or known is None or rate != rate or known != known:
                 missing.append(_AT[f"{entity}_fraud_count_{window}"])
+    for name, helper in _EPISODE:
+        at = get(helper)
+        if at is None or at != at:
+            missing.append(_AT[name])
     return sorted(missing)
 
 
@@ -448,6 +480,8 @@ def model_frame(
             out[f"{entity}_fraud_count_{window}"] = store(f"{entity}_fraud_rate_{window}") * store(
                 f"{entity}_labelled_txn_count_{window}"
             )
+    for name, helper in _EPISODE:
+        out[name] = np.maximum(0.0, timestamp_s - store(helper)) / 86_400.0
     home, country = store("card_home_country"), store("merchant_country")
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)

@@ -284,7 +284,7 @@ def test_the_frame_with_helpers_equals_model_vector_with_helpers_row_by_row() ->
             currency=str(sample["currency"].iat[i]),
             timestamp_s=float(sample["timestamp_s"].iat[i]),
             card_not_present=bool(sample["card_not_present"].iat[i]),
-            defaults=d | {"card_last_txn_s": 0.0},
+            defaults={name: 0.0 for name in fs.HELPER_FEATURES} | d,
             helpers=True,
         )
         named = dict(zip(fs.SERVABLE_FEATURES, computed, strict=True))
