@@ -144,23 +144,31 @@ REQUEST_FEATURES: tuple[str, ...] = (
         for entity in ("terminal", "merchant")
         for window in RISK_WINDOWS
     ),
-    "terminal_days_since_first_known_fraud",
-    "terminal_days_since_last_known_fraud",
 )
 """Features derived at request time from the transaction and the store features: the
 card's spending pattern (this amount against the card's last day, its recent weeks against
-its month, a run of unusually large payments), the known frauds of the terminal and the
+its month, a run of unusually large payments) and the known frauds of the terminal and the
 merchant (rate × labelled transactions: a count says "a skimmer was seen here" where a rate
-over three payments says little), and how long the terminal's known fraud episode has run:
-the days since its earliest and its latest known fraud."""
+over three payments says little)."""
 
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
 
-SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES
+OPTIONAL_FEATURES: tuple[str, ...] = (
+    "terminal_days_since_first_known_fraud",
+    "terminal_days_since_last_known_fraud",
+)
+"""Features derived at request time that a version may add but the default inputs leave out:
+how long the terminal's known fraud episode has run, the days from the earliest and the
+latest fraud its 28-day fraud rate counts to the payment (missing while it counts none).
+They raised average precision on the Handbook's data, where a compromised terminal stays so
+for four weeks, and not on the default data (docs/training.md)."""
+
+SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES + OPTIONAL_FEATURES
 """Every input a version may name, in the order ``model_vector`` computes them with
-``helpers``: the model features, then the store's helper features as read. A version's own
-``feature_order`` is any selection of these (``input_positions``)."""
+``helpers``: the model features, then the store's helper features as read, then the optional
+derived features. A version's own ``feature_order`` is any selection of these
+(``input_positions``)."""
 
 _SERVABLE_AT = {name: i for i, name in enumerate(SERVABLE_FEATURES)}
 
@@ -234,6 +242,10 @@ def missing_inputs(
         value = store.get(name)
         if value is None or value != value:
             at_servable.add(_SERVABLE_AT[name])
+    for name, helper in _EPISODE:
+        value = store.get(helper)
+        if value is None or value != value:
+            at_servable.add(_SERVABLE_AT[name])
     return [j for j, i in enumerate(positions) if i in at_servable]
 
 
@@ -252,7 +264,8 @@ def model_vector(
     helpers: bool = False,
 ) -> list[float]:
     """The model input in ``MODEL_FEATURES`` order for one transaction (``SERVABLE_FEATURES``
-    order with ``helpers``: the helper store features appended as read).
+    order with ``helpers``: the helper store features appended as read, then the optional
+    derived features).
 
     ``store`` maps store feature names to values; None (or NaN, or an absent name) marks a
     missing or stale value, replaced by ``defaults[name]``. A derived feature whose inputs
@@ -300,17 +313,17 @@ def model_vector(
 
     _append_spending(vector, store, amount, defaults)
     _append_fraud_counts(vector, store, defaults)
-    for name, helper in _EPISODE:
-        at = get(helper)
-        if at is None or at != at:
-            append(defaults[name])
-        else:
-            # A payment stamped before the fraud (clock skew) counts as the same instant.
-            append(max(0.0, timestamp_s - at) / 86_400.0)
     if helpers:
         for name in HELPER_FEATURES:
             value = get(name)
             append(defaults[name] if value is None or value != value else float(value))
+        for name, helper in _EPISODE:
+            at = get(helper)
+            if at is None or at != at:
+                append(defaults[name])
+            else:
+                # A payment stamped before the fraud (clock skew) counts as the same instant.
+                append(max(0.0, timestamp_s - at) / 86_400.0)
     return vector
 
 
@@ -402,10 +415,6 @@ def missing_features(store: Mapping[str, float | None], amount: float) -> list[i
             known = get(f"{entity}_labelled_txn_count_{window}")
             if rate is None or known is None or rate != rate or known != known:
                 missing.append(_AT[f"{entity}_fraud_count_{window}"])
-    for name, helper in _EPISODE:
-        at = get(helper)
-        if at is None or at != at:
-            missing.append(_AT[name])
     return sorted(missing)
 
 
@@ -440,7 +449,8 @@ def model_frame(
     df: pd.DataFrame, defaults: Mapping[str, float] | None = None, *, helpers: bool = False
 ) -> pd.DataFrame:
     """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``
-    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read).
+    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read, then
+    the optional derived features).
 
     ``df`` holds ``STORE_FEATURES`` (NaN where missing or stale) and ``FRAME_INPUTS``
     (``timestamp_s`` as epoch seconds). With ``defaults``, missing values are filled exactly
@@ -480,8 +490,6 @@ def model_frame(
             out[f"{entity}_fraud_count_{window}"] = store(f"{entity}_fraud_rate_{window}") * store(
                 f"{entity}_labelled_txn_count_{window}"
             )
-    for name, helper in _EPISODE:
-        out[name] = np.maximum(0.0, timestamp_s - store(helper)) / 86_400.0
     home, country = store("card_home_country"), store("merchant_country")
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)
@@ -490,6 +498,8 @@ def model_frame(
     if helpers:
         for name in HELPER_FEATURES:
             out[name] = store(name)
+        for name, helper in _EPISODE:
+            out[name] = np.maximum(0.0, timestamp_s - store(helper)) / 86_400.0
     if defaults is not None:
         out = out.fillna({name: float(defaults[name]) for name in names})
     return out[list(names)]
