@@ -102,26 +102,14 @@ MERCHANT_FEATURES: tuple[str, ...] = (
 )
 """Merchant aggregates (fraud rates from labels known after a 7-day delay), in view order."""
 
-TERMINAL_FEATURES: tuple[str, ...] = (
-    *_risk("terminal"),
-    "terminal_known_fraud_first_s",
-    "terminal_known_fraud_last_s",
-)
-"""Terminal aggregates, as the merchant's risk features, then the times (epoch seconds) of the
-earliest and the latest fraud its 28-day fraud rate counts (missing when it counts none);
-missing when a payment names no terminal. A compromised terminal (a skimmer) shows here long
-before its merchant's rates move."""
+TERMINAL_FEATURES: tuple[str, ...] = _risk("terminal")
+"""Terminal aggregates, as the merchant's risk features; missing when a payment names no
+terminal. A compromised terminal (a skimmer) shows here long before its merchant's rates move."""
 
 STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES + TERMINAL_FEATURES
 """Every Feast-backed feature, in the order the feature service returns them."""
 
-HELPER_FEATURES: tuple[str, ...] = (
-    "card_last_txn_s",
-    "card_home_country",
-    "merchant_country",
-    "terminal_known_fraud_first_s",
-    "terminal_known_fraud_last_s",
-)
+HELPER_FEATURES: tuple[str, ...] = ("card_last_txn_s", "card_home_country", "merchant_country")
 """Store features that only feed derived features and are left out of the model input."""
 
 MODEL_STORE_FEATURES: tuple[str, ...] = tuple(n for n in STORE_FEATURES if n not in HELPER_FEATURES)
@@ -154,21 +142,10 @@ over three payments says little)."""
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
 
-OPTIONAL_FEATURES: tuple[str, ...] = (
-    "terminal_days_since_first_known_fraud",
-    "terminal_days_since_last_known_fraud",
-)
-"""Features derived at request time that a version may add but the default inputs leave out:
-how long the terminal's known fraud episode has run, the days from the earliest and the
-latest fraud its 28-day fraud rate counts to the payment (missing while it counts none).
-They raised average precision on the Handbook's data, where a compromised terminal stays so
-for four weeks, and not on the default data (docs/training.md)."""
-
-SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES + OPTIONAL_FEATURES
+SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES
 """Every input a version may name, in the order ``model_vector`` computes them with
-``helpers``: the model features, then the store's helper features as read, then the optional
-derived features. A version's own ``feature_order`` is any selection of these
-(``input_positions``)."""
+``helpers``: the model features, then the store's helper features as read. A version's own
+``feature_order`` is any selection of these (``input_positions``)."""
 
 _SERVABLE_AT = {name: i for i, name in enumerate(SERVABLE_FEATURES)}
 
@@ -242,10 +219,6 @@ def missing_inputs(
         value = store.get(name)
         if value is None or value != value:
             at_servable.add(_SERVABLE_AT[name])
-    for name, helper in _EPISODE:
-        value = store.get(helper)
-        if value is None or value != value:
-            at_servable.add(_SERVABLE_AT[name])
     return [j for j, i in enumerate(positions) if i in at_servable]
 
 
@@ -264,8 +237,7 @@ def model_vector(
     helpers: bool = False,
 ) -> list[float]:
     """The model input in ``MODEL_FEATURES`` order for one transaction (``SERVABLE_FEATURES``
-    order with ``helpers``: the helper store features appended as read, then the optional
-    derived features).
+    order with ``helpers``: the helper store features appended as read).
 
     ``store`` maps store feature names to values; None (or NaN, or an absent name) marks a
     missing or stale value, replaced by ``defaults[name]``. A derived feature whose inputs
@@ -317,13 +289,6 @@ def model_vector(
         for name in HELPER_FEATURES:
             value = get(name)
             append(defaults[name] if value is None or value != value else float(value))
-        for name, helper in _EPISODE:
-            at = get(helper)
-            if at is None or at != at:
-                append(defaults[name])
-            else:
-                # A payment stamped before the fraud (clock skew) counts as the same instant.
-                append(max(0.0, timestamp_s - at) / 86_400.0)
     return vector
 
 
@@ -375,12 +340,6 @@ def _append_fraud_counts(
             else:
                 vector.append(rate * known)
 
-
-_EPISODE = (
-    ("terminal_days_since_first_known_fraud", "terminal_known_fraud_first_s"),
-    ("terminal_days_since_last_known_fraud", "terminal_known_fraud_last_s"),
-)
-"""The terminal's fraud episode features and the store time each is measured from."""
 
 _STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
 _AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
@@ -449,8 +408,7 @@ def model_frame(
     df: pd.DataFrame, defaults: Mapping[str, float] | None = None, *, helpers: bool = False
 ) -> pd.DataFrame:
     """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``
-    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read, then
-    the optional derived features).
+    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read).
 
     ``df`` holds ``STORE_FEATURES`` (NaN where missing or stale) and ``FRAME_INPUTS``
     (``timestamp_s`` as epoch seconds). With ``defaults``, missing values are filled exactly
@@ -498,8 +456,6 @@ def model_frame(
     if helpers:
         for name in HELPER_FEATURES:
             out[name] = store(name)
-        for name, helper in _EPISODE:
-            out[name] = np.maximum(0.0, timestamp_s - store(helper)) / 86_400.0
     if defaults is not None:
         out = out.fillna({name: float(defaults[name]) for name in names})
     return out[list(names)]

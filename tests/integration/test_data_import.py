@@ -176,15 +176,7 @@ def test_import_rejects_broken_rows_then_imports_them_left_out_and_trains_on_per
     statuses = {
         name: status for name, (_, status, _) in zip(featurespec.STORE_FEATURES, rows, strict=True)
     }
-    episode = {"terminal_known_fraud_first_s", "terminal_known_fraud_last_s"}
-    present = featurespec.FeatureStatus.PRESENT
-    assert {status for name, status in statuses.items() if name not in episode} == {present}
-    # A terminal's fraud times exist only while its 28-day fraud rate counts a fraud.
-    rate = rows[featurespec.STORE_FEATURES.index("terminal_fraud_rate_28d")][0]
-    counted = rate is not None and rate > 0
-    assert {statuses[name] for name in episode} == {
-        present if counted else featurespec.FeatureStatus.MISSING
-    }
+    assert set(statuses.values()) == {featurespec.FeatureStatus.PRESENT}
 
     scores_path = tmp_path / "scores.parquet"
     report_dir = tmp_path / "report"

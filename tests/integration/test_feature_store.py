@@ -124,17 +124,10 @@ def _latest(frame: pd.DataFrame, key: str, entity: str) -> pd.Series:
     return frame[frame[key] == entity].iloc[-1]
 
 
-def _busy(sim: Dataset, episode: bool = True) -> tuple[str, str, str]:
-    """A card, a merchant and a terminal whose newest rows are in the data's last day; the
-    terminal's newest row counts a known fraud (every feature is present), or with
-    ``episode`` False counts none (its fraud times are missing)."""
+def _busy(sim: Dataset) -> tuple[str, str, str]:
+    """A card, a merchant and a terminal whose newest rows are in the data's last day."""
     last_day = sim.transactions["timestamp"] >= pd.Timestamp(END, tz="UTC") - pd.Timedelta(days=1)
-    newest = sim.terminal_features.groupby("terminal_id").tail(1).set_index("terminal_id")
-    counted = newest["terminal_known_fraud_first_s"].notna()
-    candidates = sim.transactions[last_day]
-    candidates = candidates[candidates["terminal_id"].map(counted).eq(episode)]
-    assert len(candidates), "the simulated data has no such terminal in its last day"
-    last = candidates.iloc[-1]
+    last = sim.transactions[last_day].iloc[-1]
     return str(last["card_id"]), str(last["merchant_id"]), str(last["terminal_id"])
 
 
@@ -158,21 +151,6 @@ def test_known_card_merchant_and_terminal_are_present_with_their_newest_row(
         assert status == FeatureStatus.PRESENT, name
         assert value == pytest.approx(float(expected[name])), name
         assert event_s == expected["event_timestamp"].timestamp(), name
-
-
-def test_a_terminal_without_a_known_fraud_has_no_fraud_times(
-    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
-) -> None:
-    card, merchant, terminal = _busy(dataset[1], episode=False)
-    rows = reader.read(card, merchant, END_S, terminal)
-    episode = {"terminal_known_fraud_first_s", "terminal_known_fraud_last_s"}
-    for name, (value, status, _) in zip(featurespec.STORE_FEATURES, rows, strict=True):
-        if name in episode:
-            assert (value, status) == (None, FeatureStatus.MISSING), name
-        else:
-            assert status == FeatureStatus.PRESENT, name
-    named = dict(zip(featurespec.STORE_FEATURES, rows, strict=True))
-    assert named["terminal_fraud_rate_28d"][0] == 0.0
 
 
 def test_unknown_entities_are_missing_not_errors(reader: OnlineFeatureReader) -> None:
