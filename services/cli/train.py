@@ -510,7 +510,7 @@ def _print_result(result: TrainResult, report_dir: Path | None) -> None:
         console.print(
             f"[bold]{period}[/bold]: {start[:10]} → {end[:10]} ({rows_in:,} rows, {frauds:,} frauds)"
         )
-    chosen = max(result.selection, key=lambda c: c["validation_average_precision"])
+    chosen = next(c for c in result.selection if c.get("selected"))
     console.print(
         f"[bold]selected[/bold] on validation: {chosen['num_leaves']:.0f} leaves, "
         f"min {chosen['min_child_samples']:.0f} per leaf, {chosen['trees']:.0f} trees "

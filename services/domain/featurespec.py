@@ -102,14 +102,34 @@ MERCHANT_FEATURES: tuple[str, ...] = (
 )
 """Merchant aggregates (fraud rates from labels known after a 7-day delay), in view order."""
 
-TERMINAL_FEATURES: tuple[str, ...] = _risk("terminal")
-"""Terminal aggregates, as the merchant's risk features; missing when a payment names no
-terminal. A compromised terminal (a skimmer) shows here long before its merchant's rates move."""
+TERMINAL_FEATURES: tuple[str, ...] = (
+    *_risk("terminal"),
+    "terminal_known_fraud_first_s",
+    "terminal_known_fraud_last_s",
+)
+"""Terminal aggregates, as the merchant's risk features, then the times (epoch seconds) of the
+earliest and the latest fraud its 28-day fraud rate counts (``NO_KNOWN_FRAUD`` while it counts
+none); missing when a payment names no terminal. A compromised terminal (a skimmer) shows here
+long before its merchant's rates move."""
+
+NO_KNOWN_FRAUD = 0.0
+"""A terminal's fraud times while its 28-day fraud rate counts no fraud. The absence of a
+fraud is a value, not a missing feature: a known terminal reads every feature present."""
+
+NO_KNOWN_FRAUD_DAYS = 365.0
+"""The days since a terminal's known fraud when it has none: beyond any window a fraud rate
+counts, so that a tree puts "none" past "long ago"."""
 
 STORE_FEATURES: tuple[str, ...] = CARD_FEATURES + MERCHANT_FEATURES + TERMINAL_FEATURES
 """Every Feast-backed feature, in the order the feature service returns them."""
 
-HELPER_FEATURES: tuple[str, ...] = ("card_last_txn_s", "card_home_country", "merchant_country")
+HELPER_FEATURES: tuple[str, ...] = (
+    "card_last_txn_s",
+    "card_home_country",
+    "merchant_country",
+    "terminal_known_fraud_first_s",
+    "terminal_known_fraud_last_s",
+)
 """Store features that only feed derived features and are left out of the model input."""
 
 MODEL_STORE_FEATURES: tuple[str, ...] = tuple(n for n in STORE_FEATURES if n not in HELPER_FEATURES)
@@ -142,10 +162,22 @@ over three payments says little)."""
 MODEL_FEATURES: tuple[str, ...] = MODEL_STORE_FEATURES + REQUEST_FEATURES
 """The model's input columns, in order."""
 
-SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES
+OPTIONAL_FEATURES: tuple[str, ...] = (
+    "terminal_days_since_first_known_fraud",
+    "terminal_days_since_last_known_fraud",
+)
+"""Features derived at request time that a version may add but the default inputs leave out:
+how long the terminal's known fraud episode has run, the days from the earliest and the
+latest fraud its 28-day fraud rate counts to the payment (``NO_KNOWN_FRAUD_DAYS`` while it
+counts none).
+They raised average precision on the Handbook's data, where a compromised terminal stays so
+for four weeks, and not on the default data (docs/training.md)."""
+
+SERVABLE_FEATURES: tuple[str, ...] = MODEL_FEATURES + HELPER_FEATURES + OPTIONAL_FEATURES
 """Every input a version may name, in the order ``model_vector`` computes them with
-``helpers``: the model features, then the store's helper features as read. A version's own
-``feature_order`` is any selection of these (``input_positions``)."""
+``helpers``: the model features, then the store's helper features as read, then the optional
+derived features. A version's own ``feature_order`` is any selection of these
+(``input_positions``)."""
 
 _SERVABLE_AT = {name: i for i, name in enumerate(SERVABLE_FEATURES)}
 
@@ -219,6 +251,10 @@ def missing_inputs(
         value = store.get(name)
         if value is None or value != value:
             at_servable.add(_SERVABLE_AT[name])
+    for name, helper in _EPISODE:
+        value = store.get(helper)
+        if value is None or value != value:
+            at_servable.add(_SERVABLE_AT[name])
     return [j for j, i in enumerate(positions) if i in at_servable]
 
 
@@ -237,7 +273,8 @@ def model_vector(
     helpers: bool = False,
 ) -> list[float]:
     """The model input in ``MODEL_FEATURES`` order for one transaction (``SERVABLE_FEATURES``
-    order with ``helpers``: the helper store features appended as read).
+    order with ``helpers``: the helper store features appended as read, then the optional
+    derived features).
 
     ``store`` maps store feature names to values; None (or NaN, or an absent name) marks a
     missing or stale value, replaced by ``defaults[name]``. A derived feature whose inputs
@@ -289,6 +326,15 @@ def model_vector(
         for name in HELPER_FEATURES:
             value = get(name)
             append(defaults[name] if value is None or value != value else float(value))
+        for name, helper in _EPISODE:
+            at = get(helper)
+            if at is None or at != at:
+                append(defaults[name])
+            elif at <= NO_KNOWN_FRAUD:
+                append(NO_KNOWN_FRAUD_DAYS)
+            else:
+                # A payment stamped before the fraud (clock skew) counts as the same instant.
+                append(max(0.0, timestamp_s - at) / 86_400.0)
     return vector
 
 
@@ -340,6 +386,12 @@ def _append_fraud_counts(
             else:
                 vector.append(rate * known)
 
+
+_EPISODE = (
+    ("terminal_days_since_first_known_fraud", "terminal_known_fraud_first_s"),
+    ("terminal_days_since_last_known_fraud", "terminal_known_fraud_last_s"),
+)
+"""The terminal's fraud episode features and the store time each is measured from."""
 
 _STORE_POSITIONS = tuple(enumerate(MODEL_STORE_FEATURES))
 _AT = {name: i for i, name in enumerate(MODEL_FEATURES)}
@@ -408,7 +460,8 @@ def model_frame(
     df: pd.DataFrame, defaults: Mapping[str, float] | None = None, *, helpers: bool = False
 ) -> pd.DataFrame:
     """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``
-    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read).
+    (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read, then
+    the optional derived features).
 
     ``df`` holds ``STORE_FEATURES`` (NaN where missing or stale) and ``FRAME_INPUTS``
     (``timestamp_s`` as epoch seconds). With ``defaults``, missing values are filled exactly
@@ -456,6 +509,13 @@ def model_frame(
     if helpers:
         for name in HELPER_FEATURES:
             out[name] = store(name)
+        for name, helper in _EPISODE:
+            at = store(helper)
+            out[name] = np.where(
+                at <= NO_KNOWN_FRAUD,
+                NO_KNOWN_FRAUD_DAYS,
+                np.maximum(0.0, timestamp_s - at) / 86_400.0,
+            )
     if defaults is not None:
         out = out.fillna({name: float(defaults[name]) for name in names})
     return out[list(names)]

@@ -53,7 +53,14 @@ from services.pipelines.training.periods import Periods, describe, period_string
 from services.pipelines.training.periods import period_notes as _notes
 from services.pipelines.training.periods import training_window as _window
 from services.pipelines.training.reference import version_reference
-from services.pipelines.training.selection import Rows, predict, refit, sample_genuine, select
+from services.pipelines.training.selection import (
+    Rows,
+    Selection,
+    predict,
+    refit,
+    sample_genuine,
+    select,
+)
 
 __all__ = [
     "INPUT_NAME",
@@ -134,13 +141,8 @@ def train(
     describes a dataset built from more than one origin (see ``DataSource``)."""
     params = params or TrainParams()
     steps = _Steps(progress)
-    with steps.step("features"):
-        frame = _training_frame(settings)
     horizon = source.label_horizon if source is not None else None
-    data = _split(frame, params, periods or Periods(), horizon)
-    del frame
-    with steps.step("train", counted=False):
-        model = _fit(data, params, steps.report)
+    data, model, params = _trained(settings, params, periods or Periods(), horizon, steps)
     with steps.step("evaluate"):
         judged = _judge(model, data, params, source)
     with steps.step("small model"):
@@ -193,6 +195,26 @@ def train(
         published, folder, steps.seconds, judged.report, judged.test_scores, model.selection,
         gates=gate_report, state=state, lifecycle_notes=notes,
     )  # fmt: skip
+
+
+def _trained(
+    settings: FeatureStoreSettings,
+    params: TrainParams,
+    periods: Periods,
+    horizon: datetime | None,
+    steps: _Steps,
+) -> tuple[_Dataset, _Model, TrainParams]:
+    """The training frame's periods, the model grown on them, and the version's inputs: the
+    params' own, or with the optional features when selection kept them."""
+    with steps.step("features"):
+        frame = _training_frame(settings)
+    # The columns of every input the run may choose: the version's, then the optional ones.
+    data = _split(frame, params, periods, horizon, params.feature_order + params.optional)
+    del frame
+    with steps.step("train", counted=False):
+        model = _fit(data, params, steps.report)
+    params = replace(params, added_features=model.added_features)
+    return _narrowed(data, params.feature_order), model, params
 
 
 class _Steps:
@@ -276,7 +298,7 @@ def _split(
     # The helper store features come from the same offline read as the others: the store's
     # values (the country codes as numbers), as the feature service serves them.
     raw = featurespec.model_frame(
-        frame, helpers=any(n in featurespec.HELPER_FEATURES for n in order)
+        frame, helpers=any(n in featurespec.ADDABLE_FEATURES for n in order)
     )
     defaults = featurespec.population_defaults(raw, rows=fit | valid, names=order)
     x = featurespec.model_matrix(raw, defaults, np.float32, names=order)
@@ -297,6 +319,21 @@ def _split(
     )
 
 
+def _narrowed(data: _Dataset, order: tuple[str, ...]) -> _Dataset:
+    """``data`` with the inputs of ``order``, a prefix of its own (views, not copies)."""
+    if order == data.order:
+        return data
+    assert data.order[: len(order)] == order, (order, data.order)
+    inputs = len(order)
+    return replace(
+        data,
+        x=data.x[:, :inputs],
+        raw_valid=data.raw_valid[:, :inputs],
+        defaults={name: data.defaults[name] for name in order},
+        order=order,
+    )
+
+
 @dataclass(frozen=True)
 class _Model:
     """The published model and what selection saw."""
@@ -314,24 +351,36 @@ class _Model:
     selected: lgb.Booster
     """The selected candidate: its validation scores are the reference distribution (the
     refit's own would be in-sample there)."""
+    added_features: tuple[str, ...] = ()
+    """The features the model takes besides the default inputs: the params' added ones,
+    then the optional ones when they were chosen."""
 
 
 def _fit(data: _Dataset, params: TrainParams, report: Progress) -> _Model:
-    """Samples the genuine rows down to the caps, selects the setting on validation and
-    refits it on the whole training window."""
+    """Samples the genuine rows down to the caps, selects the setting on validation (and the
+    optional features, ``TrainParams.optional_features``) and refits it on the whole
+    training window. ``data`` holds the params' inputs, then the optional features."""
     x, y = data.x, data.y
     rng = np.random.default_rng(params.seed)
     fit_rows, fit_weights = sample_genuine(y, data.fit, params.max_fit_rows, rng)
     valid_rows, valid_weights = sample_genuine(y, data.valid, params.max_validation_rows, rng)
-    searched = params.max_trees * len(params.candidates)
+    inputs = len(params.feature_order)
+    searched = params.max_trees * (len(params.candidates) + (1 if params.optional else 0))
     total = searched + (params.max_trees if params.refit else 0)
-    chosen = select(
-        Rows(x[fit_rows], y[fit_rows], fit_weights),
-        Rows(x[valid_rows], y[valid_rows], valid_weights),
-        params,
-        report,
-        total,
-    )
+    fit = Rows(x[fit_rows], y[fit_rows], fit_weights)
+    valid = Rows(x[valid_rows], y[valid_rows], valid_weights)
+    chosen = select(_columns(fit, inputs), _columns(valid, inputs), params, report, total)
+    best = _best(chosen.figures)
+    figures = [
+        figure | {"optional_features": 0.0, "selected": float(i == best)}
+        for i, figure in enumerate(chosen.figures)
+    ]
+    if params.optional:
+        chosen, params, figures = _choose_optional(
+            chosen, fit, valid, params, figures, total, report
+        )
+    del fit, valid
+    x = x[:, : len(params.feature_order)]
     valid_scores = predict(chosen.booster, x[valid_rows])
     booster = chosen.booster
     if params.refit:
@@ -340,7 +389,57 @@ def _fit(data: _Dataset, params: TrainParams, report: Progress) -> _Model:
         booster = refit(
             chosen, Rows(x[whole], y[whole], whole_weights), params, report, (searched, total)
         )
-    return _Model(booster, chosen.figures, valid_rows, valid_scores, chosen.booster)
+    return _Model(booster, figures, valid_rows, valid_scores, chosen.booster, params.added_features)
+
+
+def _columns(rows: Rows, inputs: int) -> Rows:
+    """``rows`` with their first ``inputs`` columns."""
+    return rows if rows.x.shape[1] == inputs else replace(rows, x=rows.x[:, :inputs])
+
+
+def _best(figures: list[dict[str, float]]) -> int:
+    """The index of the first figure with the highest validation average precision (the one
+    ``select`` keeps)."""
+    scores = [f["validation_average_precision"] for f in figures]
+    return scores.index(max(scores))
+
+
+def _choose_optional(
+    chosen: Selection,
+    fit: Rows,
+    valid: Rows,
+    params: TrainParams,
+    figures: list[dict[str, float]],
+    total: int,
+    report: Progress,
+) -> tuple[Selection, TrainParams, list[dict[str, float]]]:
+    """The selected setting grown again with the optional features after the inputs, kept
+    when its validation average precision beats the inputs' own by ``optional_gain``
+    (relative). Returns the selection, the params with the version's added features and the
+    figures with the grown one's appended; ``selected`` marks the kept one."""
+    best = figures[_best(figures)]
+    wide = replace(
+        params,
+        candidates=((int(best["num_leaves"]), int(best["min_child_samples"])),),
+        added_features=params.added_features + params.optional,
+    )
+    offset = params.max_trees * len(params.candidates)
+
+    def progress(step: str, done: int, _: int) -> None:
+        report(step, min(offset + done, total), total)
+
+    widened = select(fit, valid, wide, progress)
+    grown = widened.figures[0]
+    keep = grown["validation_average_precision"] >= best["validation_average_precision"] * (
+        1.0 + params.optional_gain
+    )
+    if keep:
+        best["selected"] = 0.0
+    figures = [
+        *figures,
+        grown | {"optional_features": float(len(params.optional)), "selected": float(keep)},
+    ]
+    return (widened, wide, figures) if keep else (chosen, params, figures)
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,13 @@ def test_import_rejects_broken_rows_then_imports_them_left_out_and_trains_on_per
         name: status for name, (_, status, _) in zip(featurespec.STORE_FEATURES, rows, strict=True)
     }
     assert set(statuses.values()) == {featurespec.FeatureStatus.PRESENT}
+    # A terminal's fraud times are those of known frauds while its 28-day fraud rate counts
+    # one, and none (a value) while it counts none.
+    values = {
+        name: value for name, (value, _, _) in zip(featurespec.STORE_FEATURES, rows, strict=True)
+    }
+    counted = values["terminal_fraud_rate_28d"] > 0
+    assert (values["terminal_known_fraud_first_s"] > featurespec.NO_KNOWN_FRAUD) == counted
 
     scores_path = tmp_path / "scores.parquet"
     report_dir = tmp_path / "report"

@@ -124,10 +124,16 @@ def _latest(frame: pd.DataFrame, key: str, entity: str) -> pd.Series:
     return frame[frame[key] == entity].iloc[-1]
 
 
-def _busy(sim: Dataset) -> tuple[str, str, str]:
-    """A card, a merchant and a terminal whose newest rows are in the data's last day."""
+def _busy(sim: Dataset, episode: bool = True) -> tuple[str, str, str]:
+    """A card, a merchant and a terminal whose newest rows are in the data's last day; the
+    terminal's newest row counts a known fraud, or with ``episode`` False counts none."""
     last_day = sim.transactions["timestamp"] >= pd.Timestamp(END, tz="UTC") - pd.Timedelta(days=1)
-    last = sim.transactions[last_day].iloc[-1]
+    newest = sim.terminal_features.groupby("terminal_id").tail(1).set_index("terminal_id")
+    counted = newest["terminal_known_fraud_first_s"].gt(featurespec.NO_KNOWN_FRAUD)
+    candidates = sim.transactions[last_day]
+    candidates = candidates[candidates["terminal_id"].map(counted).eq(episode)]
+    assert len(candidates), "the simulated data has no such terminal in its last day"
+    last = candidates.iloc[-1]
     return str(last["card_id"]), str(last["merchant_id"]), str(last["terminal_id"])
 
 
@@ -151,6 +157,26 @@ def test_known_card_merchant_and_terminal_are_present_with_their_newest_row(
         assert status == FeatureStatus.PRESENT, name
         assert value == pytest.approx(float(expected[name])), name
         assert event_s == expected["event_timestamp"].timestamp(), name
+
+
+def test_a_terminal_without_a_known_fraud_reads_every_feature_present(
+    reader: OnlineFeatureReader, dataset: tuple[Path, Dataset]
+) -> None:
+    card, merchant, terminal = _busy(dataset[1], episode=False)
+    rows = reader.read(card, merchant, END_S, terminal)
+    for name, (_, status, _) in zip(featurespec.STORE_FEATURES, rows, strict=True):
+        assert status == FeatureStatus.PRESENT, name
+    named = dict(zip(featurespec.STORE_FEATURES, rows, strict=True))
+    assert named["terminal_fraud_rate_28d"][0] == 0.0
+    # No counted fraud is a value: the times of none.
+    assert named["terminal_known_fraud_first_s"][0] == featurespec.NO_KNOWN_FRAUD
+    assert named["terminal_known_fraud_last_s"][0] == featurespec.NO_KNOWN_FRAUD
+    card, merchant, terminal = _busy(dataset[1], episode=True)
+    rows = reader.read(card, merchant, END_S, terminal)
+    named = dict(zip(featurespec.STORE_FEATURES, rows, strict=True))
+    first, last = (named[f"terminal_known_fraud_{end}_s"][0] for end in ("first", "last"))
+    assert first is not None and last is not None
+    assert 0 < first <= last <= END_S
 
 
 def test_unknown_entities_are_missing_not_errors(reader: OnlineFeatureReader) -> None:

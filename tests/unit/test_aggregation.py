@@ -91,6 +91,11 @@ def _replay_cards(events: Iterable[TransactionEvent]) -> dict[str, agg.CardState
 # --- comparisons --------------------------------------------------------------------------
 
 
+def _last_rows(table: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Each entity's last row, indexed by entity (``groupby().last()`` would skip NaN)."""
+    return table.groupby(key).tail(1).set_index(key)
+
+
 def _assert_rows_close(got: pd.DataFrame, want: pd.DataFrame, names: Iterable[str]) -> None:
     """Equal counts and codes; floats within ``REL`` (std through its square, see the module)."""
     assert len(got) == len(want)
@@ -127,6 +132,10 @@ def test_batch_tables_have_the_spec_columns(raw: pd.DataFrame) -> None:
     ]
     for table in (cards, merchants, terminals):
         assert not table.isna().any().any()
+    # A terminal without a counted fraud has fraud times, of none.
+    none = terminals["terminal_known_fraud_first_s"].eq(featurespec.NO_KNOWN_FRAUD)
+    assert (none == terminals["terminal_fraud_rate_28d"].eq(0)).all()
+    assert (none == terminals["terminal_known_fraud_last_s"].eq(featurespec.NO_KNOWN_FRAUD)).all()
     # Codes are integers, as Feast declares them, whether or not some are unknown.
     assert cards["card_home_country"].dtype == "Int64"
     assert merchants["merchant_category"].dtype == "Int64"
@@ -306,11 +315,21 @@ def _brute_terminals(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
     rows = []
     for (terminal, at), _ in named.groupby(["terminal_id", "timestamp"]):
         mine = named[(named["terminal_id"] == terminal) & (named["timestamp"] <= at)]
+        # The frauds the 28-day rate counts: inside its window and reported by now.
+        reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
+        window = mine[
+            (mine["timestamp"] > at - delay - agg.FRAUD_RATE_WINDOW)
+            & (mine["timestamp"] <= at - delay)
+        ]
+        counted = window[window["is_fraud"] & (reported[window.index] <= at)]["timestamp"]
+        seconds = [t.value / 1e9 for t in counted]
         rows.append(
             {
                 "terminal_id": terminal,
                 "event_timestamp": at,
                 **_brute_risk(tx, mine, at, "terminal", delay),
+                "terminal_known_fraud_first_s": min(seconds, default=featurespec.NO_KNOWN_FRAUD),
+                "terminal_known_fraud_last_s": max(seconds, default=featurespec.NO_KNOWN_FRAUD),
             }
         )
     return pd.DataFrame(rows)
@@ -331,6 +350,7 @@ def test_batch_equals_a_brute_force_on_ties_gaps_and_late_reports(seed: int) -> 
         terminals = agg.terminal_feature_table(tx, label_delay=delay)
         _assert_rows_close(terminals, _brute_terminals(tx, delay), featurespec.TERMINAL_FEATURES)
         assert (terminals["terminal_fraud_rate_1d"] > 0).any()
+        assert terminals["terminal_known_fraud_first_s"].gt(featurespec.NO_KNOWN_FRAUD).any()
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -488,11 +508,11 @@ def test_labels_carried_by_events_follow_the_default_delay_rule(raw: pd.DataFram
         terminals[event.terminal_id] = up.state
         assert up.row is not None
         last_terminal[event.terminal_id] = up.row
-    want = agg.merchant_feature_table(raw).groupby("merchant_id").last()
+    want = _last_rows(agg.merchant_feature_table(raw), "merchant_id")
     got = pd.DataFrame.from_dict(last, orient="index").loc[want.index]
     _assert_rows_close(got, want, featurespec.MERCHANT_FEATURES)
     assert want["merchant_fraud_rate_28d"].gt(0).any()
-    want = agg.terminal_feature_table(raw).groupby("terminal_id").last()
+    want = _last_rows(agg.terminal_feature_table(raw), "terminal_id")
     got = pd.DataFrame.from_dict(last_terminal, orient="index").loc[want.index]
     _assert_rows_close(got, want, featurespec.TERMINAL_FEATURES)
     assert want["terminal_fraud_rate_7d"].gt(0).any()
@@ -557,7 +577,7 @@ def test_shuffled_late_and_duplicated_events_give_the_same_final_rows(
             featurespec.MERCHANT_FEATURES,
         ),
     ):
-        want = table.groupby(key).last()
+        want = _last_rows(table, key)
         got = pd.DataFrame.from_dict(rows, orient="index").loc[want.index]
         _assert_rows_close(got, want, names)
 

@@ -166,6 +166,13 @@ def _sample(n: int, seed: int) -> pd.DataFrame:
     frame["card_last_txn_s"] = np.where(
         rng.random(n) < 0.2, np.nan, timestamp_s - rng.integers(-60, 40 * 86_400, n)
     )
+    # A terminal's fraud times: missing, none counted (a value), or some days before.
+    first = timestamp_s - rng.integers(7 * 86_400, 35 * 86_400, n)
+    episode = rng.choice(["missing", "none", "known"], n, p=[0.2, 0.4, 0.4])
+    for name, at in (("first", first), ("last", first + rng.integers(0, 7 * 86_400, n))):
+        frame[f"terminal_known_fraud_{name}_s"] = np.select(
+            [episode == "missing", episode == "none"], [np.nan, fs.NO_KNOWN_FRAUD], at
+        )
     # Some zero amounts (account verifications), also against a card mean of zero.
     frame["amount_minor"] = np.where(rng.random(n) < 0.05, 0, rng.integers(1, 5_000_000, n))
     frame["currency"] = rng.choice(CURRENCIES, n)
@@ -268,7 +275,9 @@ def test_the_frame_with_helpers_equals_model_vector_with_helpers_row_by_row() ->
     for name in fs.HELPER_FEATURES:
         assert np.array_equal(raw[name].to_numpy(), sample[name].to_numpy(), equal_nan=True)
     assert raw[list(fs.MODEL_FEATURES)].equals(fs.model_frame(sample))
-    order = fs.trained_order(("merchant_country", "card_home_country"))
+    order = fs.trained_order(
+        ("merchant_country", "terminal_days_since_last_known_fraud", "card_home_country")
+    )
     d = fs.population_defaults(raw, names=order)
     assert set(d) == set(order)
     matrix = fs.model_matrix(raw, d, np.float64, names=order)
@@ -284,7 +293,7 @@ def test_the_frame_with_helpers_equals_model_vector_with_helpers_row_by_row() ->
             currency=str(sample["currency"].iat[i]),
             timestamp_s=float(sample["timestamp_s"].iat[i]),
             card_not_present=bool(sample["card_not_present"].iat[i]),
-            defaults=d | {"card_last_txn_s": 0.0},
+            defaults={name: 0.0 for name in fs.SERVABLE_FEATURES} | d,
             helpers=True,
         )
         named = dict(zip(fs.SERVABLE_FEATURES, computed, strict=True))
@@ -304,3 +313,57 @@ def test_feature_status_numbers_are_the_protos() -> None:
 
     for status in fs.FeatureStatus:
         assert features_pb2.FeatureStatus.Value(f"FEATURE_STATUS_{status.name}") == status
+
+
+def test_the_terminal_episode_is_the_days_since_its_known_frauds_and_only_on_request() -> None:
+    now = 1_790_000_000.0
+    store = {
+        "terminal_known_fraud_first_s": now - 3 * 86_400,
+        "terminal_known_fraud_last_s": now - 43_200,
+    }
+    defaults = {name: -1.0 for name in fs.SERVABLE_FEATURES}
+    payment = {
+        "amount_minor": 1_000,
+        "currency": "EUR",
+        "timestamp_s": now,
+        "card_not_present": False,
+    }
+    default_inputs = fs.model_vector(store, defaults=defaults, **payment)
+    assert len(default_inputs) == len(fs.MODEL_FEATURES)  # not a default input
+    named = dict(
+        zip(
+            fs.SERVABLE_FEATURES,
+            fs.model_vector(store, defaults=defaults, helpers=True, **payment),
+            strict=True,
+        )
+    )
+    assert named["terminal_days_since_first_known_fraud"] == 3.0
+    assert named["terminal_days_since_last_known_fraud"] == 0.5
+    # A terminal whose 28-day rate counts no fraud has no times: the version's defaults.
+    named = dict(
+        zip(
+            fs.SERVABLE_FEATURES,
+            fs.model_vector({}, defaults=defaults, helpers=True, **payment),
+            strict=True,
+        )
+    )
+    assert named["terminal_days_since_first_known_fraud"] == -1.0
+    # One whose rate counts none has the times of none: a value, beyond any window.
+    none = {helper: fs.NO_KNOWN_FRAUD for _, helper in fs._EPISODE}
+    named = dict(
+        zip(
+            fs.SERVABLE_FEATURES,
+            fs.model_vector(none, defaults=defaults, helpers=True, **payment),
+            strict=True,
+        )
+    )
+    assert named["terminal_days_since_first_known_fraud"] == fs.NO_KNOWN_FRAUD_DAYS
+    assert named["terminal_days_since_last_known_fraud"] == fs.NO_KNOWN_FRAUD_DAYS
+    order = fs.trained_order(
+        ("terminal_days_since_first_known_fraud", "terminal_days_since_last_known_fraud")
+    )
+    positions = fs.input_positions(order)
+    assert fs.missing_inputs(positions, {}, 10.0)[-2:] == [len(order) - 2, len(order) - 1]
+    assert len(order) - 1 not in fs.missing_inputs(positions, store, 10.0)
+    assert len(order) - 1 not in fs.missing_inputs(positions, none, 10.0)
+    assert "terminal_days_since_last_known_fraud" in fs.ADDABLE_FEATURES

@@ -22,7 +22,7 @@ from services.pipelines.training.params import TrainParams
 from services.pipelines.training.selection import Rows, lgb_params, predict, select
 from tests.unit.tiny_models import synthetic
 
-FAST = TrainParams(max_trees=60, early_stopping_rounds=10, threads=1)
+FAST = TrainParams(max_trees=60, early_stopping_rounds=10, threads=1, optional_features="none")
 
 
 def _rows(n: int, seed: int) -> Rows:
@@ -114,6 +114,43 @@ def test_progress_ends_at_its_total() -> None:
     train._fit(_dataset(), FAST, lambda step, done, total: seen.append((step, done, total)))
     totals = {total for _, _, total in seen}
     assert totals == {FAST.max_trees * (len(FAST.candidates) + 1)}
+    assert seen[-1][1] == seen[-1][2]
+    assert all(b[1] >= a[1] for a, b in itertools.pairwise(seen))
+
+
+def _with_optional(data: train._Dataset, signal: bool) -> train._Dataset:
+    """``data`` with the optional features after its inputs: a fraud's terminal had a known
+    fraud a few days before (``signal``), or every terminal's columns say the same."""
+    rng = np.random.default_rng(11)
+    n = len(data.y)
+    episode = (data.y == 1) & (rng.random(n) < 0.6) | (rng.random(n) < 0.02)
+    days = np.where(episode, rng.uniform(7.0, 20.0, n), featurespec.NO_KNOWN_FRAUD_DAYS)
+    if not signal:
+        days = np.full(n, featurespec.NO_KNOWN_FRAUD_DAYS)
+    columns = np.column_stack([days, days + 1.0]).astype(np.float32)
+    return replace(data, x=np.column_stack([data.x, columns]))
+
+
+@pytest.mark.parametrize("signal", [True, False])
+def test_the_optional_features_are_kept_only_when_validation_says_they_help(
+    signal: bool,
+) -> None:
+    params = replace(FAST, optional_features="choose")
+    assert params.optional == featurespec.OPTIONAL_FEATURES
+    seen: list[tuple[str, int, int]] = []
+    model = train._fit(_with_optional(_dataset(), signal), params, lambda *step: seen.append(step))
+    base, grown = model.selection[: len(FAST.candidates)], model.selection[-1]
+    assert len(model.selection) == len(FAST.candidates) + 1
+    best = max(base, key=lambda f: f["validation_average_precision"])
+    # The grown one is the best setting again, with the optional features.
+    assert (grown["num_leaves"], grown["optional_features"]) == (best["num_leaves"], 2.0)
+    gain = grown["validation_average_precision"] / best["validation_average_precision"] - 1.0
+    assert (gain >= params.optional_gain) == signal
+    assert model.added_features == (featurespec.OPTIONAL_FEATURES if signal else ())
+    assert tuple(model.booster.feature_name()) == featurespec.trained_order(model.added_features)
+    assert [f["selected"] for f in model.selection].count(1.0) == 1
+    assert (grown if signal else best)["selected"] == 1.0
+    assert {total for _, _, total in seen} == {FAST.max_trees * (len(FAST.candidates) + 2)}
     assert seen[-1][1] == seen[-1][2]
     assert all(b[1] >= a[1] for a, b in itertools.pairwise(seen))
 

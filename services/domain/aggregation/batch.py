@@ -9,6 +9,7 @@ from services.domain import featurespec
 from services.domain.aggregation.schema import (
     CARD_HORIZON_US,
     DAY_US,
+    FRAUD_WINDOW_US,
     HOUR_US,
     LABEL_DELAY,
     REQUIRED_COLUMNS,
@@ -81,6 +82,7 @@ def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELA
 def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
     """Terminal aggregates after every (terminal, timestamp) of the transactions that name a
     terminal (none without a ``terminal_id`` column); rows sorted by terminal, then time."""
+    import numpy as np
     import pandas as pd
 
     if "terminal_id" in tx.columns:
@@ -89,12 +91,67 @@ def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELA
     else:
         tx = tx.iloc[:0].assign(terminal_id=pd.Series([], dtype=object))
     rows = _Rows.sort(tx, "terminal_id")
+    delay_us = micros_of(label_delay)
+    first, last = _known_fraud_times(rows, delay_us, FRAUD_WINDOW_US)
     columns = {
         "terminal_id": rows.ids,
         "event_timestamp": rows.t,
-        **_risk_columns(rows, "terminal", micros_of(label_delay)),
+        **_risk_columns(rows, "terminal", delay_us),
+        # 0 (not missing) while it counts none: the absence of a fraud is a value.
+        "terminal_known_fraud_first_s": np.nan_to_num(first / US, nan=featurespec.NO_KNOWN_FRAUD),
+        "terminal_known_fraud_last_s": np.nan_to_num(last / US, nan=featurespec.NO_KNOWN_FRAUD),
     }
     return _table(columns, rows.last_of_instant, featurespec.TERMINAL_FEATURES)
+
+
+def _known_fraud_times(rows: _Rows, delay_us: int, width_us: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row at t: the times (epoch microseconds, float; NaN for none) of the earliest and
+    the latest fraud of its entity inside the window ``(t - delay - width, t - delay]`` whose
+    label was reported by t: the frauds its longest fraud rate counts.
+
+    Fraud j counts for the rows of its entity with t in
+    ``[max(t_j + delay, reported_j), t_j + delay + width)``. For frauds reported by
+    t_j + delay both bounds grow with j, so the frauds counting for a row are a run of
+    consecutive ones, found by two binary searches; a fraud reported later (rare) is spread
+    over its rows one by one."""
+    import numpy as np
+
+    n = len(rows.t)
+    first, last = np.full(n, np.nan), np.full(n, np.nan)
+    fraud = rows.fraud
+    j = np.flatnonzero(fraud)
+    if len(j) == 0:
+        return first, last
+    t_j = rows.t[j]
+    reported = rows.reported_us(delay_us)[j]
+
+    def first_at_or_after(bound: np.ndarray) -> np.ndarray:
+        # The first row of fraud j's entity with t >= bound (its entity's end if none).
+        ranks = np.searchsorted(rows.times, bound - 1, side="right")
+        return np.searchsorted(rows.key, rows.base[j] + ranks, side="left")
+
+    opens = first_at_or_after(np.maximum(t_j + delay_us, reported))
+    closes = first_at_or_after(t_j + delay_us + width_us)
+    times = t_j.astype(np.float64)
+    on_time = reported <= t_j + delay_us
+    starts, ends, on_times = opens[on_time], closes[on_time], times[on_time]
+    i = np.arange(n)
+    newest = np.searchsorted(starts, i, side="right") - 1
+    oldest = np.searchsorted(ends, i, side="right")
+    counted = (oldest <= newest) & (newest >= 0)
+    first[counted] = on_times[oldest[counted]]
+    last[counted] = on_times[newest[counted]]
+    late = ~on_time
+    if late.any():
+        lengths = np.maximum(closes[late] - opens[late], 0)
+        offsets = np.cumsum(lengths) - lengths
+        covered = np.repeat(opens[late], lengths) + (
+            np.arange(int(lengths.sum())) - np.repeat(offsets, lengths)
+        )
+        values = np.repeat(times[late], lengths)
+        np.fmin.at(first, covered, values)
+        np.fmax.at(last, covered, values)
+    return first, last
 
 
 def _risk_columns(rows: _Rows, prefix: str, delay_us: int) -> dict[str, np.ndarray]:

@@ -394,7 +394,27 @@ def terminal_row(state: MerchantState) -> FeatureRow | None:
     """The terminal's features as of its newest event (``featurespec.TERMINAL_FEATURES`` order)."""
     if len(state.events) == 0:
         return None
-    return _risk_row(state, "terminal")
+    row = _risk_row(state, "terminal")
+    # The frauds the longest fraud rate counts: inside its window, reported by now.
+    newest = state.events.newest_us
+    known_until = newest - state.label_delay_us
+    known_from = known_until - FRAUD_WINDOW_US
+    where = state.events.where
+    counted = [
+        t_us
+        for tid, label in state.labels.items()
+        if label.is_fraud
+        and label.reported_us <= newest
+        and known_from < (t_us := where[tid]) <= known_until
+    ]
+    # 0 (not missing) while it counts none: the absence of a fraud is a value.
+    row["terminal_known_fraud_first_s"] = (
+        min(counted) / US if counted else featurespec.NO_KNOWN_FRAUD
+    )
+    row["terminal_known_fraud_last_s"] = (
+        max(counted) / US if counted else featurespec.NO_KNOWN_FRAUD
+    )
+    return row
 
 
 def _risk_row(state: MerchantState, prefix: str) -> FeatureRow:

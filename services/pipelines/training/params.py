@@ -58,6 +58,17 @@ class TrainParams:
     order (``featurespec.trained_order``; ``fraudmesh train --feature``). Every step follows
     the resulting order: the model, its small model, the reference and the gates."""
 
+    optional_features: Literal["choose", "none"] = "choose"
+    """``choose``: the selected setting is grown again with the optional features
+    (``featurespec.OPTIONAL_FEATURES``, those not already added) after the inputs, and the
+    version takes them when they raise the validation average precision by at least
+    ``optional_gain`` of the inputs' own; ``none``: never. Which data they help depends on how
+    long a compromised terminal stays compromised (``docs/training.md``)."""
+    optional_gain: float = 0.01
+    """The least relative gain in validation average precision that adds the optional
+    features: a gain within the run-to-run spread of one setting leaves the inputs as they
+    were."""
+
     def __post_init__(self) -> None:
         # An unknown or repeated name is refused before any data is read.
         featurespec.trained_order(self.added_features)
@@ -66,6 +77,14 @@ class TrainParams:
     def feature_order(self) -> tuple[str, ...]:
         """The version's inputs in order: the default inputs, then the added features."""
         return featurespec.trained_order(self.added_features)
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The optional features the run compares (none unless ``optional_features`` is
+        ``choose``): those not already added, in ``OPTIONAL_FEATURES`` order."""
+        if self.optional_features == "none":
+            return ()
+        return tuple(n for n in featurespec.OPTIONAL_FEATURES if n not in self.added_features)
 
     def record(self) -> dict[str, str | int | float | bool]:
         """The params as metadata values (candidates and added features as text)."""
