@@ -295,6 +295,14 @@ def _train(
     return pd.read_parquet(scores_path), report, seconds
 
 
+def _inputs(var_dir: Path) -> list[str]:
+    """The inputs of the version a training run just published (the newest), in order."""
+    published = sorted(
+        (var_dir / "models").glob("*/*/metadata.json"), key=lambda p: int(p.parent.name)
+    )
+    return list(json.loads(published[-1].read_text())["feature_order"])
+
+
 def _figures(tx: pd.DataFrame, scores: pd.DataFrame, report: dict[str, Any]) -> dict[str, Any]:
     """The handbook's figures of one model, and fraudmesh's own on every test row."""
     figures: dict[str, Any] = dict(handbook_metrics(tx, scores))
@@ -347,7 +355,10 @@ def run_seed(
         for label, train_from in periods:
             name = f"{version}-{seed}-{train_from}"
             scores, report, seconds = _train(fraudmesh, var_dir, work, name, train_from)
-            runs[label] = _figures(tx, scores, report) | {"train_seconds": seconds}
+            runs[label] = _figures(tx, scores, report) | {
+                "train_seconds": seconds,
+                "inputs": _inputs(var_dir),
+            }
             print(f"seed {seed}, {version}, {label}: {_brief(runs[label])}", flush=True)
         result["versions"][version] = runs
         shutil.rmtree(var_dir, ignore_errors=True)
@@ -456,7 +467,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| verdict: the paired difference against its spread, {label} | {cells} |"
             )
-    lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | CP@100 reachable | CP@100 ceiling | train s |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | CP@100 reachable | CP@100 ceiling | inputs | train s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for s in results["seeds"]:
         for version, runs in s["versions"].items():
             for label, f in runs.items():
@@ -465,15 +476,21 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{f['average_precision']:.4f} | {f['card_precision_at_100']:.4f} | "
                     f"{_figure(f.get('card_precision_at_100_reachable'))} | "
                     f"{_figure(f.get('card_precision_at_100_ceiling'))} | "
-                    f"{f['train_seconds']:.0f} |"
+                    f"{_inputs_cell(f.get('inputs'))} | {f['train_seconds']:.0f} |"
                 )
     lines += [
         "",
         "CP@100 reachable: first every card with a fraud its amount or a known label reveals "
         "(a terminal's fraud labelled 7 to 35 days before), then the genuine cards; "
-        "CP@100 ceiling: every fraudulent card first (`card_precision_bounds`).",
+        "CP@100 ceiling: every fraudulent card first (`card_precision_bounds`); inputs: how "
+        "many the version took (their names are in the JSON).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _inputs_cell(inputs: list[str] | None) -> str:
+    """How many inputs a version took (their names are in the JSON)."""
+    return "" if inputs is None else str(len(inputs))
 
 
 def _figure(value: float | None) -> str:

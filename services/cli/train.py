@@ -7,6 +7,7 @@ that mounting this command costs the other ``fraudmesh`` commands nothing.
 from __future__ import annotations
 
 import contextlib
+import enum
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -183,6 +184,25 @@ _Feature = Annotated[
         "builds each version's input by name (docs/lifecycle.md).",
     ),
 ]
+
+
+class OptionalFeatures(enum.StrEnum):
+    """Whether training compares the optional features (``TrainParams.optional_features``)."""
+
+    choose = "choose"
+    none = "none"
+
+
+_OptionalFeatures = Annotated[
+    OptionalFeatures,
+    typer.Option(
+        "--optional-features",
+        help="choose: grow the selected setting again with the optional features "
+        f"({', '.join(featurespec.OPTIONAL_FEATURES)}) and keep them when they raise the "
+        "validation average precision by 1% or more of the inputs' own; none: never "
+        "(docs/training.md).",
+    ),
+]
 _WorkDir = Annotated[
     Path | None,
     typer.Option(
@@ -213,6 +233,7 @@ def train_command(
     decisions_until: _DecisionsUntil = None,
     work_dir: _WorkDir = None,
     feature: _Feature = None,
+    optional_features: _OptionalFeatures = OptionalFeatures.choose,
 ) -> None:
     """Train on Feast's point-in-time features, pick the model on a validation period carved
     from the end of the training window, judge it on the test period, export to ONNX and
@@ -249,7 +270,11 @@ def train_command(
         test_from=_utc(test_from),
         test_until=_utc(test_until),
     )
-    params = train.TrainParams(card_precision_k=card_precision_k, added_features=added)
+    params = train.TrainParams(
+        card_precision_k=card_precision_k,
+        added_features=added,
+        optional_features=optional_features.value,
+    )
     if seed is not None:
         params = replace(params, seed=seed)
     policy = GatePolicy(ap_tolerance=ap_tolerance, latency_ratio=latency_ratio)
@@ -354,6 +379,27 @@ class _DecisionLog:
         unless told."""
         log_root = root or DecisionLogSettings(var_dir=settings.var_dir).root_path
         return cls(log_root, _utc_time(since), _utc_time(until), work_dir)
+
+
+def _print_optional(
+    selection: list[dict[str, float]], params: dict[str, str | int | float | bool]
+) -> None:
+    """Whether the optional features were kept, and the validation figures that said so."""
+    grown = [c for c in selection if c.get("optional_features")]
+    if not grown:
+        return
+    without = max(
+        c["validation_average_precision"] for c in selection if not c.get("optional_features")
+    )
+    with_them = grown[0]["validation_average_precision"]
+    verdict = "kept" if grown[0].get("selected") else "left out"
+    least = params.get("optional_gain")
+    console.print(
+        f"[bold]optional features[/bold] {verdict}: validation AP {with_them:.4f} with them, "
+        f"{without:.4f} without ({with_them / without - 1:+.1%}"
+        + (f"; kept from {least:+.0%})" if isinstance(least, float) else ")"),
+        highlight=False,
+    )
 
 
 def _added_features(names: list[str] | None) -> tuple[str, ...]:
@@ -516,6 +562,7 @@ def _print_result(result: TrainResult, report_dir: Path | None) -> None:
         f"min {chosen['min_child_samples']:.0f} per leaf, {chosen['trees']:.0f} trees "
         f"(validation AP {chosen['validation_average_precision']:.4f})"
     )
+    _print_optional(result.selection, m.params)
     console.print(f"[bold]model[/bold]: {m.name} v{m.version} in {result.folder}")
     _print_inputs(m.feature_order)
     console.print(

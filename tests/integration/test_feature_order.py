@@ -99,7 +99,9 @@ def _trained_candidate(world: World) -> str:
     """Trains a candidate on this module's state with ``ADDED`` besides the default inputs
     (``fraudmesh train --feature``); returns its version."""
     before = set(repository.published_versions(world.var_dir / "models"))
-    out = _fraudmesh("train", "--var-dir", str(world.var_dir), "--feature", ADDED).stdout
+    out = _fraudmesh(
+        "train", "--var-dir", str(world.var_dir), "--feature", ADDED, "--optional-features", "none"
+    ).stdout
     print(out)
     (version,) = set(repository.published_versions(world.var_dir / "models")) - before
     return version

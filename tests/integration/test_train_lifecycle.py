@@ -75,7 +75,9 @@ def test_a_version_trained_with_an_added_feature_imports_into_another_state(
     order = [*featurespec.MODEL_FEATURES, "merchant_country"]
     models = tmp_path / "models"
     shutil.copytree(prepared_env.model_root, models)
-    output = _train(prepared_env, models, "--feature", "merchant_country")
+    output = _train(
+        prepared_env, models, "--feature", "merchant_country", "--optional-features", "none"
+    )
     assert f"inputs: {len(order)} (the default ones, then merchant_country)" in output
     version = repository.latest_version(models)
     assert version is not None and version != prepared_env.model_version

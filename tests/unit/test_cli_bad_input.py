@@ -85,6 +85,7 @@ TRAIN: dict[str, tuple[tuple[str, ...], str]] = {
     "an unknown feature": (("--feature", "shoe_size"), "--feature"),
     "a default input added": (("--feature", "amount_eur"), "--feature"),
     "a feature added twice": (("--feature", "merchant_country", "--feature", "merchant_country"), "--feature"),
+    "an unknown choice of optional features": (("--optional-features", "some"), "--optional-features"),
 }  # fmt: skip
 
 
@@ -110,6 +111,7 @@ TYPER_OWN = {
     "NaN tolerance",
     "an infinite latency ratio",
     "card precision at 0",
+    "an unknown choice of optional features",
 }
 
 
