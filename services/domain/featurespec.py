@@ -15,7 +15,7 @@ float32) feeds ``seconds_since_last_txn``; ``card_home_country`` and ``merchant_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -457,11 +457,16 @@ FRAME_INPUTS: tuple[str, ...] = ("amount_minor", "currency", "timestamp_s", "car
 
 
 def model_frame(
-    df: pd.DataFrame, defaults: Mapping[str, float] | None = None, *, helpers: bool = False
+    df: pd.DataFrame,
+    defaults: Mapping[str, float] | None = None,
+    *,
+    helpers: bool | Collection[str] = False,
 ) -> pd.DataFrame:
     """Vectorized ``model_vector``: one row of ``MODEL_FEATURES`` (float64) per row of ``df``
     (``SERVABLE_FEATURES`` with ``helpers``: the helper store features appended as read, then
-    the optional derived features).
+    the optional derived features; only those it names when ``helpers`` is a collection of
+    ``ADDABLE_FEATURES``, in ``SERVABLE_FEATURES`` order, so a version's frame holds no column
+    it does not take).
 
     ``df`` holds ``STORE_FEATURES`` (NaN where missing or stale) and ``FRAME_INPUTS``
     (``timestamp_s`` as epoch seconds). With ``defaults``, missing values are filled exactly
@@ -505,11 +510,18 @@ def model_frame(
     out["geo_mismatch"] = np.where(
         np.isnan(home) | np.isnan(country), np.nan, (home != country).astype(np.float64)
     )
-    names = SERVABLE_FEATURES if helpers else MODEL_FEATURES
-    if helpers:
+    if helpers is True or helpers is False:
+        extra = ADDABLE_FEATURES if helpers else ()
+    else:
+        extra = tuple(n for n in ADDABLE_FEATURES if n in helpers)
+    names = MODEL_FEATURES + extra
+    if extra:
         for name in HELPER_FEATURES:
-            out[name] = store(name)
+            if name in extra:
+                out[name] = store(name)
         for name, helper in _EPISODE:
+            if name not in extra:
+                continue
             at = store(helper)
             out[name] = np.where(
                 at <= NO_KNOWN_FRAUD,

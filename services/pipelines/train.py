@@ -298,7 +298,7 @@ def _split(
     # The helper store features come from the same offline read as the others: the store's
     # values (the country codes as numbers), as the feature service serves them.
     raw = featurespec.model_frame(
-        frame, helpers=any(n in featurespec.ADDABLE_FEATURES for n in order)
+        frame, helpers=[n for n in order if n in featurespec.ADDABLE_FEATURES]
     )
     defaults = featurespec.population_defaults(raw, rows=fit | valid, names=order)
     x = featurespec.model_matrix(raw, defaults, np.float32, names=order)

@@ -275,6 +275,11 @@ def test_the_frame_with_helpers_equals_model_vector_with_helpers_row_by_row() ->
     for name in fs.HELPER_FEATURES:
         assert np.array_equal(raw[name].to_numpy(), sample[name].to_numpy(), equal_nan=True)
     assert raw[list(fs.MODEL_FEATURES)].equals(fs.model_frame(sample))
+    # A version's own frame: the default inputs and the addable features it names.
+    named = ("terminal_days_since_last_known_fraud", "card_home_country")
+    subset = fs.model_frame(sample, helpers=named)
+    assert list(subset.columns) == [*fs.MODEL_FEATURES, "card_home_country", named[0]]
+    assert subset.equals(raw[list(subset.columns)])
     order = fs.trained_order(
         ("merchant_country", "terminal_days_since_last_known_fraud", "card_home_country")
     )
