@@ -410,8 +410,14 @@ def markdown(results: dict[str, object]) -> str:
         periods["after_validation"],
     )
     chosen = ", ".join(
-        f"{c['num_leaves']:.0f} leaves: {c['trees']:.0f} trees, validation AP "
-        f"{c['validation_average_precision']:.4f}"
+        f"{c['num_leaves']:.0f} leaves"
+        + (
+            f" with {c['optional_features']:.0f} optional features"
+            if c.get("optional_features")
+            else ""
+        )
+        + f": {c['trees']:.0f} trees, validation AP {c['validation_average_precision']:.4f}"
+        + (" (selected)" if c.get("selected") else "")
         for c in after["selection"]
     )
     added = [name for name in after["features"] if name not in before["features"]]
