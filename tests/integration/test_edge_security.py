@@ -244,10 +244,12 @@ def test_go_client_with_tls_and_a_token(
     token_file.write_text(token(tls_var))
 
     def run() -> dict[str, Any]:
+        # A deadline the client's one call meets on a loaded machine: this judges that the Go
+        # client reaches the mesh over TLS with a token, not how fast.
         ran = subprocess.run(
             [
                 str(binary),
-                "-addr", secure_mesh.config.envoy_target, "-timeout", "1s",
+                "-addr", secure_mesh.config.envoy_target, "-timeout", "10s",
                 "-ca", str(tls_var / "tls" / "ca.pem"), "-token-file", str(token_file),
                 "-card-id", known.card_id, "-merchant-id", known.merchant_id,
                 "-amount-minor", str(known.amount_minor), "-json",
