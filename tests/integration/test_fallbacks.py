@@ -45,7 +45,7 @@ def _score(mesh: Mesh, known: Known) -> pb.ScoreResponse:
         timestamp=ts,
     )
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
 
 
 def faulty_version(mesh: Mesh) -> str:

@@ -128,7 +128,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(
     edge: grpc.Channel, known: Known, overrides: dict[str, object], field: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        pb_grpc.FraudScoringStub(edge).Score(_request(known, **overrides), timeout=1.0)
+        pb_grpc.FraudScoringStub(edge).Score(_request(known, **overrides), timeout=10.0)
     error = caught.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert error.details().startswith(field)  # type: ignore[attr-defined]
@@ -155,13 +155,13 @@ def test_missing_timestamp_is_invalid_argument(edge: grpc.Channel, known: Known)
     request = _request(known)
     request.ClearField("timestamp")
     with pytest.raises(grpc.RpcError) as caught:
-        pb_grpc.FraudScoringStub(edge).Score(request, timeout=1.0)
+        pb_grpc.FraudScoringStub(edge).Score(request, timeout=10.0)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert caught.value.details().startswith("timestamp")  # type: ignore[attr-defined]
 
 
 def test_health_through_envoy(edge: grpc.Channel) -> None:
-    reply = health_pb2_grpc.HealthStub(edge).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+    reply = health_pb2_grpc.HealthStub(edge).Check(health_pb2.HealthCheckRequest(), timeout=10.0)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 

@@ -40,7 +40,7 @@ def redis_mesh(
 def _score(mesh: Mesh, known: Known, card_id: str | None = None) -> pb.ScoreResponse:
     request = score_request(known, card_id=card_id or known.card_id)
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
 
 
 def test_known_card_reads_online_features_from_redis(redis_mesh: Mesh, known: Known) -> None:

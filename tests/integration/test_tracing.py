@@ -50,7 +50,7 @@ def test_one_trace_covers_all_three_services(
             timestamp=ts,
         )
         with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-            response = pb_grpc.FraudScoringStub(channel).Score(request, timeout=1.0)
+            response = pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
         assert response.scored_by == pb.SCORED_BY_MODEL
     finally:
         mesh.stop()  # ordered shutdown flushes the spans
