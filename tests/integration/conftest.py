@@ -35,6 +35,11 @@ T = TypeVar("T")
 FULL_QUALITY_WAIT_S = 60.0
 """How long a fresh mesh may take to give its first full-quality answer."""
 
+ANSWER_DEADLINE_S = 10.0
+"""The deadline of a single call that judges an answer, not its speed. Such a call often opens
+its channel, so the deadline covers the connection too; while the other lanes hold both cores
+a 1 s deadline ran out. Calls that judge latency keep the budget's own deadlines."""
+
 CASCADE_ENV = "FRAUD_GATEWAY_CASCADE"
 """The gateway setting that turns the cascade's first stage on or off."""
 

@@ -31,6 +31,8 @@ from fraud.v1 import scoring_pb2_grpc as pb_grpc
 from services.common import envoy
 from services.mesh import free_port
 
+from .conftest import ANSWER_DEADLINE_S
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -327,11 +329,11 @@ async def test_reflection_v1_is_routed_to_the_gateway(client: Client, gateway: G
 
 async def test_calls_are_logged_with_their_grpc_status(client: Client, gateway: Gateway) -> None:
     request = _request()
-    reply = await pb_grpc.FraudScoringStub(client.channel).Score(request, timeout=10.0)
+    reply = await pb_grpc.FraudScoringStub(client.channel).Score(request, timeout=ANSWER_DEADLINE_S)
     assert reply.transaction_id == request.transaction_id
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await health_pb2_grpc.HealthStub(client.channel).Check(
-            health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10.0
+            health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=ANSWER_DEADLINE_S
         )
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
@@ -348,7 +350,9 @@ async def test_calls_are_logged_with_their_grpc_status(client: Client, gateway: 
 
 
 async def test_field_violations_pass_through_envoy(client: Client) -> None:
-    call = pb_grpc.FraudScoringStub(client.channel).Score(_request(currency="XXX"), timeout=10.0)
+    call = pb_grpc.FraudScoringStub(client.channel).Score(
+        _request(currency="XXX"), timeout=ANSWER_DEADLINE_S
+    )
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await call
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT

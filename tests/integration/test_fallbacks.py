@@ -18,7 +18,7 @@ from services.gateway.settings import GatewaySettings
 from services.mesh import Mesh
 from services.models.lifecycle import ModelLifecycle
 
-from .conftest import Known, start_mesh
+from .conftest import ANSWER_DEADLINE_S, Known, start_mesh
 
 _HALF_OPEN_PROBES = GatewaySettings().breaker_half_open_calls
 
@@ -45,7 +45,7 @@ def _score(mesh: Mesh, known: Known) -> pb.ScoreResponse:
         timestamp=ts,
     )
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=ANSWER_DEADLINE_S)
 
 
 def faulty_version(mesh: Mesh) -> str:

@@ -26,7 +26,7 @@ from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 from services.models import repository
 
-from .conftest import Known, Recorder, full_quality, register_logs, start_mesh
+from .conftest import ANSWER_DEADLINE_S, Known, Recorder, full_quality, register_logs, start_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -68,7 +68,7 @@ def _request(known: Known, card_id: str | None = None) -> pb.ScoreRequest:
 
 def _score(mesh: Mesh, request: pb.ScoreRequest) -> pb.ScoreResponse:
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=ANSWER_DEADLINE_S)
 
 
 def _score_through_services(mesh: Mesh, request: pb.ScoreRequest, prepared_env: Any) -> float:
@@ -80,7 +80,7 @@ def _score_through_services(mesh: Mesh, request: pb.ScoreRequest, prepared_env: 
             features_pb2.GetFeaturesRequest(
                 card_id=request.card_id, merchant_id=request.merchant_id, as_of=request.timestamp
             ),
-            timeout=10.0,
+            timeout=ANSWER_DEADLINE_S,
         )
     store = {
         f.name: (f.value if f.status == features_pb2.FEATURE_STATUS_PRESENT else None)
@@ -106,7 +106,9 @@ def _score_through_services(mesh: Mesh, request: pb.ScoreRequest, prepared_env: 
         raw_input_contents=[struct.pack(f"<{len(vector)}f", *vector)],
     )
     with grpc.insecure_channel(f"{c.host}:{c.scorer_port}") as channel:
-        answer = v2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(infer, timeout=10.0)
+        answer = v2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            infer, timeout=ANSWER_DEADLINE_S
+        )
     return float(struct.unpack("<2f", answer.raw_output_contents[0])[1])
 
 

@@ -27,7 +27,15 @@ from services.domain import featurespec
 from services.featurestore import layout
 from services.mesh import Mesh
 
-from .conftest import Known, Recorder, first_of, full_quality, go_tool, score_request
+from .conftest import (
+    ANSWER_DEADLINE_S,
+    Known,
+    Recorder,
+    first_of,
+    full_quality,
+    go_tool,
+    score_request,
+)
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +136,9 @@ def test_bad_input_is_invalid_argument_naming_the_field(
     edge: grpc.Channel, known: Known, overrides: dict[str, object], field: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        pb_grpc.FraudScoringStub(edge).Score(_request(known, **overrides), timeout=10.0)
+        pb_grpc.FraudScoringStub(edge).Score(
+            _request(known, **overrides), timeout=ANSWER_DEADLINE_S
+        )
     error = caught.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert error.details().startswith(field)  # type: ignore[attr-defined]
@@ -155,13 +165,15 @@ def test_missing_timestamp_is_invalid_argument(edge: grpc.Channel, known: Known)
     request = _request(known)
     request.ClearField("timestamp")
     with pytest.raises(grpc.RpcError) as caught:
-        pb_grpc.FraudScoringStub(edge).Score(request, timeout=10.0)
+        pb_grpc.FraudScoringStub(edge).Score(request, timeout=ANSWER_DEADLINE_S)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert caught.value.details().startswith("timestamp")  # type: ignore[attr-defined]
 
 
 def test_health_through_envoy(edge: grpc.Channel) -> None:
-    reply = health_pb2_grpc.HealthStub(edge).Check(health_pb2.HealthCheckRequest(), timeout=10.0)
+    reply = health_pb2_grpc.HealthStub(edge).Check(
+        health_pb2.HealthCheckRequest(), timeout=ANSWER_DEADLINE_S
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -217,9 +229,7 @@ def test_go_client_scores_through_envoy(mesh: Mesh, known: Known, go_score_clien
             [
                 str(binary),
                 "-addr", mesh.config.envoy_target,
-                # A deadline its one call meets on a loaded machine (a Python call that
-                # misses one is tried again, see first_of): this judges the client, not speed.
-                "-timeout", "10s",
+                "-timeout", f"{ANSWER_DEADLINE_S:g}s",
                 "-card-id", known.card_id,
                 "-merchant-id", known.merchant_id,
                 "-amount-minor", str(known.amount_minor),

@@ -16,7 +16,15 @@ from services.featurestore import admin as store_admin
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh
 
-from .conftest import Known, Recorder, full_quality, register_logs, score_request, start_mesh
+from .conftest import (
+    ANSWER_DEADLINE_S,
+    Known,
+    Recorder,
+    full_quality,
+    register_logs,
+    score_request,
+    start_mesh,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -40,7 +48,7 @@ def redis_mesh(
 def _score(mesh: Mesh, known: Known, card_id: str | None = None) -> pb.ScoreResponse:
     request = score_request(known, card_id=card_id or known.card_id)
     with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
+        return pb_grpc.FraudScoringStub(channel).Score(request, timeout=ANSWER_DEADLINE_S)
 
 
 def test_known_card_reads_online_features_from_redis(redis_mesh: Mesh, known: Known) -> None:

@@ -45,7 +45,7 @@ from services.mesh import Mesh, MeshConfig
 from services.models.policies import PolicyStore
 from services.pipelines import decisions as decisions_reader
 
-from .conftest import Known, first_full_quality, register_logs, score_request
+from .conftest import ANSWER_DEADLINE_S, Known, first_full_quality, register_logs, score_request
 
 pytestmark = pytest.mark.integration
 
@@ -144,10 +144,8 @@ def _targets(mesh: Mesh) -> dict[str, str]:
 
 
 def _answer(target: str, req: pb.ScoreRequest) -> pb.ScoreResponse:
-    # A new channel per call: its deadline covers the connection too, on a machine whose other
-    # lanes may hold both cores for a moment. This judges decisions, not latency.
     with grpc.insecure_channel(target) as channel:
-        return pb_grpc.FraudScoringStub(channel).Score(req, timeout=10.0)
+        return pb_grpc.FraudScoringStub(channel).Score(req, timeout=ANSWER_DEADLINE_S)
 
 
 def _until_all(

@@ -13,7 +13,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 
-from .conftest import Known, start_mesh
+from .conftest import ANSWER_DEADLINE_S, Known, start_mesh
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_one_trace_covers_all_three_services(
             timestamp=ts,
         )
         with grpc.insecure_channel(mesh.config.envoy_target) as channel:
-            response = pb_grpc.FraudScoringStub(channel).Score(request, timeout=10.0)
+            response = pb_grpc.FraudScoringStub(channel).Score(request, timeout=ANSWER_DEADLINE_S)
         assert response.scored_by == pb.SCORED_BY_MODEL
     finally:
         mesh.stop()  # ordered shutdown flushes the spans
