@@ -28,6 +28,8 @@ code, and reports the per-seed differences: their spread is the noise a comparis
 
     python -m loadtest.external --before ../earlier-checkout
         # writes loadtest/results/external-handbook.{json,md}
+    python -m loadtest.external --bounds-only --out loadtest/results/external-bounds-stored
+        # only the rankings no model can beat (card_precision_bounds), in seconds
 
 Published baselines (handbook, section 3.4 "Baseline fraud detection system", test set):
 ``BASELINES``.
@@ -172,19 +174,7 @@ def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> di
         ),
         on="TRANSACTION_ID",
     )
-    first_test_day = (pd.Timestamp(TEST_FROM) - START).days
-    train_days = (pd.Timestamp(TRAIN_FROM) - START).days, (pd.Timestamp(TRAIN_UNTIL) - START).days
-    in_train = (tx["TX_TIME_DAYS"] >= train_days[0]) & (tx["TX_TIME_DAYS"] < train_days[1])
-    known = set(tx.loc[in_train & (tx["TX_FRAUD"] == 1), "CUSTOMER_ID"])
-    kept = []
-    for offset in range((pd.Timestamp(TEST_UNTIL) - pd.Timestamp(TEST_FROM)).days):
-        day = first_test_day + offset
-        # Frauds of the delay period's days become known one day at a time.
-        seen = tx[(tx["TX_TIME_DAYS"] == day - DELAY_DAYS - 1) & (tx["TX_FRAUD"] == 1)]
-        known |= set(seen["CUSTOMER_ID"])
-        today = scored[scored["TX_TIME_DAYS"] == day]
-        kept.append(today[~today["CUSTOMER_ID"].isin(known)])
-    test = pd.concat(kept)
+    test = protocol_test_rows(tx, scored)
     y, scores = test["TX_FRAUD"].to_numpy(), test["score"].to_numpy(dtype=np.float64)
     _, precisions = metrics.card_precision_per_day(
         test["TX_TIME_DAYS"].to_numpy(), test["CUSTOMER_ID"].to_numpy(), y, scores, k,
@@ -200,8 +190,26 @@ def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> di
     }
 
 
+def protocol_test_rows(tx: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The test days' rows of ``rows`` (a selection of ``tx``'s columns and rows) that the
+    handbook's protocol judges: those of cards not yet known to be compromised."""
+    first_test_day = (pd.Timestamp(TEST_FROM) - START).days
+    train_days = (pd.Timestamp(TRAIN_FROM) - START).days, (pd.Timestamp(TRAIN_UNTIL) - START).days
+    in_train = (tx["TX_TIME_DAYS"] >= train_days[0]) & (tx["TX_TIME_DAYS"] < train_days[1])
+    known = set(tx.loc[in_train & (tx["TX_FRAUD"] == 1), "CUSTOMER_ID"])
+    kept = []
+    for offset in range((pd.Timestamp(TEST_UNTIL) - pd.Timestamp(TEST_FROM)).days):
+        day = first_test_day + offset
+        # Frauds of the delay period's days become known one day at a time.
+        seen = tx[(tx["TX_TIME_DAYS"] == day - DELAY_DAYS - 1) & (tx["TX_FRAUD"] == 1)]
+        known |= set(seen["CUSTOMER_ID"])
+        today = rows[rows["TX_TIME_DAYS"] == day]
+        kept.append(today[~today["CUSTOMER_ID"].isin(known)])
+    return pd.concat(kept)
+
+
 def card_precision_bounds(tx: pd.DataFrame, test: pd.DataFrame, k: int = 100) -> dict[str, float]:
-    """Card precision at ``k`` of two rankings no model can beat, on the same test rows:
+    """Card precision at ``k`` of three rankings no model can beat, on the same test rows:
 
     - ``ceiling``: every fraudulent card first, each day;
     - ``reachable``: first the cards with a fraud that the payment or a known label reveals,
@@ -210,37 +218,66 @@ def card_precision_bounds(tx: pd.DataFrame, test: pd.DataFrame, k: int = 100) ->
       compromised terminal (scenario 2), by a fraud at that terminal whose label is known by
       then and still inside the longest fraud-rate window (between ``DELAY_DAYS`` and
       ``DELAY_DAYS`` + 28 days earlier). A terminal compromised less than the label delay
-      ago shows nothing: the payment is ordinary and no label has come back yet.
+      ago shows nothing: the payment is ordinary and no label has come back yet;
+    - ``stored``: the same with the terminal's labels as the online store holds them when the
+      payment is scored: its row as of the terminal's previous payment, so a label that came
+      back since then reveals nothing yet (docs/training.md, "What the store's row costs").
     """
     y = test["TX_FRAUD"].to_numpy().astype(bool)
     days, cards = test["TX_TIME_DAYS"].to_numpy(), test["CUSTOMER_ID"].to_numpy()
-    frauds = tx.loc[tx["TX_FRAUD"] == 1, ["TERMINAL_ID", "TX_TIME_SECONDS"]]
-    frauds = frauds.rename(columns={"TX_TIME_SECONDS": "fraud_at"}).sort_values("fraud_at")
-    delay_s = DELAY_DAYS * 86_400
-    rows = pd.DataFrame(
-        {
-            "row": np.arange(len(test)),
-            "TERMINAL_ID": test["TERMINAL_ID"].to_numpy(),
-            "known_by": test["TX_TIME_SECONDS"].to_numpy() - delay_s,
-        }
-    ).sort_values("known_by")
-    # The latest fraud at the terminal whose label is known by the payment's time.
-    latest = pd.merge_asof(
-        rows, frauds, left_on="known_by", right_on="fraud_at", by="TERMINAL_ID",
-        direction="backward",
-    ).sort_values("row")  # fmt: skip
-    window_s = FRAUD_RATE_WINDOW.total_seconds()
-    labelled = (latest["fraud_at"] > latest["known_by"] - window_s).to_numpy()
+    at_s = test["TX_TIME_SECONDS"].to_numpy(dtype=np.int64)
+    terminals = test["TERMINAL_ID"].to_numpy()
     scenario = test["TX_FRAUD_SCENARIO"].to_numpy()
-    revealed = y & ((scenario != 2) | labelled)
-    oracle = np.where(revealed, 1.0, np.where(y, -1.0, 0.0))
+    rankings = {"ceiling": y.astype(np.float64)}
+    for name, known_at in (("reachable", at_s), ("stored", _previous_payment(tx, terminals, at_s))):
+        revealed = y & ((scenario != 2) | _terminal_fraud_known(tx, terminals, known_at))
+        rankings[name] = np.where(revealed, 1.0, np.where(y, -1.0, 0.0))
     bounds = {}
-    for name, scores in (("ceiling", y.astype(np.float64)), ("reachable", oracle)):
+    for name, scores in rankings.items():
         _, per_day = metrics.card_precision_per_day(
             days, cards, y, scores, k, exclude_detected=True, divide_by_k=True
         )
         bounds[f"card_precision_at_{k}_{name}"] = float(np.mean(per_day))
     return bounds
+
+
+_NEVER = np.iinfo(np.int64).min // 2
+"""The "previous payment" of a terminal's first payment: nothing is known as of it."""
+
+
+def _previous_payment(tx: pd.DataFrame, terminals: np.ndarray, at_s: np.ndarray) -> np.ndarray:
+    """For each (terminal, time), the time of the terminal's latest payment in ``tx`` strictly
+    before it (``_NEVER`` for none): the instant of the row the online store serves."""
+    payments = tx[["TERMINAL_ID", "TX_TIME_SECONDS"]].astype({"TX_TIME_SECONDS": np.int64})
+    payments = payments.rename(columns={"TX_TIME_SECONDS": "previous_at"})
+    rows = pd.DataFrame({"row": np.arange(len(at_s)), "TERMINAL_ID": terminals, "at": at_s})
+    found = pd.merge_asof(
+        rows.sort_values("at"), payments.sort_values("previous_at"), left_on="at",
+        right_on="previous_at", by="TERMINAL_ID", direction="backward",
+        allow_exact_matches=False,
+    ).sort_values("row")  # fmt: skip
+    previous = found["previous_at"].to_numpy(dtype=np.float64)
+    return np.where(np.isnan(previous), _NEVER, previous).astype(np.int64)
+
+
+def _terminal_fraud_known(tx: pd.DataFrame, terminals: np.ndarray, at_s: np.ndarray) -> np.ndarray:
+    """Whether, at each (terminal, time), a fraud at the terminal is labelled (``DELAY_DAYS``
+    old) and still inside the longest fraud-rate window."""
+    frauds = tx.loc[tx["TX_FRAUD"] == 1, ["TERMINAL_ID", "TX_TIME_SECONDS"]]
+    frauds = frauds.astype({"TX_TIME_SECONDS": np.int64}).rename(
+        columns={"TX_TIME_SECONDS": "fraud_at"}
+    )
+    delay_s = DELAY_DAYS * 86_400
+    rows = pd.DataFrame(
+        {"row": np.arange(len(at_s)), "TERMINAL_ID": terminals, "known_by": at_s - delay_s}
+    )
+    # The latest fraud at the terminal whose label is known by then.
+    latest = pd.merge_asof(
+        rows.sort_values("known_by"), frauds.sort_values("fraud_at"), left_on="known_by",
+        right_on="fraud_at", by="TERMINAL_ID", direction="backward",
+    ).sort_values("row")  # fmt: skip
+    window_s = FRAUD_RATE_WINDOW.total_seconds()
+    return (latest["fraud_at"] > latest["known_by"] - window_s).to_numpy()
 
 
 def _fraudmesh(checkout: Path | None = None) -> Path:
@@ -467,24 +504,78 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| verdict: the paired difference against its spread, {label} | {cells} |"
             )
-    lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | CP@100 reachable | CP@100 ceiling | inputs | train s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "| seed | version | training | AUC ROC | AP | CP@100 | CP@100 stored | CP@100 reachable | CP@100 ceiling | inputs | train s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for s in results["seeds"]:
         for version, runs in s["versions"].items():
             for label, f in runs.items():
                 lines.append(
                     f"| {s['seed']} | {version} | {label} | {f['auc_roc']:.4f} | "
                     f"{f['average_precision']:.4f} | {f['card_precision_at_100']:.4f} | "
+                    f"{_figure(f.get('card_precision_at_100_stored'))} | "
                     f"{_figure(f.get('card_precision_at_100_reachable'))} | "
                     f"{_figure(f.get('card_precision_at_100_ceiling'))} | "
                     f"{_inputs_cell(f.get('inputs'))} | {f['train_seconds']:.0f} |"
                 )
     lines += [
         "",
-        "CP@100 reachable: first every card with a fraud its amount or a known label reveals "
-        "(a terminal's fraud labelled 7 to 35 days before), then the genuine cards; "
-        "CP@100 ceiling: every fraudulent card first (`card_precision_bounds`); inputs: how "
-        "many the version took (their names are in the JSON).",
+        f"{BOUNDS_NOTE}; inputs: how many the version took (their names are in the JSON).",
     ]
+    return "\n".join(lines) + "\n"
+
+
+BOUNDS_NOTE = (
+    "CP@100 reachable: first every card with a fraud its amount or a known label reveals "
+    "(a terminal's fraud labelled 7 to 35 days before), then the genuine cards; "
+    "CP@100 stored: the same with the terminal's labels as of its previous payment (the row "
+    "the online store serves); CP@100 ceiling: every fraudulent card first "
+    "(`card_precision_bounds`)"
+)
+
+
+def bounds_only(seeds: Sequence[int]) -> dict[str, Any]:
+    """The rankings no model can beat (``card_precision_bounds``) of each regeneration, on the
+    protocol's test rows; nothing is imported or trained."""
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        tx = generate(seed=seed)
+        test = protocol_test_rows(tx, tx)
+        bounds = card_precision_bounds(tx, test)
+        rows.append({"seed": seed, "test_rows": len(test), **bounds})
+        print(f"seed {seed}: {bounds}", flush=True)
+    names = [n for n in rows[0] if n.startswith("card_precision")] if rows else []
+    spread = {name: _spread([r[name] for r in rows]) for name in names}
+    gap = _spread(
+        [r["card_precision_at_100_reachable"] - r["card_precision_at_100_stored"] for r in rows]
+    )
+    return {"seeds": rows, "summary": spread, "reachable_minus_stored": gap}
+
+
+def bounds_markdown(results: dict[str, Any]) -> str:
+    """``bounds_only``'s figures as Markdown."""
+    lines = [
+        f"Regenerated handbook data, seeds {', '.join(str(r['seed']) for r in results['seeds'])};"
+        " test 2018-08-08 → 08-15, handbook protocol; no model.",
+        "",
+        "| seed | test rows | CP@100 stored | CP@100 reachable | reachable − stored | CP@100 ceiling |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["seeds"]:
+        stored, reachable = r["card_precision_at_100_stored"], r["card_precision_at_100_reachable"]
+        lines.append(
+            f"| {r['seed']} | {r['test_rows']:,} | {stored:.4f} | {reachable:.4f} | "
+            f"{reachable - stored:+.4f} | {r['card_precision_at_100_ceiling']:.4f} |"
+        )
+    summary, gap = results["summary"], results["reachable_minus_stored"]
+    lines.append(
+        f"| mean ± sd | | {summary['card_precision_at_100_stored']['mean']:.4f} ± "
+        f"{summary['card_precision_at_100_stored']['sd']:.4f} | "
+        f"{summary['card_precision_at_100_reachable']['mean']:.4f} ± "
+        f"{summary['card_precision_at_100_reachable']['sd']:.4f} | "
+        f"{gap['mean']:+.4f} ± {gap['sd']:.4f} | "
+        f"{summary['card_precision_at_100_ceiling']['mean']:.4f} ± "
+        f"{summary['card_precision_at_100_ceiling']['sd']:.4f} |"
+    )
+    lines += ["", f"{BOUNDS_NOTE}."]
     return "\n".join(lines) + "\n"
 
 
@@ -534,9 +625,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--history", action="store_true",
         help=f"also train on the whole history from {HISTORY_FROM} (as a team with history)",
     )  # fmt: skip
+    parser.add_argument(
+        "--bounds-only", action="store_true",
+        help="only the rankings no model can beat, per seed (seconds; nothing is trained)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     parser.add_argument("--out", type=Path, default=RESULTS / "external-handbook")
     args = parser.parse_args(argv)
+    if args.bounds_only:
+        found = bounds_only(args.seeds)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        provenance.write(args.out, found, bounds_markdown(found), provenance.record())
+        print(bounds_markdown(found))
+        return 0
     here = Path(__file__).resolve().parents[1]
     versions = {"after": _fraudmesh()}
     commits = {"after": _commit(here)}

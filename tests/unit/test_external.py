@@ -111,3 +111,44 @@ def test_card_precision_bounds_count_only_frauds_a_payment_or_a_known_label_reve
     late = [_payment(40, 7, 9, 2), _payment(40, 8, 8, 0)]
     bounds = external.card_precision_bounds(pd.DataFrame(history + late), pd.DataFrame(late), 1)
     assert bounds["card_precision_at_1_reachable"] == 0.0
+
+
+def test_the_stored_bound_reads_a_terminals_labels_as_of_its_previous_payment() -> None:
+    """Terminal 9 is compromised from day 0 (noon). The label of that fraud is back on day 7
+    at noon: the payment then reveals it (reachable), but the store's row of terminal 9 is
+    as of its payment on day 6, when no label was back (stored)."""
+    history = [_payment(0, 1, 9, 2)]
+    test_rows = [
+        _payment(6, 2, 9, 2), _payment(6, 3, 8, 0),
+        _payment(7, 7, 9, 2), _payment(7, 8, 8, 0),
+    ]  # fmt: skip
+    bounds = external.card_precision_bounds(
+        pd.DataFrame(history + test_rows), pd.DataFrame(test_rows), 1
+    )
+    assert bounds["card_precision_at_1_ceiling"] == pytest.approx(1.0)
+    assert bounds["card_precision_at_1_reachable"] == pytest.approx(1 / 2)
+    assert bounds["card_precision_at_1_stored"] == 0.0
+    # A payment on day 8 reads the row of the day-7 payment, which holds the label.
+    later = [*test_rows, _payment(8, 4, 9, 2), _payment(8, 5, 8, 0)]
+    bounds = external.card_precision_bounds(pd.DataFrame(history + later), pd.DataFrame(later), 1)
+    assert bounds["card_precision_at_1_stored"] == pytest.approx(1 / 3)
+    assert bounds["card_precision_at_1_reachable"] == pytest.approx(2 / 3)
+
+
+def test_bounds_only_reports_each_seed_and_the_gap_between_the_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # More genuine cards on day 7 than the 100 a day's ranking takes: only the reachable
+    # ranking puts the fraudulent card 7 among them.
+    history = [_payment(0, 1, 9, 2)]
+    genuine = [_payment(7, 100 + i, 8, 0) for i in range(150)]
+    rows = [_payment(6, 2, 9, 2), _payment(7, 7, 9, 2), *genuine]
+    monkeypatch.setattr(external, "generate", lambda seed: pd.DataFrame(history + rows))
+    monkeypatch.setattr(external, "protocol_test_rows", lambda tx, _rows: pd.DataFrame(rows))
+    found = external.bounds_only([0, 1])
+    assert [r["seed"] for r in found["seeds"]] == [0, 1]
+    assert found["summary"]["card_precision_at_100_reachable"]["mean"] == pytest.approx(0.01)
+    assert found["summary"]["card_precision_at_100_stored"]["mean"] == pytest.approx(0.005)
+    assert found["reachable_minus_stored"]["mean"] == pytest.approx(0.005)
+    text = external.bounds_markdown(found)
+    assert "| mean ± sd |" in text and "CP@100 stored" in text
