@@ -166,8 +166,9 @@ def generate(
     return tx
 
 
-def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> dict[str, float]:
-    """AUC ROC, average precision and card precision at ``k`` under the handbook's protocol."""
+def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> dict[str, Any]:
+    """AUC ROC, average precision and card precision at ``k`` under the handbook's protocol,
+    its bounds (``card_precision_bounds``) and where the model misses (``missed_cards``)."""
     scored = tx.merge(
         scores[["transaction_id", "score"]].assign(
             TRANSACTION_ID=scores["transaction_id"].astype(np.int64)
@@ -187,6 +188,7 @@ def handbook_metrics(tx: pd.DataFrame, scores: pd.DataFrame, k: int = 100) -> di
         "test_rows": float(len(test)),
         "test_frauds": float(test["TX_FRAUD"].sum()),
         **card_precision_bounds(tx, test, k),
+        "missed_cards": missed_cards(tx, test, k),
     }
 
 
@@ -263,21 +265,76 @@ def _previous_payment(tx: pd.DataFrame, terminals: np.ndarray, at_s: np.ndarray)
 def _terminal_fraud_known(tx: pd.DataFrame, terminals: np.ndarray, at_s: np.ndarray) -> np.ndarray:
     """Whether, at each (terminal, time), a fraud at the terminal is labelled (``DELAY_DAYS``
     old) and still inside the longest fraud-rate window."""
+    return _terminal_frauds_known(tx, terminals, at_s) > 0
+
+
+def _terminal_frauds_known(tx: pd.DataFrame, terminals: np.ndarray, at_s: np.ndarray) -> np.ndarray:
+    """How many frauds at each (terminal, time) are labelled (``DELAY_DAYS`` old) and still
+    inside the longest fraud-rate window: those ``terminal_fraud_count_28d`` counts."""
     frauds = tx.loc[tx["TX_FRAUD"] == 1, ["TERMINAL_ID", "TX_TIME_SECONDS"]]
     frauds = frauds.astype({"TX_TIME_SECONDS": np.int64}).rename(
         columns={"TX_TIME_SECONDS": "fraud_at"}
     )
-    delay_s = DELAY_DAYS * 86_400
-    rows = pd.DataFrame(
-        {"row": np.arange(len(at_s)), "TERMINAL_ID": terminals, "known_by": at_s - delay_s}
+    frauds = frauds.sort_values(["TERMINAL_ID", "fraud_at"], kind="stable")
+    frauds["so_far"] = frauds.groupby("TERMINAL_ID").cumcount() + 1
+    frauds = frauds.sort_values("fraud_at", kind="stable")
+    known_by = at_s - DELAY_DAYS * 86_400
+    window_s = int(FRAUD_RATE_WINDOW.total_seconds())
+
+    def so_far(until: np.ndarray) -> np.ndarray:
+        """Frauds at the terminal up to ``until`` (inclusive), row by row."""
+        rows = pd.DataFrame({"row": np.arange(len(until)), "TERMINAL_ID": terminals, "at": until})
+        found = pd.merge_asof(
+            rows.sort_values("at"), frauds, left_on="at", right_on="fraud_at",
+            by="TERMINAL_ID", direction="backward",
+        ).sort_values("row")  # fmt: skip
+        return found["so_far"].fillna(0).to_numpy(dtype=np.int64)
+
+    return so_far(known_by) - so_far(known_by - window_s)
+
+
+def missed_cards(tx: pd.DataFrame, test: pd.DataFrame, k: int = 100) -> dict[str, dict[str, int]]:
+    """Where the model's card precision at ``k`` falls short of the ``stored`` ranking: the
+    fraudulent cards that ranking reveals, summed over the test days, by what reveals them,
+    ``caught`` in the model's top ``k`` of the day or ``missed``. What reveals a card: its
+    amount (``amount``: scenarios 1 and 3), else the frauds at its terminal that the store's
+    row counts (``terminal_1``: one, ``terminal_2_or_more``). ``test`` holds the scores."""
+    y = test["TX_FRAUD"].to_numpy().astype(bool)
+    at_s = test["TX_TIME_SECONDS"].to_numpy(dtype=np.int64)
+    terminals = test["TERMINAL_ID"].to_numpy()
+    known = _terminal_frauds_known(tx, terminals, _previous_payment(tx, terminals, at_s))
+    scenario = test["TX_FRAUD_SCENARIO"].to_numpy()
+    # Per row: 3 amount, 2 two or more known frauds, 1 one, 0 nothing shows.
+    evidence = np.where(
+        ~y, 0, np.where(scenario != 2, 3, np.where(known >= 2, 2, np.where(known == 1, 1, 0)))
     )
-    # The latest fraud at the terminal whose label is known by then.
-    latest = pd.merge_asof(
-        rows.sort_values("known_by"), frauds.sort_values("fraud_at"), left_on="known_by",
-        right_on="fraud_at", by="TERMINAL_ID", direction="backward",
-    ).sort_values("row")  # fmt: skip
-    window_s = FRAUD_RATE_WINDOW.total_seconds()
-    return (latest["fraud_at"] > latest["known_by"] - window_s).to_numpy()
+    day_values, tops = metrics.daily_top_cards(
+        test["TX_TIME_DAYS"].to_numpy(), test["CUSTOMER_ID"].to_numpy(), y,
+        test["score"].to_numpy(dtype=np.float64), k, exclude_detected=True,
+    )  # fmt: skip
+    per_card = (
+        pd.DataFrame(
+            {
+                "day": test["TX_TIME_DAYS"].to_numpy(),
+                "card": test["CUSTOMER_ID"].to_numpy(),
+                "evidence": evidence,
+            }
+        )
+        .groupby(["day", "card"])["evidence"]
+        .max()
+    )
+    names = {3: "amount", 2: "terminal_2_or_more", 1: "terminal_1"}
+    out = {kind: dict.fromkeys(names.values(), 0) for kind in ("caught", "missed")}
+    detected: set[object] = set()
+    for day, (top, fraud) in zip(day_values, tops, strict=True):
+        ranked = set(top.tolist())
+        today = per_card.loc[day]
+        for card, strength in today[today > 0].items():
+            if card in detected:
+                continue
+            out["caught" if card in ranked else "missed"][names[int(strength)]] += 1
+        detected |= set(top[fraud].tolist())
+    return out
 
 
 def _fraudmesh(checkout: Path | None = None) -> Path:
@@ -520,6 +577,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"{BOUNDS_NOTE}; inputs: how many the version took (their names are in the JSON).",
     ]
+    lines += _missed_table(results)
     return "\n".join(lines) + "\n"
 
 
@@ -577,6 +635,43 @@ def bounds_markdown(results: dict[str, Any]) -> str:
     )
     lines += ["", f"{BOUNDS_NOTE}."]
     return "\n".join(lines) + "\n"
+
+
+_EVIDENCE = (
+    ("amount", "amount"),
+    ("terminal_1", "one known fraud at the terminal"),
+    ("terminal_2_or_more", "two or more"),
+)
+"""``missed_cards``' kinds of evidence, in the order and with the words of the table."""
+
+
+def _missed_table(results: dict[str, Any]) -> list[str]:
+    """Per seed, version and training: the cards the ``stored`` ranking reveals, caught by
+    the model (in its top 100 of the day) of all, by what reveals them."""
+    rows = []
+    for s in results["seeds"]:
+        for version, runs in s["versions"].items():
+            for label, f in runs.items():
+                found = f.get("missed_cards")
+                if found is None:
+                    continue
+                cells = " | ".join(
+                    f"{found['caught'][key]} of {found['caught'][key] + found['missed'][key]}"
+                    for key, _ in _EVIDENCE
+                )
+                rows.append(f"| {s['seed']} | {version} | {label} | {cells} |")
+    if not rows:
+        return []
+    head = " | ".join(words for _, words in _EVIDENCE)
+    return [
+        "",
+        "Cards the stored ranking reveals, over the test days: caught by the model (in its top "
+        "100 of the day) of all, by what reveals them (`missed_cards`).",
+        "",
+        f"| seed | version | training | {head} |",
+        "|---|---|---|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def _inputs_cell(inputs: list[str] | None) -> str:

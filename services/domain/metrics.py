@@ -196,6 +196,27 @@ def card_precision_per_day(
     The share is of the cards ranked (fewer than ``k`` on a quiet day), or of ``k`` itself
     with ``divide_by_k`` (the Handbook's form, where a quiet day cannot reach 1).
     """
+    day_values, tops = daily_top_cards(
+        days, cards, labels, scores, k, exclude_detected=exclude_detected
+    )
+    figures = np.empty(len(day_values), dtype=np.float64)
+    for d, (_, fraud) in enumerate(tops):
+        figures[d] = int(fraud.sum()) / (k if divide_by_k else len(fraud))
+    return day_values, figures
+
+
+def daily_top_cards(
+    days: ArrayLike,
+    cards: ArrayLike,
+    labels: ArrayLike,
+    scores: ArrayLike,
+    k: int,
+    *,
+    exclude_detected: bool = False,
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Each day's ``k`` highest-scored cards as ``card_precision_per_day`` ranks them: the
+    days (ascending) and, per day, the cards (values of ``cards``, best first) and whether
+    each is fraudulent that day."""
     if k < 1:
         raise ValueError(f"k must be at least 1, not {k}")
     y, s = _labels_scores(labels, scores)
@@ -214,16 +235,15 @@ def card_precision_per_day(
     order = np.lexsort((first_row, -best, pair_day))
     bounds = np.searchsorted(pair_day[order], np.arange(len(day_values) + 1))
     detected = np.zeros(len(card_values), dtype=bool)
-    figures = np.empty(len(day_values), dtype=np.float64)
+    tops: list[tuple[np.ndarray, np.ndarray]] = []
     for d in range(len(day_values)):
         ranked = order[bounds[d] : bounds[d + 1]]
         if exclude_detected:
             ranked = ranked[~detected[pair_card[ranked]]]
         top = ranked[:k]
-        caught = int(fraud[top].sum())
-        figures[d] = caught / (k if divide_by_k else len(top))
+        tops.append((card_values[pair_card[top]], fraud[top]))
         detected[pair_card[top[fraud[top]]]] = True
-    return day_values, figures
+    return day_values, tops
 
 
 def _rank(q: float, n: int) -> int:

@@ -152,3 +152,26 @@ def test_bounds_only_reports_each_seed_and_the_gap_between_the_bounds(
     assert found["reachable_minus_stored"]["mean"] == pytest.approx(0.005)
     text = external.bounds_markdown(found)
     assert "| mean ± sd |" in text and "CP@100 stored" in text
+
+
+def test_missed_cards_sorts_the_revealed_cards_by_what_reveals_them() -> None:
+    """On day 8 the store's rows (as of the day-7 payments) count two frauds at terminal 9
+    and one at terminal 7; card 12's fraud shows in its amount (scenario 1). The model's top
+    two are cards 10 and 12: card 11, revealed by one known fraud, is missed."""
+    early = {**_payment(0, 2, 9, 2), "TX_TIME_SECONDS": 21_600}
+    history = [
+        _payment(0, 1, 9, 2), early, _payment(0, 3, 7, 2),
+        _payment(7, 50, 9, 0), _payment(7, 51, 7, 0),
+    ]  # fmt: skip
+    test_rows = [
+        _payment(8, 10, 9, 2),
+        _payment(8, 11, 7, 2),
+        _payment(8, 12, 5, 1),
+        _payment(8, 13, 5, 0),
+    ]
+    test = pd.DataFrame(test_rows).assign(score=[0.9, 0.1, 0.8, 0.5])
+    found = external.missed_cards(pd.DataFrame(history + test_rows), test, k=2)
+    assert found == {
+        "caught": {"amount": 1, "terminal_2_or_more": 1, "terminal_1": 0},
+        "missed": {"amount": 0, "terminal_2_or_more": 0, "terminal_1": 1},
+    }
