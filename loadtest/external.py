@@ -481,6 +481,9 @@ def summary(seeds: list[dict[str, Any]]) -> dict[str, Any]:
                 name: _spread([s["versions"][version][label][name] for s in seeds])
                 for name in _MAIN
             }
+            found = [s["versions"][version][label].get("missed_cards") for s in seeds]
+            if all(f is not None for f in found):
+                per_label[version]["missed_cards"] = _totals(found)
         if {"before", "after"} <= set(versions):
             differences = {
                 name: _spread(
@@ -495,6 +498,13 @@ def summary(seeds: list[dict[str, Any]]) -> dict[str, Any]:
             per_label["verdict"] = {name: verdict(differences[name]) for name in _MAIN}
         out[label] = per_label
     return out
+
+
+def _totals(found: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """``missed_cards`` summed over seeds."""
+    return {
+        kind: {key: sum(f[kind][key] for f in found) for key in found[0][kind]} for kind in found[0]
+    }
 
 
 def verdict(difference: dict[str, Any]) -> str:
@@ -662,6 +672,16 @@ def _missed_table(results: dict[str, Any]) -> list[str]:
                 rows.append(f"| {s['seed']} | {version} | {label} | {cells} |")
     if not rows:
         return []
+    for label, per_label in results.get("summary", {}).items():
+        for version, figures in per_label.items():
+            total = figures.get("missed_cards") if isinstance(figures, dict) else None
+            if total is None:
+                continue
+            cells = " | ".join(
+                f"{total['caught'][key]} of {total['caught'][key] + total['missed'][key]}"
+                for key, _ in _EVIDENCE
+            )
+            rows.append(f"| all | {version} | {label} | {cells} |")
     head = " | ".join(words for _, words in _EVIDENCE)
     return [
         "",

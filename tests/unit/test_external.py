@@ -175,3 +175,23 @@ def test_missed_cards_sorts_the_revealed_cards_by_what_reveals_them() -> None:
         "caught": {"amount": 1, "terminal_2_or_more": 1, "terminal_1": 0},
         "missed": {"amount": 0, "terminal_2_or_more": 0, "terminal_1": 1},
     }
+
+
+def test_the_summary_sums_the_missed_cards_over_the_seeds() -> None:
+    found = {
+        "caught": {"amount": 5, "terminal_1": 1, "terminal_2_or_more": 9},
+        "missed": {"amount": 1, "terminal_1": 3, "terminal_2_or_more": 0},
+    }
+    figures = {"auc_roc": 0.9, "average_precision": 0.7, "card_precision_at_100": 0.3}
+    seeds = [
+        {
+            "seed": seed,
+            "versions": {"after": {"handbook periods": {**figures, "missed_cards": found}}},
+        }
+        for seed in (0, 1)
+    ]
+    total = external.summary(seeds)["handbook periods"]["after"]["missed_cards"]
+    assert total == {
+        "caught": {"amount": 10, "terminal_1": 2, "terminal_2_or_more": 18},
+        "missed": {"amount": 2, "terminal_1": 6, "terminal_2_or_more": 0},
+    }
