@@ -505,5 +505,7 @@ def _rows(cache: _Cache[S], compute: Callable[[S], FeatureRow | None]) -> list[R
         state = cache.peek(key)
         row = known if known is not None else compute(state)
         if row is not None:
-            out.append(Row(key, state.events.times_us[-1] / _US, row))
+            # A terminal's row may be as of a label reported after its newest payment.
+            at_us = getattr(state, "row_us", None) or state.events.times_us[-1]
+            out.append(Row(key, at_us / _US, row))
     return out

@@ -92,7 +92,11 @@ def replay(tx: pd.DataFrame, *, terminals_only: bool = False) -> Seed:
             merchant_of[terminal_id] = event.merchant_id
             if reported_s is not None:
                 apply_terminal_label(terminal.state, event.transaction_id, True, reported_s)
+                # Replayed in payment order, not report order: moved at the end instead.
+                terminal.state.reported_us = 0
         seed.events += 1
+    if len(ordered):
+        _move_to_reports(terminals, int(aggregation.timestamps_us(ordered["timestamp"]).max()))
     seed.transactions = _index(merchants, terminals, merchant_of)
     log.info(
         "seeded entity states from the history",
@@ -105,6 +109,21 @@ def replay(tx: pd.DataFrame, *, terminals_only: bool = False) -> Seed:
         },
     )
     return seed
+
+
+def _move_to_reports(terminals: dict[str, MerchantState], now_us: int) -> None:
+    """Each terminal's row as of its latest fraud label reported after its newest payment
+    and by the history's newest payment (``now_us``), as the batch table's newest row is
+    (``aggregation.terminal_feature_table``); labels the events carry count as reported at
+    timestamp + delay."""
+    for state in terminals.values():
+        newest = state.events.newest_us
+        reports = [
+            label.reported_us
+            for label in state.labels.values()
+            if label.is_fraud and newest < label.reported_us <= now_us
+        ]
+        state.reported_us = max(reports, default=0)
 
 
 def _index(

@@ -311,12 +311,19 @@ def _brute_merchants(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
 
 
 def _brute_terminals(tx: pd.DataFrame, delay: timedelta) -> pd.DataFrame:
+    """A terminal's row at each of its payments' instants, and at each report of a fraud's
+    label (up to the frame's newest payment) at an instant without one of its payments."""
     named = tx[tx["terminal_id"].notna()]
+    reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
+    instants = set(zip(named["terminal_id"], named["timestamp"], strict=True))
+    frauds = named[named["is_fraud"]]
+    for terminal, r in zip(frauds["terminal_id"], reported[frauds.index], strict=True):
+        if r <= tx["timestamp"].max():
+            instants.add((terminal, r))
     rows = []
-    for (terminal, at), _ in named.groupby(["terminal_id", "timestamp"]):
+    for terminal, at in sorted(instants):
         mine = named[(named["terminal_id"] == terminal) & (named["timestamp"] <= at)]
         # The frauds the 28-day rate counts: inside its window and reported by now.
-        reported = tx["fraud_reported_at"].fillna(tx["timestamp"] + delay)
         window = mine[
             (mine["timestamp"] > at - delay - agg.FRAUD_RATE_WINDOW)
             & (mine["timestamp"] <= at - delay)
@@ -423,6 +430,9 @@ def _assert_replay_matches(
     merchants: dict[str, agg.MerchantState] = {}
     terminals: dict[str, agg.MerchantState] = {}
     rows: dict[str, list[dict[str, object]]] = {key: [] for key in ties}
+    moved: dict[tuple[str, pd.Timestamp], agg.FeatureRow] = {}
+    """Terminal rows moved by a label, by (terminal, instant): the last one of an instant."""
+    newest = tx["timestamp"].max()
 
     def record(key: str, entity: str, times: list[int], row: agg.FeatureRow | None) -> None:
         at = pd.Timestamp(times[-1], unit="us", tz="UTC")
@@ -446,7 +456,16 @@ def _assert_replay_matches(
                     item.reported_s,
                 )
                 terminals[item.terminal_id] = up.state
-                if up.row is not None:
+                state = up.state
+                if up.row is not None and state.row_us > state.events.newest_us:
+                    # A label reported after the terminal's newest payment moves its row:
+                    # the batch table's row at the report, unless a payment of the terminal
+                    # is at that instant (its row is the one after the payment) or the
+                    # report comes after the frame's newest payment (no row yet).
+                    at = pd.Timestamp(state.row_us, unit="us", tz="UTC")
+                    if (item.terminal_id, at) not in ties["terminal_id"] and at <= newest:
+                        moved[(item.terminal_id, at)] = up.row
+                elif up.row is not None:
                     record("terminal_id", item.terminal_id, up.state.events.times_us, up.row)
             continue
         c = agg.apply_card(cards.get(item.card_id), item)
@@ -461,6 +480,8 @@ def _assert_replay_matches(
             terminals[item.terminal_id] = t.state
             record("terminal_id", item.terminal_id, t.state.events.times_us, t.row)
 
+    for (terminal, at), row in moved.items():
+        rows["terminal_id"].append({"terminal_id": terminal, "event_timestamp": at, **row})
     for key, table, names in (
         ("card_id", tables.cards, featurespec.CARD_FEATURES),
         ("merchant_id", tables.merchants, featurespec.MERCHANT_FEATURES),
@@ -512,7 +533,17 @@ def test_labels_carried_by_events_follow_the_default_delay_rule(raw: pd.DataFram
     got = pd.DataFrame.from_dict(last, orient="index").loc[want.index]
     _assert_rows_close(got, want, featurespec.MERCHANT_FEATURES)
     assert want["merchant_fraud_rate_28d"].gt(0).any()
-    want = _last_rows(agg.terminal_feature_table(raw), "terminal_id")
+    # Labels carried by events move no row at their report (apply_terminal_label does):
+    # the terminal's last row as of a payment.
+    terminals_table = agg.terminal_feature_table(raw)
+    paid = set(zip(raw["terminal_id"], raw["timestamp"], strict=True))
+    at_payments = [
+        key in paid
+        for key in zip(
+            terminals_table["terminal_id"], terminals_table["event_timestamp"], strict=True
+        )
+    ]
+    want = _last_rows(terminals_table[at_payments], "terminal_id")
     got = pd.DataFrame.from_dict(last_terminal, orient="index").loc[want.index]
     _assert_rows_close(got, want, featurespec.TERMINAL_FEATURES)
     assert want["terminal_fraud_rate_7d"].gt(0).any()

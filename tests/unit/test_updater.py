@@ -719,3 +719,58 @@ def test_a_state_file_of_an_unknown_format_is_rebuilt(tmp_path: Path) -> None:
     state = StateStore(tmp_path / "s.db")
     assert state.migrated_from is None and state.counts()["cards"] == 0
     assert state.meta("format") == state_format.FORMAT
+
+
+def test_a_fraud_reported_after_the_terminals_newest_payment_moves_its_row(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    """The terminal's row is written as of the report, with the fraud counted once it is a
+    label delay old: the batch table's row at that instant (docs/aggregation.md)."""
+    busiest = frame["terminal_id"].value_counts().index[0]
+    mine = frame[frame["terminal_id"] == busiest].tail(30)
+    live = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
+    for _, row in mine.iterrows():
+        live.apply_decision(decision(row))
+    live.rows()
+    live.rows_written()
+    victim = mine.iloc[-10]
+    reported = mine["timestamp"].max() + pd.Timedelta(hours=1)
+    applied = live.apply_outcome(outcome(str(victim["transaction_id"]), True, reported.timestamp()))
+    assert (View.TERMINAL, Change.APPLIED) in applied.changes
+    rows = {row.entity_id: row for row in live.rows().terminals}
+    assert rows[busiest].event_s == pytest.approx(reported.timestamp())
+    # The batch table, with the label, has a row at the report: the same one.
+    want = _live_part(mine)
+    want.loc[want["transaction_id"] == victim["transaction_id"], "is_fraud"] = True
+    want.loc[want["transaction_id"] == victim["transaction_id"], "fraud_reported_at"] = reported
+    table = agg.terminal_feature_table(want)
+    at_report = table[table["event_timestamp"] == reported]
+    assert len(at_report) == 0  # after the frame's newest payment: the batch has no row yet
+    after = _live_part(mine.tail(1)).assign(
+        transaction_id="after-the-report", timestamp=reported + pd.Timedelta(hours=1),
+        terminal_id="elsewhere",
+    )  # fmt: skip
+    later = pd.concat([want, after])
+    table = agg.terminal_feature_table(later)
+    at_report = table[table["event_timestamp"] == reported].iloc[0]
+    _assert_rows_equal(rows[busiest].values, at_report.to_dict(), busiest)
+
+
+def test_a_terminal_state_of_the_encoding_before_report_instants_decodes_with_none() -> None:
+    state = agg.MerchantState()
+    event = agg.TransactionEvent(
+        transaction_id="t1", timestamp_s=1_700_000_000.0, card_id="c", merchant_id="m",
+        amount_minor=1_000, currency="EUR", channel=featurespec.CARD_PRESENT, terminal_id="x",
+    )  # fmt: skip
+    state = agg.apply_terminal(state, event).state
+    agg.apply_terminal_label(state, "t1", True, 1_700_000_000.0 + 8 * 86_400)
+    assert state.reported_us == (1_700_000_000 + 8 * 86_400) * 1_000_000
+    data = state.to_bytes()
+    assert data[:2] == b"M2"
+    again = agg.MerchantState.from_bytes(data)
+    assert again.reported_us == state.reported_us
+    assert agg.terminal_row(again) == agg.terminal_row(state)
+    # M1: the same parts without the report instant (five integers, not six).
+    before = b"M1" + data[2 : 2 + 5 * 8] + data[2 + 6 * 8 :]
+    old = agg.MerchantState.from_bytes(before)
+    assert old.reported_us == 0 and old.row_us == old.events.newest_us

@@ -81,10 +81,14 @@ def merchant_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELA
 
 def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELAY) -> pd.DataFrame:
     """Terminal aggregates after every (terminal, timestamp) of the transactions that name a
-    terminal (none without a ``terminal_id`` column); rows sorted by terminal, then time."""
+    terminal (none without a ``terminal_id`` column), and as of every report of a fraud's
+    label at an instant without a payment of its terminal, up to the frame's newest payment
+    (``_label_rows``); rows sorted by terminal, then time."""
     import numpy as np
     import pandas as pd
 
+    # Reports after the frame's newest payment, with or without a terminal, have not happened.
+    now = int(timestamps_us(tx["timestamp"]).max()) if len(tx) else 0
     if "terminal_id" in tx.columns:
         named = tx["terminal_id"].notna().to_numpy() & (tx["terminal_id"] != "").to_numpy()
         tx = tx[named]
@@ -101,7 +105,76 @@ def terminal_feature_table(tx: pd.DataFrame, label_delay: timedelta = LABEL_DELA
         "terminal_known_fraud_first_s": np.nan_to_num(first / US, nan=featurespec.NO_KNOWN_FRAUD),
         "terminal_known_fraud_last_s": np.nan_to_num(last / US, nan=featurespec.NO_KNOWN_FRAUD),
     }
-    return _table(columns, rows.last_of_instant, featurespec.TERMINAL_FEATURES)
+    table = _table(columns, rows.last_of_instant, featurespec.TERMINAL_FEATURES)
+    labelled = _label_rows(rows, delay_us, now)
+    if labelled is None:
+        return table
+    both = pd.concat([table, labelled], ignore_index=True)
+    return both.sort_values(["terminal_id", "event_timestamp"], kind="stable", ignore_index=True)
+
+
+def _label_rows(rows: _Rows, delay_us: int, now: int) -> pd.DataFrame | None:
+    """A terminal's row as of each report of a fraud's label (``fraud_reported_at``, else
+    timestamp + delay) at an instant without a payment of the terminal, up to the frame's
+    newest payment (a later report has not happened yet): what the incremental path
+    writes when the label arrives (``apply_terminal_label``). The same features as a
+    payment's row at that instant, without a payment in them. None when there is none.
+
+    One row per (terminal, report instant); frauds are few, so each is computed with binary
+    searches over its terminal's sorted payments."""
+    import numpy as np
+
+    fraud = rows.fraud
+    if len(rows.t) == 0 or not fraud.any():
+        return None
+    reported = rows.reported_us(delay_us)
+    j = np.flatnonzero(fraud & (reported <= now))
+    if len(j) == 0:
+        return None
+    # Each terminal's block of rows: [first, end of block).
+    block_end = np.r_[np.flatnonzero(rows.code[1:] != rows.code[:-1]) + 1, len(rows.code)]
+    out: dict[str, list[object]] = {
+        "terminal_id": [], "event_timestamp": [],
+        **{name: [] for name in featurespec.TERMINAL_FEATURES},
+    }  # fmt: skip
+    widths = (("1d", DAY_US), ("7d", 7 * DAY_US))
+    for lo_row in np.unique(rows.first[j]):
+        hi_row = block_end[np.searchsorted(block_end, lo_row, side="right")]
+        t = rows.t[lo_row:hi_row]
+        flags = fraud[lo_row:hi_row]
+        heard = reported[lo_row:hi_row]
+        instants = np.unique(heard[flags & (heard <= now)])
+        for r in instants[~np.isin(instants, t)].tolist():
+            upto = int(np.searchsorted(t, r, side="right"))
+            out["terminal_id"].append(rows.ids[lo_row])
+            out["event_timestamp"].append(r)
+            for suffix, width in widths:
+                since = int(np.searchsorted(t, r - width, side="right"))
+                out[f"terminal_txn_count_{suffix}"].append(upto - since)
+            known_hi = int(np.searchsorted(t, r - delay_us, side="right"))
+            for suffix, width_us in RISK_WINDOWS_US:
+                known_lo = int(np.searchsorted(t, r - delay_us - width_us, side="right"))
+                known = known_hi - known_lo
+                counted = flags[known_lo:known_hi] & (heard[known_lo:known_hi] <= r)
+                frauds = int(counted.sum())
+                out[f"terminal_fraud_rate_{suffix}"].append(frauds / known if known else 0.0)
+                out[f"terminal_labelled_txn_count_{suffix}"].append(known)
+            known_lo = int(np.searchsorted(t, r - delay_us - FRAUD_WINDOW_US, side="right"))
+            times = t[known_lo:known_hi][flags[known_lo:known_hi] & (heard[known_lo:known_hi] <= r)]
+            none = featurespec.NO_KNOWN_FRAUD
+            out["terminal_known_fraud_first_s"].append(times.min() / US if len(times) else none)
+            out["terminal_known_fraud_last_s"].append(times.max() / US if len(times) else none)
+    if not out["terminal_id"]:
+        return None
+    columns = {
+        "terminal_id": np.asarray(out["terminal_id"], dtype=object),
+        "event_timestamp": np.asarray(out["event_timestamp"], dtype=np.int64),
+    }
+    for name in featurespec.TERMINAL_FEATURES:
+        counts = name.startswith(("terminal_txn_count", "terminal_labelled_txn_count"))
+        columns[name] = np.asarray(out[name], dtype=np.int64 if counts else np.float64)
+    keep = np.ones(len(columns["terminal_id"]), dtype=bool)
+    return _table(columns, keep, featurespec.TERMINAL_FEATURES)
 
 
 def _known_fraud_times(rows: _Rows, delay_us: int, width_us: int) -> tuple[np.ndarray, np.ndarray]:

@@ -329,6 +329,15 @@ class MerchantState:
     """Events evicted because the state held ``MAX_MERCHANT_EVENTS``."""
     labels_dropped: int = 0
     """Pending labels dropped because ``MAX_PENDING_LABELS`` were held."""
+    reported_us: int = 0
+    """A terminal's: the newest report of a label applied after its newest event (0 for
+    none). Its row is as of this instant when it is later than the newest event: a label
+    moves the terminal's row when it arrives, not only at the terminal's next payment."""
+
+    @property
+    def row_us(self) -> int:
+        """The instant the entity's row is as of: its newest event, or a later label report."""
+        return max(self.events.newest_us, self.reported_us)
 
     @property
     def horizon_us(self) -> int:
@@ -337,13 +346,14 @@ class MerchantState:
 
     def to_bytes(self) -> bytes:
         """A compact, versioned binary encoding (``from_bytes`` reads it back)."""
-        out = StateWriter(b"M1")
+        out = StateWriter(b"M2")
         out.ints(
             self.label_delay_us,
             self.duplicates,
             self.too_old,
             self.evicted_by_cap,
             self.labels_dropped,
+            self.reported_us,
         )
         out.latest(self.category)
         out.latest(self.country)
@@ -354,9 +364,11 @@ class MerchantState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> MerchantState:
-        """Decodes ``to_bytes`` output."""
-        read = StateReader(data, b"M1")
+        """Decodes ``to_bytes`` output (and ``M1``, the encoding before ``reported_us``)."""
+        before = data[:2] == b"M1"
+        read = StateReader(data, b"M1" if before else b"M2")
         delay, duplicates, too_old, evicted, dropped = read.ints(5)
+        (reported,) = (0,) if before else read.ints(1)
         category, country = LatestCode(*read.latest()), LatestCode(*read.latest())
         events = Events.decoded(*read.events())
         labels, pending = _labels(read.labels()), _labels(read.labels())
@@ -372,6 +384,7 @@ class MerchantState:
             too_old,
             evicted,
             dropped,
+            reported,
         )
 
 
@@ -391,12 +404,13 @@ def merchant_row(state: MerchantState) -> FeatureRow | None:
 
 
 def terminal_row(state: MerchantState) -> FeatureRow | None:
-    """The terminal's features as of its newest event (``featurespec.TERMINAL_FEATURES`` order)."""
+    """The terminal's features as of its newest event, a payment or a later label report
+    (``MerchantState.row_us``; ``featurespec.TERMINAL_FEATURES`` order)."""
     if len(state.events) == 0:
         return None
-    row = _risk_row(state, "terminal")
+    newest = state.row_us
+    row = _risk_row(state, "terminal", newest)
     # The frauds the longest fraud rate counts: inside its window, reported by now.
-    newest = state.events.newest_us
     known_until = newest - state.label_delay_us
     known_from = known_until - FRAUD_WINDOW_US
     where = state.events.where
@@ -417,11 +431,12 @@ def terminal_row(state: MerchantState) -> FeatureRow | None:
     return row
 
 
-def _risk_row(state: MerchantState, prefix: str) -> FeatureRow:
-    """Volume and label-delayed fraud rates as of the newest event (docs/aggregation.md)."""
+def _risk_row(state: MerchantState, prefix: str, newest: int | None = None) -> FeatureRow:
+    """Volume and label-delayed fraud rates as of the newest event, or of ``newest`` (an
+    instant at or after it; docs/aggregation.md)."""
     ev = state.events
     n = len(ev)
-    newest = ev.newest_us
+    newest = ev.newest_us if newest is None else newest
     row: FeatureRow = {
         f"{prefix}_txn_count_1d": n - ev.since(newest - DAY_US),
         f"{prefix}_txn_count_7d": n - ev.since(newest - 7 * DAY_US),
@@ -483,8 +498,9 @@ def apply_merchant(state: MerchantState | None, event: TransactionEvent) -> Upda
 
 def apply_terminal(state: MerchantState | None, event: TransactionEvent) -> Update[MerchantState]:
     """Counts one transaction in the state of its terminal (``event.terminal_id``, which the
-    caller checks is set); the same rules as ``apply_merchant``, the terminal's row."""
-    return _apply_risk(state, event, terminal_row, codes=False)
+    caller checks is set); the same rules as ``apply_merchant``, the terminal's row (as of a
+    held label's report when that is later: ``apply_terminal_label``)."""
+    return _apply_risk(state, event, terminal_row, codes=False, label_rows=True)
 
 
 def _apply_risk(
@@ -493,6 +509,7 @@ def _apply_risk(
     row: Callable[[MerchantState], FeatureRow | None],
     *,
     codes: bool,
+    label_rows: bool = False,
 ) -> Update[MerchantState]:
     t_us = event_micros(event)
     eur = featurespec.amount_eur(event.amount_minor, event.currency)
@@ -514,8 +531,10 @@ def _apply_risk(
     if event.is_fraud is not None:
         implied = Label(bool(event.is_fraud), t_us + state.label_delay_us)
         _put_label(state, tid, implied, keep_legit=False)
-    if held is not None:
-        _put_label(state, tid, held, keep_legit=True)
+    # The held label is put whatever the entity; only a terminal's row moves with it.
+    put = held is not None and _put_label(state, tid, held, keep_legit=True)
+    if put and label_rows and held is not None and held.is_fraud:
+        _moves_row(state, held.reported_us)
     capped = _evict_merchant(state)
     return Update(state, row, Change.APPLIED if newest else Change.LATE, capped)
 
@@ -563,8 +582,23 @@ def apply_label(
 def apply_terminal_label(
     state: MerchantState | None, transaction_id: str, is_fraud: bool, reported_at_s: float
 ) -> Update[MerchantState]:
-    """``apply_label`` for the state of the transaction's terminal; returns the terminal's row."""
-    return _apply_label(state, transaction_id, is_fraud, reported_at_s, terminal_row)
+    """``apply_label`` for the state of the transaction's terminal; returns the terminal's row.
+
+    Unlike a merchant's, a terminal's row moves when a label for one of its counted
+    transactions is reported after its newest event: the row is then as of the report
+    (``MerchantState.row_us``), as the batch table's row at that instant is. A terminal takes
+    few payments a day, and its row as of its previous payment would not show the label
+    until its next one (docs/aggregation.md)."""
+    update = _apply_label(state, transaction_id, is_fraud, reported_at_s, terminal_row)
+    if update.change is Change.APPLIED and is_fraud:
+        _moves_row(update.state, update.state.labels[transaction_id].reported_us)
+    return update
+
+
+def _moves_row(state: MerchantState, reported_us: int) -> None:
+    """A terminal's row is as of a label reported after its newest event."""
+    if reported_us > state.events.newest_us:
+        state.reported_us = max(state.reported_us, reported_us)
 
 
 def _apply_label(
