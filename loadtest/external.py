@@ -665,11 +665,7 @@ def _missed_table(results: dict[str, Any]) -> list[str]:
                 found = f.get("missed_cards")
                 if found is None:
                     continue
-                cells = " | ".join(
-                    f"{found['caught'][key]} of {found['caught'][key] + found['missed'][key]}"
-                    for key, _ in _EVIDENCE
-                )
-                rows.append(f"| {s['seed']} | {version} | {label} | {cells} |")
+                rows.append(f"| {s['seed']} | {version} | {label} | {_caught_cells(found)} |")
     if not rows:
         return []
     for label, per_label in results.get("summary", {}).items():
@@ -677,11 +673,7 @@ def _missed_table(results: dict[str, Any]) -> list[str]:
             total = figures.get("missed_cards") if isinstance(figures, dict) else None
             if total is None:
                 continue
-            cells = " | ".join(
-                f"{total['caught'][key]} of {total['caught'][key] + total['missed'][key]}"
-                for key, _ in _EVIDENCE
-            )
-            rows.append(f"| all | {version} | {label} | {cells} |")
+            rows.append(f"| all | {version} | {label} | {_caught_cells(total)} |")
     head = " | ".join(words for _, words in _EVIDENCE)
     return [
         "",
@@ -692,6 +684,14 @@ def _missed_table(results: dict[str, Any]) -> list[str]:
         "|---|---|---|---:|---:|---:|",
         *rows,
     ]
+
+
+def _caught_cells(found: dict[str, dict[str, int]]) -> str:
+    """``missed_cards``' figures as table cells: caught of all, per kind of evidence."""
+    return " | ".join(
+        f"{found['caught'][key]} of {found['caught'][key] + found['missed'][key]}"
+        for key, _ in _EVIDENCE
+    )
 
 
 def _inputs_cell(inputs: list[str] | None) -> str:
