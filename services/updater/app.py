@@ -231,6 +231,7 @@ class UpdaterApp:
                 terminals=((k, s.to_bytes()) for k, s in history.terminals.items()),
                 transactions=history.transactions,
                 live=False,
+                due=history.due,
             )
         state.set_meta(SEED_KEY, current)
         state.set_meta(TERMINALS_SEEDED, current)
@@ -256,6 +257,7 @@ class UpdaterApp:
                 terminals=((k, s.to_bytes()) for k, s in history.terminals.items()),
                 transactions=history.transactions,
                 live=False,
+                due=history.due,
             )
         state.set_meta(TERMINALS_SEEDED, current)
 

@@ -13,6 +13,7 @@ tested without servers.
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from services.domain.aggregation import (
     apply_terminal_label,
     card_row,
     merchant_row,
+    move_to_reports,
     terminal_row,
 )
 from services.featurestore.writer import Row
@@ -188,7 +190,10 @@ class LiveAggregator:
         snapshot_budget_s: float = 0.01,
         journal_max_events: int = 200_000,
         views: frozenset[View] = ALL_VIEWS,
+        owns_merchant: Callable[[str], bool] | None = None,
     ) -> None:
+        """``owns_merchant``: which merchants' (and their terminals') windows this aggregator
+        applies, for the seed's due reports (None: all; a partition's: its merchants)."""
         if views not in (ALL_VIEWS, CARD_VIEWS, MERCHANT_VIEWS):
             raise ValueError(f"views must be all, the card's, or the merchant's: {set(views)}")
         self._store = store
@@ -215,6 +220,15 @@ class LiveAggregator:
         self._newest_us = 0
         self._journal: list[tuple[int, bytes]] = []
         self._first_seq, self._seq = store.journal_bounds()
+        self._due: list[tuple[int, str]] = []
+        """The seed's fraud reports still to come: (reported_us, terminal) in a heap."""
+        if self._merchants_here:
+            self._due = [
+                (reported_us, terminal_id)
+                for terminal_id, merchant_id, reported_us in store.due_reports()
+                if owns_merchant is None or owns_merchant(merchant_id)
+            ]
+            heapq.heapify(self._due)
         self.applied_since_checkpoint = 0
         """Events applied (decisions and outcomes) since the last checkpoint."""
         self.labels_dropped = 0
@@ -295,7 +309,21 @@ class LiveAggregator:
             self._terminals.put(
                 terminal_id, terminal.state, None, seq if terminal_counted else None
             )
+        if self._due and self._due[0][0] <= self._newest_us:
+            self._move_due(seq)
         return out
+
+    def _move_due(self, seq: int) -> None:
+        """Moves the rows of the terminals whose seeded fraud reports the clock (the newest
+        payment applied) has passed, as the batch table has a row at each such report
+        (docs/aggregation.md, "A label moves the terminal's row"). A move made again, after a
+        restart, finds the row already there and changes nothing."""
+        due = self._due
+        while due and due[0][0] <= self._newest_us:
+            _, terminal_id = heapq.heappop(due)
+            state = self._terminals.get(terminal_id)
+            if state is not None and move_to_reports(state, self._newest_us):
+                self._terminals.put(terminal_id, state, None, seq)
 
     def _outcome(self, event: events_pb2.OutcomeEvent, seq: int) -> Applied:
         out = Applied()
@@ -496,6 +524,11 @@ class LiveAggregator:
     def pending_labels(self) -> int:
         """Outcomes held for transactions not seen yet."""
         return len(self._pending)
+
+    @property
+    def due_reports(self) -> int:
+        """The seed's fraud reports whose instant the clock has not passed yet."""
+        return len(self._due)
 
 
 def _rows(cache: _Cache[S], compute: Callable[[S], FeatureRow | None]) -> list[Row]:

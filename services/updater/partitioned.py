@@ -207,13 +207,25 @@ class PartitionedLoop(UpdaterLoop):
                 part.join = OutcomeJoin(store, self._forward_to_merchant, s.max_pending_labels)
             else:
                 views = CARD_VIEWS if kind is Kind.CARDS else MERCHANT_VIEWS
-                agg = LiveAggregator(store, s.cache_max_entities, s.max_pending_labels, views=views)
+                agg = LiveAggregator(
+                    store,
+                    s.cache_max_entities,
+                    s.max_pending_labels,
+                    views=views,
+                    owns_merchant=self._owns(partition) if kind is Kind.MERCHANTS else None,
+                )
                 agg.restore_live_rows()
                 part.agg = agg
         except BaseException:
             os.close(fd)
             raise
         return part
+
+    def _owns(self, partition: int) -> Callable[[str], bool]:
+        """Whether a merchant is keyed to ``partition`` of the merchant-keyed topic (the seed's
+        due reports of its terminals are that partition's to apply)."""
+        count = self._topics.partitions[self._topics.merchants]
+        return lambda merchant_id: partition_of(merchant_id.encode(), count) == partition
 
     def _aggs(self) -> Iterator[LiveAggregator]:
         """The windows of the card and merchant partitions held."""

@@ -35,8 +35,10 @@ from services.domain.aggregation import (
     apply_merchant,
     apply_terminal,
     apply_terminal_label,
+    move_to_reports,
+    reports_after,
 )
-from services.updater.state import IndexEntry
+from services.updater.state import DueReport, IndexEntry
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,9 @@ class Seed:
     terminals: dict[str, MerchantState] = field(default_factory=dict)
     transactions: list[IndexEntry] = field(default_factory=list)
     """Index entries of the transactions the merchant or terminal states still hold."""
+    due: list[DueReport] = field(default_factory=list)
+    """Fraud reports after the history's newest payment that will move a terminal's row
+    when the live clock passes them (``LiveAggregator``)."""
     events: int = 0
     """Transactions replayed."""
 
@@ -96,7 +101,8 @@ def replay(tx: pd.DataFrame, *, terminals_only: bool = False) -> Seed:
                 terminal.state.reported_us = 0
         seed.events += 1
     if len(ordered):
-        _move_to_reports(terminals, int(aggregation.timestamps_us(ordered["timestamp"]).max()))
+        now_us = int(aggregation.timestamps_us(ordered["timestamp"]).max())
+        seed.due = _move_to_reports(terminals, merchant_of, now_us)
     seed.transactions = _index(merchants, terminals, merchant_of)
     log.info(
         "seeded entity states from the history",
@@ -111,19 +117,21 @@ def replay(tx: pd.DataFrame, *, terminals_only: bool = False) -> Seed:
     return seed
 
 
-def _move_to_reports(terminals: dict[str, MerchantState], now_us: int) -> None:
+def _move_to_reports(
+    terminals: dict[str, MerchantState], merchant_of: dict[str, str], now_us: int
+) -> list[DueReport]:
     """Each terminal's row as of its latest fraud label reported after its newest payment
     and by the history's newest payment (``now_us``), as the batch table's newest row is
     (``aggregation.terminal_feature_table``); labels the events carry count as reported at
-    timestamp + delay."""
-    for state in terminals.values():
-        newest = state.events.newest_us
-        reports = [
-            label.reported_us
-            for label in state.labels.values()
-            if label.is_fraud and newest < label.reported_us <= now_us
-        ]
-        state.reported_us = max(reports, default=0)
+    timestamp + delay. Returns the reports still to come after ``now_us``, which the live
+    loop moves the rows to when its clock passes them."""
+    due: list[DueReport] = []
+    for terminal_id, state in terminals.items():
+        state.reported_us = 0
+        move_to_reports(state, now_us)
+        merchant_id = merchant_of[terminal_id]
+        due += [(terminal_id, merchant_id, r) for r in reports_after(state, now_us)]
+    return due
 
 
 def _index(

@@ -14,6 +14,8 @@ Tables::
     transactions(id, merchant_id, t_us,         which merchant (and terminal, '' for none) a
                  terminal_id)                   transaction paid, for outcomes
     pending_labels(id, is_fraud, reported_us)   outcomes whose decision has not come yet
+    due_reports(terminal_id, reported_us,       the seed's fraud reports after its history's
+                merchant_id)                    end, each moving a terminal's row when due
     journal(seq, record)                        events applied since the snapshots that lack them
 
 A state is its snapshot with the journal applied again (``engine.py``): checkpoints append to
@@ -28,6 +30,11 @@ Format 2 (cards and merchants only) is migrated in place to format 3 when opened
 added, and the ``terminals_seeded`` meta key stays unset, so that the terminal states are
 seeded from the history (``UpdaterApp``) while the live card and merchant states are kept.
 Any other format is rebuilt from a new seed.
+
+``due_reports`` is written with the seed and only read afterwards: the aggregator moves a
+terminal's row to each report when its clock passes it, and a move made again (after a
+restart) changes nothing. A file seeded before the table existed has it empty: its seeded
+labels then show from each terminal's next payment, as they did when it was seeded.
 """
 
 from __future__ import annotations
@@ -64,9 +71,21 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS pending_labels "
     "(id TEXT PRIMARY KEY, is_fraud INTEGER NOT NULL, reported_us INTEGER NOT NULL) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS journal (seq INTEGER PRIMARY KEY, record BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS due_reports (terminal_id TEXT NOT NULL, "
+    "reported_us INTEGER NOT NULL, merchant_id TEXT NOT NULL, "
+    "PRIMARY KEY (terminal_id, reported_us)) WITHOUT ROWID",
 )
 
-_TABLES = ("meta", "cards", "merchants", "terminals", "transactions", "pending_labels", "journal")
+_TABLES = (
+    "meta",
+    "cards",
+    "merchants",
+    "terminals",
+    "transactions",
+    "pending_labels",
+    "journal",
+    "due_reports",
+)
 
 _MIGRATION = (
     _TERMINALS,
@@ -75,6 +94,9 @@ _MIGRATION = (
 
 IndexEntry = tuple[str, str, str, int]
 """(transaction_id, merchant_id, terminal_id ('' for none), t_us)."""
+
+DueReport = tuple[str, str, int]
+"""(terminal_id, merchant_id, reported_us): a fraud report the seed holds for a later instant."""
 
 
 class StateStore:
@@ -193,6 +215,20 @@ class StateStore:
         for terminal_id, data in self._db.execute("SELECT id, state FROM terminals WHERE live = 1"):
             yield str(terminal_id), MerchantState.from_bytes(data)
 
+    def due_reports(self) -> list[DueReport]:
+        """The seed's fraud reports after its history's end, in time order (the base's when
+        this file holds none: a partition's)."""
+        try:
+            rows = self._db.execute(
+                "SELECT terminal_id, merchant_id, reported_us FROM due_reports "
+                "ORDER BY reported_us, terminal_id"
+            ).fetchall()
+        except sqlite3.OperationalError:  # a frozen seed written before the table existed
+            rows = []
+        if not rows and self._base is not None:
+            return self._base.due_reports()
+        return [(str(t), str(m), int(r)) for t, m, r in rows]
+
     def journal(self) -> Iterator[tuple[int, bytes]]:
         """The journal, oldest first: (sequence, serialized EventEnvelope)."""
         for seq, record in self._db.execute("SELECT seq, record FROM journal ORDER BY seq"):
@@ -230,11 +266,13 @@ class StateStore:
         journal_from: int | None = None,
         live: bool = True,
         meta: dict[str, str] | None = None,
+        due: Iterable[DueReport] = (),
     ) -> None:
         """Writes one checkpoint in a single durable transaction: state snapshots (``to_bytes``;
         ``live``: they come from events, not from the seed), index entries, held labels, and
-        the journal (new events appended, those before ``journal_from`` deleted), and ``meta``
-        values (a partition's log position, so that it moves with its state)."""
+        the journal (new events appended, those before ``journal_from`` deleted), ``meta``
+        values (a partition's log position, so that it moves with its state), and the seed's
+        ``due`` reports."""
         db = self._db
         flag = int(live)
         with db:
@@ -272,6 +310,11 @@ class StateStore:
                 db.executemany(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.items()
                 )
+            db.executemany(
+                "INSERT OR REPLACE INTO due_reports (terminal_id, merchant_id, reported_us) "
+                "VALUES (?, ?, ?)",
+                due,
+            )
 
     @classmethod
     def frozen(cls, path: Path) -> StateStore:

@@ -359,15 +359,8 @@ Expected = dict[str, dict[str, float]]
 """Entity id → feature name → value, for one view."""
 
 
-def newest_rows(
-    tx: pd.DataFrame, seeded_until: pd.Timestamp | None = None
-) -> tuple[Expected, Expected, Expected]:
-    """Each card's, merchant's and terminal's newest batch row over ``tx``.
-
-    ``seeded_until``: the end of the history the updater was seeded from. A label that
-    history carries (``is_fraud`` without ``fraud_reported_at``) reported after it moves no
-    terminal row in the live loop, which has no event at that instant
-    (docs/aggregation.md, "A label moves the terminal's row"): such rows are left out."""
+def newest_rows(tx: pd.DataFrame) -> tuple[Expected, Expected, Expected]:
+    """Each card's, merchant's and terminal's newest batch row over ``tx``."""
 
     def newest(table: pd.DataFrame, key: str) -> Expected:
         last = table.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
@@ -378,22 +371,6 @@ def newest_rows(
         }
 
     terminals = agg.terminal_feature_table(tx)
-    if seeded_until is not None:
-        carried = tx[
-            tx["is_fraud"].astype(bool)
-            & tx["fraud_reported_at"].isna()
-            & tx["terminal_id"].notna()
-            & (tx["timestamp"] <= seeded_until)
-        ]
-        due = carried["timestamp"] + agg.LABEL_DELAY
-        unmoved = {
-            (terminal, at)
-            for terminal, at in zip(carried["terminal_id"], due, strict=True)
-            if at > seeded_until
-        }
-        paid = set(zip(tx["terminal_id"], tx["timestamp"], strict=True))
-        keys = zip(terminals["terminal_id"], terminals["event_timestamp"], strict=True)
-        terminals = terminals[[key not in unmoved or key in paid for key in keys]]
     return (
         newest(agg.card_feature_table(tx), "card_id"),
         newest(agg.merchant_feature_table(tx), "merchant_id"),
@@ -517,7 +494,7 @@ def replay_day(prepared_env: Any, var_dir: Path) -> Replay:
     full.loc[fraud_early, "is_fraud"] = True
     full.loc[fraud_early, "fraud_reported_at"] = pd.Timestamp(early_s, unit="s", tz="UTC")
     full.loc[full["transaction_id"].isin(cleared["transaction_id"]), "is_fraud"] = False
-    return Replay(var_dir, events, newest_rows(full, seeded_until=cut))
+    return Replay(var_dir, events, newest_rows(full))
 
 
 def wait_equal(var_dir: Path, replay: Replay) -> None:

@@ -145,6 +145,7 @@ def _seeded_store(path: Path, history: pd.DataFrame) -> StateStore:
         terminals=((k, t.to_bytes()) for k, t in s.terminals.items()),
         transactions=s.transactions,
         live=False,
+        due=s.due,
     )
     return store
 
@@ -754,6 +755,79 @@ def test_a_fraud_reported_after_the_terminals_newest_payment_moves_its_row(
     table = agg.terminal_feature_table(later)
     at_report = table[table["event_timestamp"] == reported].iloc[0]
     _assert_rows_equal(rows[busiest].values, at_report.to_dict(), busiest)
+
+
+def test_a_seeded_fraud_reported_after_the_history_moves_its_terminals_row_when_due(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    """Labels the history carries come due after it (timestamp + delay, or a later
+    ``fraud_reported_at``); the batch table has a terminal row at each once a payment is as
+    late, and so does the live loop, whose clock is its newest payment."""
+    cut = frame["timestamp"].max() - pd.Timedelta(days=5)
+    history = frame[frame["timestamp"] <= cut]
+    due = seed.replay(history).due
+    cut_us = int(agg.timestamps_us(history["timestamp"]).max())
+    assert len({t for t, _, _ in due}) >= 3 and all(r > cut_us for _, _, r in due)
+    store = _seeded_store(tmp_path / "s.db", history)
+    live = LiveAggregator(store, 10_000, 100)
+    assert live.due_reports == len(due)
+    # One payment, at a terminal of none of them, a minute after the middle report.
+    middle_us = sorted(r for _, _, r in due)[len(due) // 2]
+    moved = {t for t, _, r in due if r <= middle_us}
+    clock = history[~history["terminal_id"].isin({t for t, _, _ in due})].iloc[-1].copy()
+    clock["transaction_id"] = "the-clock"
+    clock["timestamp"] = pd.Timestamp(middle_us + 60_000_000, unit="us", tz="UTC")
+    live.apply_decision(decision(clock))
+    assert live.due_reports == sum(1 for _, _, r in due if r > middle_us)
+    rows = {row.entity_id: row for row in live.rows().terminals}
+    assert set(rows) == moved | {clock["terminal_id"]}
+    want = pd.concat([history, _live_part(pd.DataFrame([clock]))], ignore_index=True)
+    table = agg.terminal_feature_table(want)
+    newest = table.sort_values("event_timestamp").groupby("terminal_id").tail(1)
+    for terminal_id in moved:
+        at = newest[newest["terminal_id"] == terminal_id].iloc[0]
+        assert rows[terminal_id].event_s == pytest.approx(at["event_timestamp"].timestamp())
+        assert at["event_timestamp"] > cut  # a report, not a payment of the history
+        _assert_rows_equal(rows[terminal_id].values, at.to_dict(), terminal_id)
+    # Every state's row is the batch table's newest, the moved ones and the rest.
+    cards, merchants, terminals = _all_states(
+        live, want["card_id"].unique(), want["merchant_id"].unique(), _terminals_of(want)
+    )
+    _assert_states_match_batch(cards, merchants, terminals, want)
+
+    # After a restart the reports already passed change nothing; the later ones still move.
+    live.rows_written()
+    live.snapshot_all()
+    again = LiveAggregator(store, 10_000, 100)
+    assert again.due_reports == len(due)
+    clock2 = clock.copy()
+    clock2["transaction_id"] = "the-clock-again"
+    clock2["timestamp"] += pd.Timedelta(seconds=1)
+    again.apply_decision(decision(clock2))
+    assert {row.entity_id for row in again.rows().terminals} == {clock["terminal_id"]}
+    last_us = max(r for _, _, r in due)
+    clock3 = clock.copy()
+    clock3["transaction_id"] = "the-clock-last"
+    clock3["timestamp"] = pd.Timestamp(last_us, unit="us", tz="UTC")
+    again.apply_decision(decision(clock3))
+    assert again.due_reports == 0
+    later = {t for t, _, r in due if r > middle_us + 1_000_000} - moved
+    assert later and {row.entity_id for row in again.rows().terminals} >= later
+
+
+def test_a_partition_moves_the_due_rows_of_its_own_merchants_only(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    cut = frame["timestamp"].max() - pd.Timedelta(days=5)
+    history = frame[frame["timestamp"] <= cut]
+    due = seed.replay(history).due
+    base = _seeded_store(tmp_path / "base.db", history)
+    mine = {m for _, m, _ in due[::2]}
+    part = StateStore(tmp_path / "part.db", base=base)
+    live = LiveAggregator(part, 10_000, 100, owns_merchant=mine.__contains__)
+    assert live.due_reports == sum(1 for _, m, _ in due if m in mine) < len(due)
+    cards_only = LiveAggregator(part, 10_000, 100, views=frozenset({View.CARD}))
+    assert cards_only.due_reports == 0
 
 
 def test_a_terminal_state_of_the_encoding_before_report_instants_decodes_with_none() -> None:

@@ -25,6 +25,8 @@ from services.domain.aggregation.incremental import (
     apply_terminal_label,
     card_row,
     merchant_row,
+    move_to_reports,
+    reports_after,
     terminal_row,
 )
 from services.domain.aggregation.schema import (
@@ -76,6 +78,8 @@ __all__ = [
     "events_from_frame",
     "merchant_feature_table",
     "merchant_row",
+    "move_to_reports",
+    "reports_after",
     "terminal_feature_table",
     "terminal_row",
     "timestamps_us",

@@ -595,6 +595,42 @@ def apply_terminal_label(
     return update
 
 
+def move_to_reports(state: MerchantState, now_us: int) -> bool:
+    """Moves a terminal's row to its latest fraud report after the instant its row is as of
+    and by ``now_us`` (the newest payment seen anywhere); True when it moved.
+
+    A label the history carries is reported at timestamp + delay, an instant at which the
+    terminal may take no event: the batch table has a row there (once a payment of the frame
+    is as late), and this brings the state's row to it when the clock passes it."""
+    row_us = state.row_us
+    latest = max(
+        (
+            label.reported_us
+            for label in state.labels.values()
+            if label.is_fraud and row_us < label.reported_us <= now_us
+        ),
+        default=0,
+    )
+    if not latest:
+        return False
+    state.reported_us = latest
+    return True
+
+
+def reports_after(state: MerchantState, now_us: int) -> list[int]:
+    """The distinct instants after ``now_us`` (and after the row's) at which a fraud label the
+    state holds is reported: where ``move_to_reports`` will move the row once the clock
+    passes them."""
+    row_us = max(state.row_us, now_us)
+    return sorted(
+        {
+            label.reported_us
+            for label in state.labels.values()
+            if label.is_fraud and label.reported_us > row_us
+        }
+    )
+
+
 def _moves_row(state: MerchantState, reported_us: int) -> None:
     """A terminal's row is as of a label reported after its newest event."""
     if reported_us > state.events.newest_us:
