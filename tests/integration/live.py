@@ -8,7 +8,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from services.featurestore.online import OnlineFeatureReader
 from services.featurestore.settings import FeatureStoreSettings
 from services.mesh import Mesh, MeshConfig, free_port
 from services.pipelines import dataset
+from services.updater.partitions import partition_of
 
 REL = 1e-9
 STATE_FOLDERS = ("data", "feast", "models")
@@ -359,8 +360,11 @@ Expected = dict[str, dict[str, float]]
 """Entity id → feature name → value, for one view."""
 
 
-def newest_rows(tx: pd.DataFrame) -> tuple[Expected, Expected, Expected]:
-    """Each card's, merchant's and terminal's newest batch row over ``tx``."""
+def newest_rows(
+    tx: pd.DataFrame, unmoved: frozenset[tuple[str, pd.Timestamp]] = frozenset()
+) -> tuple[Expected, Expected, Expected]:
+    """Each card's, merchant's and terminal's newest batch row over ``tx``, leaving out the
+    terminal rows at the ``unmoved`` (terminal, report) instants where no payment was."""
 
     def newest(table: pd.DataFrame, key: str) -> Expected:
         last = table.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
@@ -371,6 +375,10 @@ def newest_rows(tx: pd.DataFrame) -> tuple[Expected, Expected, Expected]:
         }
 
     terminals = agg.terminal_feature_table(tx)
+    if unmoved:
+        paid = set(zip(tx["terminal_id"], tx["timestamp"], strict=True))
+        keys = zip(terminals["terminal_id"], terminals["event_timestamp"], strict=True)
+        terminals = terminals[[key not in unmoved or key in paid for key in keys]]
     return (
         newest(agg.card_feature_table(tx), "card_id"),
         newest(agg.merchant_feature_table(tx), "merchant_id"),
@@ -445,6 +453,39 @@ class Replay:
     of history transactions."""
     expected: tuple[Expected, Expected, Expected]
     """Newest batch rows per card, merchant and terminal over the history and the day."""
+    full: pd.DataFrame
+    """The history and the day as the batch sees them, labels included."""
+    seeded_until: pd.Timestamp
+    """The history's newest payment: the seed's end."""
+
+    def in_partitions(self, count: int) -> Replay:
+        """The rows a group whose merchant-keyed topic has ``count`` partitions ends with.
+
+        A partition's clock is the newest payment of its own merchants, so a report the seed
+        holds for after the history's end moves its terminal's row only once a payment of the
+        partition is as late (docs/aggregation.md, "A label moves the terminal's row"); the
+        batch table's rows at later reports are left out."""
+        full, end = self.full, self.seeded_until
+        day = full[full["timestamp"] > end]
+        clock = day.groupby(day["merchant_id"].map(_partition(count)))["timestamp"].max()
+        carried = full[
+            full["is_fraud"].astype(bool)
+            & full["fraud_reported_at"].isna()
+            & full["terminal_id"].notna()
+            & (full["timestamp"] <= end)
+        ]
+        due = carried["timestamp"] + agg.LABEL_DELAY
+        partitions = carried["merchant_id"].map(_partition(count))
+        unmoved = frozenset(
+            (terminal, at)
+            for terminal, at, p in zip(carried["terminal_id"], due, partitions, strict=True)
+            if at > end and (p not in clock.index or at > clock[p])
+        )
+        return replace(self, expected=newest_rows(full, unmoved))
+
+
+def _partition(count: int) -> Callable[[str], int]:
+    return lambda merchant_id: partition_of(merchant_id.encode(), count)
 
 
 def replay_day(prepared_env: Any, var_dir: Path) -> Replay:
@@ -494,7 +535,7 @@ def replay_day(prepared_env: Any, var_dir: Path) -> Replay:
     full.loc[fraud_early, "is_fraud"] = True
     full.loc[fraud_early, "fraud_reported_at"] = pd.Timestamp(early_s, unit="s", tz="UTC")
     full.loc[full["transaction_id"].isin(cleared["transaction_id"]), "is_fraud"] = False
-    return Replay(var_dir, events, newest_rows(full))
+    return Replay(var_dir, events, newest_rows(full), full, history["timestamp"].max())
 
 
 def wait_equal(var_dir: Path, replay: Replay) -> None:

@@ -37,7 +37,9 @@ PARTITIONS = 6
 
 @pytest.fixture(scope="module")
 def replay(prepared_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Replay:
-    return replay_day(prepared_env, tmp_path_factory.mktemp("group-replay-var"))
+    # Each partition's clock is its own merchants' newest payment (Replay.in_partitions).
+    day = replay_day(prepared_env, tmp_path_factory.mktemp("group-replay-var"))
+    return day.in_partitions(PARTITIONS)
 
 
 @dataclass
