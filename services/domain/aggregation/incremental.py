@@ -597,7 +597,7 @@ def apply_terminal_label(
 
 def move_to_reports(state: MerchantState, now_us: int) -> bool:
     """Moves a terminal's row to its latest fraud report after the instant its row is as of
-    and by ``now_us`` (the newest payment seen anywhere); True when it moved.
+    and by ``now_us`` (the clock: the newest payment applied); True when it moved.
 
     A label the history carries is reported at timestamp + delay, an instant at which the
     terminal may take no event: the batch table has a row there (once a payment of the frame
