@@ -35,6 +35,11 @@ _JVM_FLAGS = (
     "-XX:+UseSerialGC",
     "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
 )
+QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
+"""JIT flags of a broker that lives for a test, not a benchmark: the client compiler only. It
+answers sooner and spends about a third less CPU over its first minute and a half, start,
+20,000 messages through and idle time (6.5 against 9.9 CPU seconds, two runs each), at the
+cost of the server compiler's peak throughput, which a benchmark's broker keeps."""
 
 
 def kraft_cluster_id() -> str:
@@ -121,6 +126,8 @@ class KafkaBroker:
     port: int = field(default_factory=free_port)
     controller_port: int = field(default_factory=free_port)
     process: Process | None = None
+    quick_jit: bool = False
+    """Starts with ``QUICK_JIT``: for tests, whose brokers live briefly and carry little."""
 
     @property
     def bootstrap(self) -> str:
@@ -160,7 +167,8 @@ class KafkaBroker:
         java = shutil.which("java")
         if java is None or not kafka_available():
             raise RuntimeError("Java or the Kafka broker jars are missing: run `make test-brokers`")
-        return [java, *_JVM_FLAGS, "-cp", f"{KAFKA_LIBS}/*", *args]
+        flags = (*_JVM_FLAGS, *(QUICK_JIT if self.quick_jit else ()))
+        return [java, *flags, "-cp", f"{KAFKA_LIBS}/*", *args]
 
     def format(self) -> None:
         """Writes server.properties and formats the storage (once per data folder)."""

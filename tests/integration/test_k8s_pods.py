@@ -223,7 +223,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     """The Kafka broker that stands for the production overlay's brokers outside the cluster."""
     if not kafka_available():
         pytest.fail("Java or the Kafka broker jars are missing: run `make test-brokers`")
-    broker = KafkaBroker(tmp_path_factory.mktemp("pods-kafka"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("pods-kafka"), quick_jit=True)
     broker.start()
     yield broker
     broker.stop()

@@ -34,7 +34,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A Kafka broker for this module (started once, about 10 s)."""
     if not kafka_available():
         pytest.fail("Java or the Kafka broker jars are missing: run `make test-brokers`")
-    broker = KafkaBroker(tmp_path_factory.mktemp("live-kafka"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("live-kafka"), quick_jit=True)
     broker.start()
     yield broker
     broker.stop()

@@ -37,7 +37,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     """A Kafka 4.x broker in KRaft mode, started once per session (about 10 s)."""
     if not kafka_available():
         pytest.fail("Java or the Kafka broker jars are missing: run `make test-brokers`")
-    broker = KafkaBroker(tmp_path_factory.mktemp("eventlog-kafka"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("eventlog-kafka"), quick_jit=True)
     broker.start()
     yield broker
     broker.stop()
