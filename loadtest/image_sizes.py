@@ -24,21 +24,30 @@ from loadtest import provenance
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "loadtest" / "results"
 STEM = "images"
-BUILDAH = ("buildah", "--storage-driver", "vfs")
-"""As ``scripts/images.sh`` runs it: the images live in its vfs storage."""
 IMAGE = "localhost/fraudmesh"
 BASE = "localhost/fraudmesh-base:bookworm"
 DEPS = "localhost/fraudmesh-deps"
 ARCHIVES = REPO / "build" / "images"
+STORAGE_DRIVER = ARCHIVES / "storage-driver"
+"""Where ``scripts/images.sh`` wrote the storage driver it built the images in."""
 SITE_PACKAGES = "opt/fraudmesh/lib/python3.11/site-packages"
 """Where the image's virtual environment keeps its distributions, from the root."""
 TOP = 10
 """How many of the largest distributions the results list."""
 
 
+def buildah_command() -> tuple[str, ...]:
+    """buildah on the storage ``scripts/images.sh`` used (overlay or vfs)."""
+    try:
+        driver = STORAGE_DRIVER.read_text().strip()
+    except OSError:
+        raise SystemExit(f"no {STORAGE_DRIVER}: run `make images` first") from None
+    return ("buildah", "--storage-driver", driver)
+
+
 def _buildah(*args: str) -> str:
     done = subprocess.run(
-        [*BUILDAH, *args], capture_output=True, text=True, timeout=300, check=False
+        [*buildah_command(), *args], capture_output=True, text=True, timeout=300, check=False
     )
     if done.returncode != 0:
         raise SystemExit(f"buildah {' '.join(args)} failed: {done.stderr.strip()}")
@@ -103,7 +112,7 @@ def mounted(image: str) -> Iterator[Path]:
     try:
         yield Path(_buildah("mount", container).strip())
     finally:
-        subprocess.run([*BUILDAH, "rm", container], capture_output=True, check=False)
+        subprocess.run([*buildah_command(), "rm", container], capture_output=True, check=False)
 
 
 def measure() -> dict[str, Any]:

@@ -13,16 +13,23 @@
 #      wheels are resolved against requirements.lock and built or downloaded on the host,
 #      so nothing in the image compiles and the image build itself is offline;
 #   4. the project's own wheel is built on the host, and `buildah bud` builds
-#      deploy/images/Containerfile on the dependencies' image (vfs storage, chroot
-#      isolation): the user, the wheel and pip's check of every requirement;
+#      deploy/images/Containerfile on the dependencies' image (chroot isolation): the
+#      user, the wheel and pip's check of every requirement;
 #   5. deploy/images/smoke.py runs inside the image with `buildah run` as the image's user,
 #      with a published model from $VAR_DIR/models mounted read-only: the scorer and the
 #      decision sink must answer SERVING on their gRPC health checks;
 #   6. the image is written as an OCI archive to build/images/ and its sizes are printed.
 #
-# Needs root (debootstrap, buildah's vfs storage), the project's .venv (`make install`) and
-# a trained model (`make data`). Envoy and Redis use official images referenced by digest
-# in deploy/k8s; they are not built here.
+# buildah's storage is overlay where the kernel mounts it, vfs otherwise (IMAGE_STORAGE=vfs
+# or overlay chooses); the driver used is written to build/images/storage-driver, for the
+# commands that read the images afterwards (`buildah --storage-driver "$(cat
+# build/images/storage-driver)" push ...`). vfs copies the whole root file system for each
+# container and commit: a cold build took 238 s and 252 CPU seconds with it, 172 s and 162
+# with overlay, on the same 2-core machine.
+#
+# Needs root (debootstrap, buildah's storage), the project's .venv (`make install`) and a
+# trained model (`make data`). Envoy and Redis use official images referenced by digest in
+# deploy/k8s; they are not built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,12 +45,11 @@ PIP_VERSION=26.3
 PY=${PY:-.venv/bin/python}
 OUT=build/images
 CONTEXT=$OUT/context
-buildah=(buildah --storage-driver vfs)
 
 die() { echo "images.sh: $*" >&2; exit 1; }
 step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
-[ "$(id -u)" = 0 ] || die "run as root: debootstrap and buildah's vfs storage need it"
+[ "$(id -u)" = 0 ] || die "run as root: debootstrap and buildah's storage need it"
 [ -x "$PY" ] || die "no $PY: run 'make install' first"
 version=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 tag="$IMAGE:$version"
@@ -58,6 +64,24 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 buildah --version
+
+# overlay when a container of it mounts here, else vfs.
+storage=${IMAGE_STORAGE:-}
+if [ -z "$storage" ]; then
+  storage=vfs
+  if probe=$(buildah --storage-driver overlay from scratch 2>/dev/null); then
+    if buildah --storage-driver overlay mount "$probe" >/dev/null 2>&1; then
+      storage=overlay
+      buildah --storage-driver overlay umount "$probe" >/dev/null 2>&1 || true
+    fi
+    buildah --storage-driver overlay rm "$probe" >/dev/null 2>&1 || true
+  fi
+fi
+case "$storage" in overlay | vfs) ;; *) die "IMAGE_STORAGE must be overlay or vfs, not $storage" ;; esac
+buildah=(buildah --storage-driver "$storage")
+mkdir -p "$OUT"
+echo "$storage" >"$OUT/storage-driver"
+echo "storage driver: $storage"
 
 model=$(find "$VAR_DIR/models" -name model.onnx -print -quit 2>/dev/null || true)
 [ -n "$model" ] || die "no model under $VAR_DIR/models: run 'make data' first"
@@ -138,7 +162,8 @@ else
     --build-arg BASE="$BASE_IMAGE" \
     -f deploy/images/Containerfile.deps -t "$deps_image" "$deps_context" >/dev/null
   rm -rf "$deps_context"
-  # vfs keeps every layer as a full copy: drop the dependencies' images of other keys.
+  # Every kept image costs its whole size (vfs keeps each layer as a full copy): drop the
+  # dependencies' images of other keys.
   "${buildah[@]}" images --format '{{.Name}}:{{.Tag}}' | grep -F "$DEPS_IMAGE:" \
     | grep -vxF "$deps_image" | xargs -r "${buildah[@]}" rmi >/dev/null 2>&1 || true
 fi
@@ -157,8 +182,8 @@ step "build $tag"
   --label org.opencontainers.image.version="$version" \
   --label org.opencontainers.image.revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
   -f deploy/images/Containerfile -t "$tag" "$CONTEXT" >/dev/null
-# The previous build of the tag is left untagged: vfs keeps every layer as a full copy, so
-# drop it.
+# The previous build of the tag is left untagged: drop it (vfs keeps every layer as a full
+# copy).
 "${buildah[@]}" rmi --prune >/dev/null 2>&1 || true
 
 step "smoke test inside $tag"
