@@ -217,6 +217,11 @@ class LiveAggregator:
         self._pending: dict[str, Label] = dict(store.pending_labels())
         self._released: set[str] = set()
         self._held: set[str] = set()
+        self._taking: dict[str, tuple[int, Label]] = {}
+        """Held labels a decision took (id → the decision's seq and the label), kept in the
+        state file's held labels until snapshots cover that seq: were they dropped from it
+        sooner, a restart that replays the decision from the journal onto an older snapshot
+        would find no label to apply."""
         self._newest_us = 0
         self._journal: list[tuple[int, bytes]] = []
         self._first_seq, self._seq = store.journal_bounds()
@@ -292,7 +297,7 @@ class LiveAggregator:
             t_us = round(tx.timestamp_s * _US)
             self._index[tx.transaction_id] = (tx.merchant_id, terminal_id, t_us)
             self._newest_us = max(self._newest_us, t_us)
-            held = self._take_pending(tx.transaction_id)
+            held = self._take_pending(tx.transaction_id, seq)
             if held is not None:
                 reported_s = held.reported_us / _US
                 label = apply_label(merchant.state, tx.transaction_id, held.is_fraud, reported_s)
@@ -371,18 +376,21 @@ class LiveAggregator:
         self._pending[tid] = label
         self._held.add(tid)
         self._released.discard(tid)
+        self._taking.pop(tid, None)
         while len(self._pending) > self._max_pending:
             oldest = min(self._pending, key=lambda k: self._pending[k].reported_us)
             self._drop_pending(oldest)
             self.labels_dropped += 1
         return Change.PENDING
 
-    def _take_pending(self, tid: str) -> Label | None:
+    def _take_pending(self, tid: str, seq: int) -> Label | None:
+        """The label held for ``tid``, taken by its decision (event ``seq``)."""
         if not self._pending:
             return None
-        label = self._pending.get(tid)
+        label = self._pending.pop(tid, None)
         if label is not None:
-            self._drop_pending(tid)
+            self._held.discard(tid)
+            self._taking[tid] = (seq, label)
         return label
 
     def _drop_pending(self, tid: str) -> None:
@@ -462,13 +470,21 @@ class LiveAggregator:
         snapshots = self._snapshots()
         oldest = [s for c in self._caches.values() if (s := c.oldest_unsaved()) is not None]
         keep_from = min(oldest) if oldest else self._seq + 1
+        # A taken label leaves the file once every state its decision changed is saved.
+        for tid, (seq, _) in list(self._taking.items()):
+            if seq < keep_from:
+                del self._taking[tid]
+                self._released.add(tid)
         self._store.save(
             cards=snapshots[View.CARD],
             merchants=snapshots[View.MERCHANT],
             terminals=snapshots[View.TERMINAL],
             transactions=[(tid, m, t, t_us) for tid, (m, t, t_us) in self._index.items()],
-            labels_held=[(k, self._pending[k]) for k in self._held if k in self._pending],
-            labels_released=self._released - self._held,
+            labels_held=[
+                *((k, self._pending[k]) for k in self._held if k in self._pending),
+                *((k, label) for k, (_, label) in self._taking.items()),
+            ],
+            labels_released=self._released - self._held - self._taking.keys(),
             prune_before_us=prune,
             journal=self._journal,
             journal_from=keep_from,

@@ -383,6 +383,34 @@ def test_an_outcome_before_its_decision_waits_for_it(frame: pd.DataFrame, tmp_pa
     assert terminal is not None and terminal.labels["tx-later"].is_fraud
 
 
+def test_a_label_its_decision_took_survives_a_crash_before_the_states_are_saved(
+    frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    # The outcome is held and checkpointed; its decision takes it; the next checkpoint saves
+    # no snapshot (no budget), so the decision is only in the journal. A crash then: the
+    # restart replays the decision onto the older states and must find the label to apply.
+    row = frame.iloc[-1]
+    live = LiveAggregator(
+        StateStore(tmp_path / "s.db"), 100, 100, snapshot_budget_s=0.0, journal_max_events=1000
+    )
+    live.apply_outcome(outcome("tx-later", True, row["timestamp"].timestamp()))
+    live.checkpoint()
+    applied = live.apply_decision(decision(row, "tx-later"))
+    assert (View.TERMINAL, Change.APPLIED) in applied.changes
+    live.checkpoint()
+    assert live.journal_events >= 1  # the decision: no snapshot holds it
+    restarted = LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100)
+    assert restarted.replayed >= 1
+    terminal = restarted._terminals.get(str(row["terminal_id"]))
+    assert terminal is not None and terminal.labels["tx-later"].is_fraud
+    merchant = restarted._merchants.get(str(row["merchant_id"]))
+    assert merchant is not None and merchant.labels["tx-later"].is_fraud
+    # Once the states are saved, the label leaves the held ones for good.
+    restarted.snapshot_all()
+    assert restarted.pending_labels == 0
+    assert LiveAggregator(StateStore(tmp_path / "s.db"), 100, 100).pending_labels == 0
+
+
 def test_held_outcomes_reach_the_rows_as_the_batch_counts_them(
     frame: pd.DataFrame, tmp_path: Path
 ) -> None:
