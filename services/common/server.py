@@ -206,6 +206,7 @@ class Runtime:
         telemetry.shutdown()
         log.info("stopped")
 
+
     async def _stop_server(self) -> None:
         """Refuses new calls and gives those in flight ``grace_seconds``, but ends the
         long-lived streams at once (``streaming.end_open_streams``): a stream the gateway
