@@ -8,7 +8,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TypeAlias
 
 import grpc
 import pytest
@@ -20,8 +19,8 @@ from services.common.settings import ServerSettings
 
 GRACE_S = 30.0
 """Far longer than any stop here may take: a stop that waited for it fails at once."""
-_Request: TypeAlias = health_pb2.HealthCheckRequest
-_Reply: TypeAlias = health_pb2.HealthCheckResponse
+_Request = health_pb2.HealthCheckRequest
+_Reply = health_pb2.HealthCheckResponse
 
 
 class _Echo:
