@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from services.common import logs, reflection, rpc_observer, telemetry
+from services.common import logs, reflection, rpc_observer, streaming, telemetry
 from services.common.interceptor import ErrorInterceptor
 from services.common.settings import ServerSettings
 
@@ -84,6 +84,8 @@ class Readiness(Protocol):
         ...
 
 
+STREAM_END_INTERVAL_S = 0.05
+"""How often a stopping server ends the streams still open, until it has stopped."""
 READINESS_INTERVAL_S = 0.25
 """How often the runtime asks a ``Readiness`` service whether it is ready."""
 
@@ -199,10 +201,25 @@ class Runtime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.undrained.wait(), self.settings.drain_seconds)
                 log.info("drain cut short: nothing routes calls here any more")
-        await self.server.stop(self.settings.grace_seconds)
+        await self._stop_server()
         await self.service.close()
         telemetry.shutdown()
         log.info("stopped")
+
+    async def _stop_server(self) -> None:
+        """Refuses new calls and gives those in flight ``grace_seconds``, but ends the
+        long-lived streams at once (``streaming.end_open_streams``): a stream the gateway
+        keeps open would otherwise hold the process for the whole grace period. Streams are
+        ended until the server has stopped, so none opened meanwhile outlasts it."""
+        stopped = asyncio.ensure_future(self.server.stop(self.settings.grace_seconds))
+        await asyncio.sleep(0)  # the stop begins: new calls are refused from here on
+        ended = 0
+        while not stopped.done():
+            ended += streaming.end_open_streams()
+            await asyncio.wait({stopped}, timeout=STREAM_END_INTERVAL_S)
+        await stopped
+        if ended:
+            log.info("open streams ended", extra={"streams": ended})
 
 
 async def _run(settings: ServerSettings, service: Service) -> None:

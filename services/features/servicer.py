@@ -22,7 +22,7 @@ from services.common.errors import (
     Unavailable,
 )
 from services.common.rpc_observer import observe_message
-from services.common.streaming import answer_concurrently
+from services.common.streaming import answer_concurrently, held_open
 from services.domain.featurespec import FeatureRead
 from services.domain.validation import check_id
 from services.features.metrics import FeatureMetrics, feature_metrics
@@ -96,22 +96,23 @@ class FeatureServicer(pb_grpc.FeatureServiceServicer):
         # Headers first: the client knows the stream is open before it sends anything.
         await context.send_initial_metadata(())
         executor = self._executor
-        if executor is None:
-            async for request in request_iterator:
-                arrived = time.monotonic()
-                reply = self._stream_reply(request, arrived)
-                self._answered(reply, arrived)
+        with held_open():
+            if executor is None:
+                async for request in request_iterator:
+                    arrived = time.monotonic()
+                    reply = self._stream_reply(request, arrived)
+                    self._answered(reply, arrived)
+                    yield reply
+                return
+            loop = asyncio.get_running_loop()
+
+            async def answer(
+                request: pb.StreamFeaturesRequest, arrived: float
+            ) -> pb.StreamFeaturesResponse:
+                return await loop.run_in_executor(executor, self._stream_reply, request, arrived)
+
+            async for reply in answer_concurrently(request_iterator, answer, self._answered):
                 yield reply
-            return
-        loop = asyncio.get_running_loop()
-
-        async def answer(
-            request: pb.StreamFeaturesRequest, arrived: float
-        ) -> pb.StreamFeaturesResponse:
-            return await loop.run_in_executor(executor, self._stream_reply, request, arrived)
-
-        async for reply in answer_concurrently(request_iterator, answer, self._answered):
-            yield reply
 
     def _answered(self, reply: pb.StreamFeaturesResponse, arrived: float) -> None:
         """Observes one streamed request's latency, with its reply's status."""

@@ -37,7 +37,7 @@ from services.common.errors import (
     Unavailable,
 )
 from services.common.rpc_observer import observe_message
-from services.common.streaming import answer_concurrently
+from services.common.streaming import answer_concurrently, held_open
 from services.domain.validation import shown
 from services.models import repository
 from services.models.onnx import OnnxModel
@@ -171,23 +171,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         calls would be."""
         # Headers first: the client knows the stream is open before it sends anything.
         await context.send_initial_metadata(())
-        if not self._fault_delay_s:
-            async for request in request_iterator:
-                arrived = time.monotonic()
-                reply = self._stream_reply(request, arrived)
-                self._answered(reply, arrived)
+        with held_open():
+            if not self._fault_delay_s:
+                async for request in request_iterator:
+                    arrived = time.monotonic()
+                    reply = self._stream_reply(request, arrived)
+                    self._answered(reply, arrived)
+                    yield reply
+                return
+
+            async def answer(
+                request: pb.ModelInferRequest, arrived: float
+            ) -> pb.ModelStreamInferResponse:
+                if self._delayed(request):
+                    await asyncio.sleep(self._fault_delay_s)
+                return self._stream_reply(request, arrived)
+
+            async for reply in answer_concurrently(request_iterator, answer, self._answered):
                 yield reply
-            return
-
-        async def answer(
-            request: pb.ModelInferRequest, arrived: float
-        ) -> pb.ModelStreamInferResponse:
-            if self._delayed(request):
-                await asyncio.sleep(self._fault_delay_s)
-            return self._stream_reply(request, arrived)
-
-        async for reply in answer_concurrently(request_iterator, answer, self._answered):
-            yield reply
 
     def _answered(self, reply: pb.ModelStreamInferResponse, arrived: float) -> None:
         """Observes one streamed request's latency, with its reply's status."""
