@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -136,18 +137,18 @@ class Lane:
 def _order_by_last_run(
     modules: list[Path], last: Path = RESULTS / "durations.json", kept: Path = COMMITTED_DURATIONS
 ) -> list[Path]:
-    """Longest first by the last run's durations (in a fresh clone, which has none, the run
-    kept in the repository): pytest-xdist hands out modules in the order given, and a long
-    one started last ends the run late. A module neither names goes last."""
+    """Longest first by the last run's durations (for a module it did not run, as in a fresh
+    clone, which has none, the run kept in the repository): pytest-xdist hands out modules in the order given, and a long
+    one started last ends the run late. A module neither names goes first, for the same
+    reason: it may be a long one (two modules of about a minute each that the kept run did not
+    name ran last in fresh clones until 2 December)."""
     known: dict[str, float] = {}
-    for source in (last, kept):
+    for source in (kept, last):  # the last run's seconds over the kept run's
         try:
-            known = json.loads(source.read_text()).get("modules", {})
+            known |= json.loads(source.read_text()).get("modules", {})
         except (OSError, ValueError):
             continue
-        if known:
-            break
-    return sorted(modules, key=lambda p: -known.get(str(p.relative_to(REPO)), 0.0))
+    return sorted(modules, key=lambda p: -known.get(str(p.relative_to(REPO)), math.inf))
 
 
 def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str], Path]:
