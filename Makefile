@@ -176,10 +176,10 @@ images: data ## Build the container image with buildah (no Docker engine) and sm
 test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tests run (build/kafka)
 	bash scripts/test-brokers.sh
 
-# Every check runs in one of five lanes, in two phases (tests/lanes.py says which and why): every
-# integration module that does not judge time over TEST_WORKERS pytest-xdist workers (two by
-# default) beside the unit tests, the static checks (check-gen, lint, k8s-check, go test) and the
-# image build at nice 10; then the modules that judge time one after another, alone. Durations of every test:
+# Every check runs in one of four lanes, in two phases (tests/lanes.py says which and why): every
+# module that does not judge time over TEST_WORKERS pytest-xdist workers (two by default) beside
+# the static checks (check-gen, lint, k8s-check, go test) and the image build at nice 10; then
+# the modules that judge time one after another, alone. Durations of every test:
 # build/test-results/durations.json.
 .PHONY: test
 test: system install tools test-brokers ## Set up and run every test

@@ -3,15 +3,10 @@
 A run has two phases, because on two cores the suite is bound by CPU and the modules that
 judge time cannot share the machine:
 
-1. ``rest``, every integration module that does not judge time, over ``TEST_WORKERS``
-   pytest-xdist workers (two by default, whole modules to a worker), beside ``unit`` (the
-   unit tests, in one process), ``static`` (generated code, lint, types, manifests,
-   ``go test``) and ``images`` (the image build, mostly download and copying), those three at
-   nice 10. The integration modules wait for services, brokers and windows for about a quarter
-   of their time, which the lanes at nice 10 fill without taking a core the integration tests
-   want; the unit tests ran in the ``rest`` lane's workers until 2 December (a rest lane of
-   739 s alone, of which the unit tests were 207 s of a worker's time and 213 s of CPU).
-   In one process the rest took 2,137 s
+1. ``rest``, every module that does not judge time, unit and integration, over
+   ``TEST_WORKERS`` pytest-xdist workers (two by default, whole modules to a worker), beside
+   ``static`` (generated code, lint, types, manifests, ``go test``) and ``images`` (the image
+   build, mostly download and copying), both at nice 10. In one process the rest took 2,137 s
    of a CI run; over two workers, 1,665 s (``loadtest/results/test-durations-rest-2workers.json``);
    with the image's dependencies kept, 695 s over two and 635 s over three, which saturated
    the cores and are not the default (``loadtest/results/test-durations-2workers.json``,
@@ -35,8 +30,6 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 INTEGRATION = TESTS / "integration"
-UNIT = TESTS / "unit"
-"""The ``unit`` lane's folder: tests of pure logic and of single processes, none judging time."""
 
 TIMING: tuple[str, ...] = (
     "test_chaos.py",

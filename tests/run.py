@@ -5,7 +5,7 @@ durations to ``build/test-results/durations-<lane>.json`` (``tests/durations.py`
 merges them into ``build/test-results/durations.json``. A lane's output is printed whole
 when it ends, so lanes never interleave; the last line counts the tests of every lane.
 
-    python -m tests.run [--workers N] [--lane timing|rest|unit|static|images ...]
+    python -m tests.run [--workers N] [--lane timing|rest|static|images ...]
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ RESULTS = REPO / "build" / "test-results"
 COMMITTED_DURATIONS = REPO / "loadtest" / "results" / "test-durations.json"
 """A whole run's durations, kept in the repository: where a CI run's time goes."""
 BACKGROUND_NICENESS = 10
-"""Niceness of the ``unit``, ``static`` and ``images`` lanes beside ``rest``: a nice-10 process
-gets about a tenth of a core that a nice-0 one wants as well."""
+"""Niceness of the ``static`` and ``images`` lanes beside ``rest``: a nice-10 process gets
+about a tenth of a core that a nice-0 one wants as well."""
 DEFAULT_WORKERS = 2
 """pytest-xdist workers of the ``rest`` lane unless ``TEST_WORKERS`` says otherwise. Three
 took the rest lane from 695 s to 630-635 s on two cores once the image's dependencies were
@@ -54,7 +54,7 @@ STATIC: tuple[tuple[str, list[str]], ...] = (
 """The checks that are not pytest, run one after another in the ``static`` lane."""
 
 
-LANES = ("rest", "unit", "static", "images", "timing")
+LANES = ("rest", "static", "images", "timing")
 """Every lane, in the order the plan lists them."""
 
 
@@ -162,17 +162,14 @@ def _pytest(name: str, targets: list[Path], extra: list[str]) -> tuple[list[str]
 
 
 def plan(workers: int, wanted: set[str]) -> list[Lane]:
-    """The lanes of a run: ``rest`` beside ``unit``, ``static`` and ``images``, then ``timing``
-    alone."""
+    """The lanes of a run: ``rest`` beside ``static`` and ``images``, then ``timing`` alone."""
     lanes_: list[Lane] = []
     if "rest" in wanted:
-        targets = _order_by_last_run(lanes.rest_modules())
+        # The unit tests last: many short modules even out the workers' ends.
+        targets = [*_order_by_last_run(lanes.rest_modules()), lanes.TESTS / "unit"]
         xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
         argv, durations = _pytest("rest", targets, xdist)
         lanes_.append(Lane("rest", [argv], 0, durations))
-    if "unit" in wanted:
-        argv, durations = _pytest("unit", [lanes.UNIT], [])
-        lanes_.append(Lane("unit", [argv], BACKGROUND_NICENESS, durations))
     if "static" in wanted:
         static = [argv for _, argv in STATIC]
         lanes_.append(Lane("static", static, BACKGROUND_NICENESS))
