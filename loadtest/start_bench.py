@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", type=Path, required=True, help="another checkout")
     parser.add_argument("--var-dir", type=Path, required=True, help="prepared state (make data)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--name", default=STEM, help="results file stem under loadtest/results")
     parser.add_argument(
         "--before-python",
         help="the Python of the environment to run --before with (default: this one), e.g. "
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     result = measure(args.before.resolve(), after, args.var_dir.resolve(), args.rounds, python)
     text = _markdown(result)
     command = _command(args.before, args.before_python)
-    paths = provenance.write(RESULTS / STEM, result, text, provenance.record(command))
+    paths = provenance.write(RESULTS / args.name, result, text, provenance.record(command))
     print(text)
     print("written:", *paths)
 

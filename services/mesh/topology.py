@@ -314,7 +314,8 @@ class Mesh:
                 self._held.discard(name)
 
     def start(self, timeout_s: float = 60.0, on_ready: Callable[[str], None] | None = None) -> None:
-        """Starts everything in order and waits for each to be ready; stops all on failure."""
+        """Starts each part once what it calls is ready, and returns once every part is;
+        stops all on failure."""
         c = self.config
         with self._lock:
             self._stopping = False
@@ -335,35 +336,46 @@ class Mesh:
         for path, text in self._write_later.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
+        backends = (*self._named("features", "scorer", "decisionlog", "updater"), "monitor")
+        called = self._named("features", "scorer")
+        # (started, then waited for) in turn: a gateway starts once what it calls serves, not
+        # after the updater's seeding and the sinks; Envoy once the gateways serve. The
+        # remaining backends are waited for last, so the mesh is whole when this returns.
+        steps = (
+            (("redis", *OBSERVABILITY), ("redis", *OBSERVABILITY)),
+            (backends, called),
+            (self._named("gateway"), self._named("gateway")),
+            (self._named("envoy"), self._named("envoy")),
+            ((), tuple(n for n in backends if n not in called)),
+            (("console",), ("console",)),
+        )
         try:
-            groups = (
-                ("redis", *OBSERVABILITY),
-                (*self._named("features", "scorer", "decisionlog", "updater"), "monitor"),
-                self._named("gateway"),
-                self._named("envoy"),
-                ("console",),
-            )
-            for group in groups:
-                started = [self.processes[n] for n in group if n in self.processes]
-                for process in started:
-                    process.start()
-                for process in started:
-                    try:
-                        process.wait_ready(timeout_s)
-                    except RuntimeError as error:
-                        if not process.optional:
-                            raise
-                        # Observability is never a reason not to serve.
-                        log.warning(
-                            "%s did not start; the mesh runs without it: %s", process.name, error
-                        )
-                        process.stop()
-                        continue
-                    if on_ready is not None:
-                        on_ready(process.name)
+            for started, waited in steps:
+                for name in started:
+                    if name in self.processes:
+                        self.processes[name].start()
+                for name in waited:
+                    if name in self.processes:
+                        self._wait_ready(self.processes[name], timeout_s, on_ready)
         except BaseException:
             self.stop()
             raise
+
+    @staticmethod
+    def _wait_ready(
+        process: Process, timeout_s: float, on_ready: Callable[[str], None] | None
+    ) -> None:
+        try:
+            process.wait_ready(timeout_s)
+        except RuntimeError as error:
+            if not process.optional:
+                raise
+            # Observability is never a reason not to serve.
+            log.warning("%s did not start; the mesh runs without it: %s", process.name, error)
+            process.stop()
+            return
+        if on_ready is not None:
+            on_ready(process.name)
 
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Stops (if running) and starts one process, waiting until it is ready and, for a
