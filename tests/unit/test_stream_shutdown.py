@@ -84,7 +84,11 @@ async def test_stop_ends_open_streams_with_ok_and_gives_unary_calls_their_grace(
         streams = [await _open_stream(channel) for _ in range(3)]
         cancelled = streams.pop()
         cancelled.cancel()  # its client went away: its handler ends on its own
-        await asyncio.sleep(0.2)
+        for _ in range(500):  # up to 10 s
+            if len(streaming._OPEN) <= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(streaming._OPEN) == 2, "the cancelled stream's handler did not end"
         slow = channel.unary_unary("/t.Echo/Slow", _Request.SerializeToString, _Reply.FromString)
         in_flight = asyncio.ensure_future(slow(_Request(), timeout=GRACE_S))
         await asyncio.sleep(0.1)
@@ -96,7 +100,9 @@ async def test_stop_ends_open_streams_with_ok_and_gives_unary_calls_their_grace(
         for call in streams:
             assert await call.read() is grpc.aio.EOF
             assert await call.code() == grpc.StatusCode.OK
-    assert service.streams_ended == ["returned"] * 3
+    # The two streams held open returned (the cancelled one's handler returns or is cancelled,
+    # as gRPC's timing has it).
+    assert service.streams_ended.count("returned") >= 2
     (ended,) = [r for r in caplog.records if r.getMessage() == "open streams ended"]
     assert ended.streams == 2  # type: ignore[attr-defined]
     assert not streaming._OPEN and not streaming._ENDING
