@@ -140,10 +140,10 @@ def _order_by_last_run(
     modules: list[Path], last: Path = RESULTS / "durations.json", kept: Path = COMMITTED_DURATIONS
 ) -> list[Path]:
     """Longest first by the last run's durations (for a module it did not run, as in a fresh
-    clone, which has none, the run kept in the repository): pytest-xdist hands out modules in the order given, and a long
-    one started last ends the run late. A module neither names goes first, for the same
-    reason: it may be a long one (two modules of about a minute each that the kept run did not
-    name ran last in fresh clones until 2 December)."""
+    clone, which has none, the run kept in the repository): pytest-xdist hands out modules in
+    the order given, and a long one started last ends the run late. A module neither names
+    goes first, for the same reason: it may be a long one (two modules of about a minute each
+    that the kept run did not name ran last in fresh clones until 2 December)."""
     known: dict[str, float] = {}
     for source in (kept, last):  # the last run's seconds over the kept run's
         try:
