@@ -36,6 +36,8 @@ from services.models.explain import (
 from tests.unit.test_pipeline import TX, Clock, Features, _breaker, _metadata, _store
 
 ORDER = list(featurespec.MODEL_FEATURES)
+ROOMY = BudgetPolicy(default_s=20.0, explain_cap_s=10.0)
+"""A budget a busy machine cannot run out of, for the tests whose reasons must be given."""
 LINE = re.compile(r"^model feature (\S+) = (\S+): ([+-]\d+\.\d+) log-odds \(toward (\w+)\)$")
 SUMMARY = re.compile(
     r"^model log-odds (\S+) = base (\S+) (\S+) from (\d+) features above (\S+) from (\d+) others$"
@@ -272,7 +274,7 @@ async def test_a_decline_names_the_models_features_after_its_score(
     explainer, provider = await _provider(tmp_path, booster)
     model = TreesModel(explainer.trees)
     pipeline, added = _pipeline(explainer, model, 0.0, 0.0, k=2)
-    result = await pipeline.score(TX, Budget(BudgetPolicy(), None))
+    result = await pipeline.score(TX, Budget(ROOMY, None))
     assert result.decision is Decision.DECLINE and result.scored_by is ScoredBy.MODEL
     assert result.reasons[0].startswith("model score")
     assert all(LINE.match(r) for r in result.reasons[1:3]), result.reasons
@@ -326,7 +328,7 @@ async def test_no_reasons_without_budget_or_from_other_trees(
     assert added() == {"no_budget": 1}
     # A served score the trees do not give: the trees are not the served model.
     other, other_added = _pipeline(explainer, TreesModel(explainer.trees, 1e-5), 0.0, 0.0)
-    mismatched = await other.score(TX, Budget(policy, None))
+    mismatched = await other.score(TX, Budget(ROOMY, None))
     assert not any(r.startswith("model feature") for r in mismatched.reasons)
     assert other_added() == {"mismatch": 1}
     provider.close()
@@ -347,16 +349,15 @@ async def test_a_busy_explainer_is_not_waited_for(
         return explain(vector)
 
     monkeypatch.setattr(explainer.trees, "explain", held)
-    policy = BudgetPolicy(default_s=20.0, explain_cap_s=10.0)
 
     async def second() -> ScoreResult:
         await asyncio.sleep(0)
         try:
-            return await pipeline.score(TX, Budget(policy, None))
+            return await pipeline.score(TX, Budget(ROOMY, None))
         finally:
             gate.set()
 
-    first, other = await asyncio.gather(pipeline.score(TX, Budget(policy, None)), second())
+    first, other = await asyncio.gather(pipeline.score(TX, Budget(ROOMY, None)), second())
     assert any(r.startswith("model feature") for r in first.reasons)
     assert not any(r.startswith("model feature") for r in other.reasons)
     assert other.decision is Decision.DECLINE
@@ -399,9 +400,8 @@ async def test_a_tabulated_version_is_explained_at_once_without_the_worker(
     assert explainer.trees.tabulated
     provider.close()  # no worker thread any more: the tables need none
     pipeline, added = _pipeline(explainer, TreesModel(explainer.trees), 0.0, 0.0)
-    policy = BudgetPolicy(default_s=20.0, explain_cap_s=10.0)
     first, second = await asyncio.gather(
-        pipeline.score(TX, Budget(policy, None)), pipeline.score(TX, Budget(policy, None))
+        pipeline.score(TX, Budget(ROOMY, None)), pipeline.score(TX, Budget(ROOMY, None))
     )
     for result in (first, second):
         assert any(r.startswith("model feature") for r in result.reasons)
