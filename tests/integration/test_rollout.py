@@ -282,7 +282,7 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
     started = time.monotonic()
     _fraudmesh(
         "model", "rollout", version, "--var-dir", str(world.var_dir),
-        "--steps", "10,50,100", "--shadow-min-decisions", str(SHADOW_DECISIONS),
+        "--steps", "25,50,100", "--shadow-min-decisions", str(SHADOW_DECISIONS),
         "--step-min-decisions", str(STEP_DECISIONS), "--step-max-seconds", "120",
     )  # fmt: skip
     plan = _finished(world, 300)
@@ -290,13 +290,13 @@ def test_a_good_candidate_goes_live_on_its_own(world: World, tmp_path: Path) -> 
     for result in plan.results:
         print(f"{result.step}: {result.summary()}")
     assert plan.outcome is RolloutEnd.PROMOTED, plan.reason
-    assert [r.step for r in plan.results] == ["shadow", "canary 10%", "canary 50%"]
+    assert [r.step for r in plan.results] == ["shadow", "canary 25%", "canary 50%"]
     state = world.lifecycle.read()
     assert state.routing.live == version and state.routing.previous == world.live
     mine = [t for t in state.history if t.version == version]
     reasons = [t.reason for t in mine]
     assert any(r.startswith("shadow gate passed: decision agreement") for r in reasons)
-    assert any(r.startswith("canary 10% passed: errors and timeouts") for r in reasons)
+    assert any(r.startswith("canary 25% passed: errors and timeouts") for r in reasons)
     assert reasons[-1] == "promoted: staged rollout: 2 canary steps passed"
     # No card the candidate was routed to failed: the monitor counts every card a canary
     # could not answer (DecisionEvent.canary_failed_version), and none did at any step.
@@ -341,15 +341,15 @@ def test_higher_thresholds_are_rolled_back_at_the_first_step(world: World, tmp_p
     version = _import(world, _bring(world, tmp_path / "lenient", review=0.97, decline=0.995))
     _fraudmesh(
         "model", "rollout", version, "--var-dir", str(world.var_dir),
-        "--steps", "10,50,100", "--shadow-min-decisions", "0",
+        "--steps", "50,100", "--shadow-min-decisions", "0",
         "--step-min-decisions", str(STEP_DECISIONS), "--step-max-seconds", "120",
     )  # fmt: skip
     plan = _finished(world, 200)
     print(plan.reason)
     assert plan.outcome is RolloutEnd.ROLLED_BACK
-    assert plan.reason.startswith("rolled back at canary 10%:")
+    assert plan.reason.startswith("rolled back at canary 50%:")
     assert "review rate" in plan.reason or "decline rate" in plan.reason
-    assert [r.step for r in plan.results] == ["canary 10%"]
+    assert [r.step for r in plan.results] == ["canary 50%"]
     state = world.lifecycle.read()
     assert state.routing.canary is None and state.routing.live == world.live
     assert state.versions[version].state is VersionState.RETIRED
