@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -13,7 +14,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fraud.v1 import scoring_pb2 as pb
 from fraud.v1 import scoring_pb2_grpc as pb_grpc
 
-from .conftest import ANSWER_DEADLINE_S, Known, start_mesh
+from .conftest import ANSWER_DEADLINE_S, Known, first_of, start_mesh
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +75,13 @@ def test_untraced_requests_travel_the_streams_of_traced_services(
     try:
         with grpc.insecure_channel(mesh.config.envoy_target) as channel:
             stub = pb_grpc.FraudScoringStub(channel)
+            attempts = itertools.count()
 
-            def score(n: int) -> pb.ScoreResponse:
+            def call(n: int) -> pb.ScoreResponse:
                 ts = Timestamp()
                 ts.FromNanoseconds(time.time_ns())
                 request = pb.ScoreRequest(
-                    transaction_id=f"untraced-{n}",
+                    transaction_id=f"untraced-{n}-{next(attempts)}",
                     card_id=known.card_id,
                     merchant_id=known.merchant_id,
                     amount_minor=known.amount_minor,
@@ -87,6 +89,11 @@ def test_untraced_requests_travel_the_streams_of_traced_services(
                     timestamp=ts,
                 )
                 return stub.Score(request, timeout=2.0)
+
+            def score(n: int) -> pb.ScoreResponse:
+                # What this test judges is the answer, not its time: a call Envoy cut at its
+                # 50 ms cap on a saturated machine is sent again (another status fails at once).
+                return first_of(lambda: call(n), lambda _: True, tries=3)
 
             # Breakers may still be cooling down from start-up on a loaded machine: wait for
             # a first full answer, then judge twenty.
