@@ -348,7 +348,10 @@ def test_higher_thresholds_are_rolled_back_at_the_first_step(world: World, tmp_p
     print(plan.reason)
     assert plan.outcome is RolloutEnd.ROLLED_BACK
     assert plan.reason.startswith("rolled back at canary 50%:")
-    assert "review rate" in plan.reason or "decline rate" in plan.reason
+    # Higher thresholds move the decision mix: fewer reviews and declines, so more approvals.
+    # Which of the three rates breaches first depends on the window's draw; any of them is
+    # this candidate's fault, and errors or latency are not.
+    assert any(f"{rate} rate" in plan.reason for rate in ("approve", "review", "decline"))
     assert [r.step for r in plan.results] == ["canary 50%"]
     state = world.lifecycle.read()
     assert state.routing.canary is None and state.routing.live == world.live
