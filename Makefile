@@ -179,10 +179,11 @@ test-brokers: system ## Fetch the jars of the Kafka 4.x broker the event-log tes
 # Every check runs in one of four lanes, in two phases (tests/lanes.py says which and why): every
 # module that does not judge time over TEST_WORKERS pytest-xdist workers (two by default) beside
 # the static checks (check-gen, lint, k8s-check, go test) and the image build at nice 10; then
-# the modules that judge time one after another, alone. Durations of every test:
-# build/test-results/durations.json.
+# the modules that judge time one after another, alone. The pinned tools (`make tools`) are built
+# by tests.run itself, in a lane of its own that the image build runs beside, since it needs none
+# of them; the other lanes wait for it. Durations of every test: build/test-results/durations.json.
 .PHONY: test
-test: system install tools test-brokers ## Set up and run every test
+test: system install test-brokers ## Set up and run every test (the tools are built in its first lane)
 	$(PY) -m tests.run
 
 # Reproduces a flake: TESTS (default: the modules that start meshes and judge time) N times

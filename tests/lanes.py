@@ -1,7 +1,10 @@
 """Which lane of ``make test`` each test module runs in, and why.
 
 A run has two phases, because on two cores the suite is bound by CPU and the modules that
-judge time cannot share the machine:
+judge time cannot share the machine. Before them, ``tools`` builds the pinned Go tools and
+the trace collector (``scripts/tools.sh``, a no-op once they are installed), which every
+lane but ``images`` runs; ``images`` starts beside it, so that its downloads and the test
+data's preparation overlap the compiles.
 
 1. ``rest``, every module that does not judge time, unit and integration, over
    ``TEST_WORKERS`` pytest-xdist workers (two by default, whole modules to a worker), beside

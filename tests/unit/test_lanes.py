@@ -39,11 +39,14 @@ def test_every_module_that_counts_late_calls_is_in_the_timing_lane() -> None:
 
 def test_a_run_plans_three_lanes_side_by_side_then_the_timing_lane_alone() -> None:
     planned = {lane.name: lane for lane in run.plan(3, set(run.LANES))}
-    assert set(planned) == {"timing", "rest", "static", "images"}
+    assert set(planned) == {"tools", "timing", "rest", "static", "images"}
     assert planned["timing"].niceness == 0
-    assert set(planned["timing"].after) == {"rest", "static", "images"}
-    for name in ("rest", "static", "images"):
-        assert not planned[name].after, name
+    assert set(planned["timing"].after) == {"tools", "rest", "static", "images"}
+    # The tools first, the image build beside them (it runs none of them); then the rest.
+    assert planned["tools"].commands == [run.TOOLS] and planned["tools"].niceness == 0
+    assert not planned["tools"].after and not planned["images"].after
+    for name in ("rest", "static"):
+        assert planned[name].after == ("tools",), name
     assert planned["rest"].niceness == 0
     assert planned["static"].niceness > 0 and planned["images"].niceness > 0
     rest_argv = planned["rest"].commands[0]
@@ -61,8 +64,18 @@ def test_a_run_plans_three_lanes_side_by_side_then_the_timing_lane_alone() -> No
 
 
 def test_one_worker_runs_the_rest_in_one_process() -> None:
-    [rest] = run.plan(1, {"rest"})
-    assert "-n" not in rest.commands[0] and not rest.after
+    [tools, rest] = run.plan(1, {"rest"})
+    assert "-n" not in rest.commands[0] and rest.after == ("tools",)
+    assert tools.name == "tools"
+
+
+def test_a_lane_that_runs_the_tools_builds_them_first_and_the_image_build_needs_none() -> None:
+    for wanted in ("rest", "static", "timing"):
+        planned = run.plan(2, {wanted})
+        assert [lane.name for lane in planned] == ["tools", wanted], wanted
+        assert planned[1].after == ("tools",), wanted
+    [images] = run.plan(2, {"images"})
+    assert images.name == "images" and not images.after
 
 
 def test_the_durations_file_records_each_test_and_the_run(
