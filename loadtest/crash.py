@@ -294,7 +294,17 @@ class Row:
         if after.calls == 0:
             out.append("no calls after the kill")
         elif after.bad > allowed:
-            out.append(f"{after} late, at most {allowed} allowed")
+            # When they were sent tells one stall of the machine (a burst within a few hundred
+            # milliseconds) from a process that answers late for seconds.
+            sent = [
+                c.sent_s - self.kill_s
+                for c in self._judged()
+                if c.late and c.ended_s >= self.kill_s
+            ]
+            out.append(
+                f"{after} late, at most {allowed} allowed "
+                f"(sent {min(sent):.2f} to {max(sent):.2f} s after the kill)"
+            )
         if self.missing:
             out.append(f"{len(self.missing)} answered decision(s) missing from the log")
         if self.process is not None and self.ready_again_s is None:

@@ -41,6 +41,8 @@ def test_late_calls_are_judged_against_the_pooled_reference() -> None:
     assert row.windows() == (Tally(250, 0), Tally(300 + 20, 20))
     assert row.late_allowed() == allowed(Tally(250, 0), 320) == 15
     assert not row.passed()
+    # The verdict says when the late calls were sent: here one burst 3.00-3.19 s after the kill.
+    assert "20/320 late, at most 15 allowed (sent 3.00 to 3.19 s after the kill)" in row.problems()
     row.reference = Tally(1000, 20)  # a machine late 2 % of the time anyway
     assert row.late_allowed() == 21 and row.passed()
 
