@@ -12,7 +12,8 @@ the tail of a start, a console's imports or a first checkpoint, is no cost of a 
 the CPU time (user + system) of ``fraudmesh up`` and every process under it is read before
 and after each step. Reported per side and rate, medians over the rounds: CPU ms per Score of
 the whole tree, p50/p99, the share of calls failed or late (over 42 ms), and the errors by
-status; and the ratio of this checkout's CPU per Score to the other's, round by round. Past
+status; the CPU per Score of each process (replicas of a part summed); and the ratio of
+this checkout's CPU per Score to the other's, round by round. Past
 saturation, what the edge let in and what it refused: the calls refused at once
 (RESOURCE_EXHAUSTED) and the p99 of their latency, the share of the calls let in that failed
 or were late, the goodput (answers OK within 42 ms per second) and the calls that ran out
@@ -113,6 +114,30 @@ def _tree_cpu(up: psutil.Process) -> float:
     return total
 
 
+def _role(process: psutil.Process) -> str:
+    """What a process of the tree is: its ``services.<part>`` module (replicas share one
+    role), else its program's name (envoy, prometheus, otelcol-fraudmesh)."""
+    argv = process.cmdline()
+    for arg in argv:
+        if arg.startswith("services."):
+            part = arg.split(".")[1]
+            return "supervisor" if part == "cli" else part
+    return Path(argv[0]).name if argv else "?"
+
+
+def _cpu_by_role(up: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of ``up`` and every process under it, summed by ``_role``."""
+    out: dict[str, float] = {}
+    for process in [up, *up.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            role = _role(process)
+        except psutil.Error:
+            continue
+        out[role] = out.get(role, 0.0) + times.user + times.system
+    return out
+
+
 def _settle(tree: psutil.Process, least_s: float, quiet: float, most_s: float = 60.0) -> float:
     """Waits ``least_s``, then until the tree's CPU over two seconds is under ``quiet`` cores
     (at most ``most_s`` in all); returns the seconds waited."""
@@ -155,12 +180,17 @@ def _side(
         for rate in rates:
             requests = fresh()
             before = _tree_cpu(tree)
+            roles_before = _cpu_by_role(tree)
             answered = _answers_by_kind(metrics)
             result = ghz.run_ghz(
                 ghz.SCORE, target, requests, rps=rate, duration_s=args.seconds,
                 timeout_ms=BUDGET_MS,
             )  # fmt: skip
             spent = _tree_cpu(tree) - before
+            roles = {
+                role: seconds - roles_before.get(role, 0.0)
+                for role, seconds in _cpu_by_role(tree).items()
+            }
             now = _answers_by_kind(metrics)
             step = report.Step(
                 result, answers={k: v - answered.get(k, 0.0) for k, v in now.items()}
@@ -176,6 +206,11 @@ def _side(
                     "calls": result.count,
                     "achieved_rps": round(result.achieved_rps, 1),
                     "cpu_ms_per_score": round(spent / count * 1000, 3),
+                    # A process that restarted during the step counts from its new start.
+                    "cpu_ms_per_score_by_process": {
+                        role: round(max(seconds, 0.0) / count * 1000, 3)
+                        for role, seconds in sorted(roles.items())
+                    },
                     "p50_ms": round(result.p50_ms, 2),
                     "p99_ms": round(result.p99_ms, 2),
                     "failed_or_late": late,
@@ -255,6 +290,13 @@ def summarize(runs: Sequence[dict[str, Any]], rates: Sequence[int], rounds: int)
                 row[side][key] = statistics.median(
                     c["degraded_shares"].get(key, math.nan) for c in cells
                 )
+            roles = sorted({k for c in cells for k in c.get("cpu_ms_per_score_by_process", {})})
+            row[side]["cpu_ms_per_score_by_process"] = {
+                role: statistics.median(
+                    c.get("cpu_ms_per_score_by_process", {}).get(role, 0.0) for c in cells
+                )
+                for role in roles
+            }
             row[side]["full_quality_rounds"] = sum(bool(c["full_quality"]) for c in cells)
             row[side]["calls_per_round"] = [c["calls"] for c in cells]
         ratios = []
@@ -349,7 +391,39 @@ def markdown(result: dict[str, Any]) -> str:
             + " / ".join(str(n) for n in cell["timed_out_per_round"])
             + " |"
         )
+    out += _by_process(result)
     return "\n".join(out) + "\n"
+
+
+def _by_process(result: dict[str, Any]) -> list[str]:
+    """The table of CPU ms per Score by process, per rate and side (medians over the rounds)."""
+    cells = list(_cells(result))
+    roles = sorted(
+        {role for *_, cell in cells for role in cell.get("cpu_ms_per_score_by_process", {})},
+        key=lambda role: (
+            -max(c.get("cpu_ms_per_score_by_process", {}).get(role, 0.0) for *_, c in cells)
+        ),
+    )
+    if not roles:
+        return []
+    out = [
+        "",
+        "## CPU per Score by process",
+        "",
+        "CPU ms per Score of each process under `fraudmesh up`, replicas of a part summed "
+        "(the medians of the rounds, which need not add up to the whole tree's median).",
+        "",
+        "| offered rps | side | " + " | ".join(roles) + " |",
+        "|---:|---|" + "---:|" * len(roles),
+    ]
+    for rate, side, _, cell in cells:
+        by = cell.get("cpu_ms_per_score_by_process", {})
+        out.append(
+            f"| {rate} | {side} | "
+            + " | ".join(f"{by[r]:.2f}" if r in by else "–" for r in roles)
+            + " |"
+        )
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -154,3 +154,38 @@ def test_refusals_are_reported_apart_from_the_calls_let_in() -> None:
     text = up_bench.markdown(result)
     assert "| 900 | after | 594 | 1.50 | 0.0% | 870.0 | 6 |" in text
     assert "| 900 | before | 0 | – | 5.0% | 855.0 | 900 |" in text
+
+
+def test_each_process_cpu_per_score_is_a_median_over_the_rounds_in_its_own_table() -> None:
+    runs = _runs()
+    by_round = [
+        {"gateway": 3.0, "updater": 1.0},
+        {"gateway": 2.0, "updater": 0.5, "envoy": 0.4},
+        {"gateway": 4.0, "updater": 2.0},
+        {"gateway": 8.0, "updater": 4.0, "envoy": 0.9},
+        {"gateway": 5.0, "updater": 1.5},
+        {"gateway": 3.0, "updater": 0.7, "envoy": 0.5},
+    ]
+    for run, by in zip(runs, by_round, strict=True):
+        run["steps"][0]["cpu_ms_per_score_by_process"] = by
+    result = {"before": "abc1234", "rounds": 3, "seconds": 20.0, "settle": 10.0, "quiet": 0.25}
+    result.update(up_bench.summarize(runs, [100], rounds=3))
+    row = result["summary"]["100"]
+    # Before: rounds 1, 2 and 3 are runs 0, 3 and 4; a process a round did not run counts 0.
+    assert row["before"]["cpu_ms_per_score_by_process"] == {
+        "envoy": 0.0, "gateway": 5.0, "updater": 1.5,
+    }  # fmt: skip
+    assert row["after"]["cpu_ms_per_score_by_process"] == {
+        "envoy": 0.4, "gateway": 3.0, "updater": 0.7,
+    }  # fmt: skip
+    text = up_bench.markdown(result)
+    assert "## CPU per Score by process" in text
+    assert "| offered rps | side | gateway | updater | envoy |" in text
+    assert "| 100 | before | 5.00 | 1.50 | 0.00 |" in text
+    assert "| 100 | after | 3.00 | 0.70 | 0.40 |" in text
+
+
+def test_a_report_without_figures_by_process_has_no_such_table() -> None:
+    result = {"before": "abc1234", "rounds": 3, "seconds": 20.0, "settle": 10.0, "quiet": 0.25}
+    result.update(up_bench.summarize(_runs(), [100], rounds=3))
+    assert "by process" not in up_bench.markdown(result)
