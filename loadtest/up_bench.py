@@ -179,17 +179,17 @@ def _side(
         ghz.run_ghz(ghz.SCORE, target, fresh(), rps=rates[0], duration_s=3, timeout_ms=BUDGET_MS)
         for rate in rates:
             requests = fresh()
-            before = _tree_cpu(tree)
             roles_before = _cpu_by_role(tree)
+            before = sum(roles_before.values())
             answered = _answers_by_kind(metrics)
             result = ghz.run_ghz(
                 ghz.SCORE, target, requests, rps=rate, duration_s=args.seconds,
                 timeout_ms=BUDGET_MS,
             )  # fmt: skip
-            spent = _tree_cpu(tree) - before
+            roles_after = _cpu_by_role(tree)
+            spent = sum(roles_after.values()) - before
             roles = {
-                role: seconds - roles_before.get(role, 0.0)
-                for role, seconds in _cpu_by_role(tree).items()
+                role: seconds - roles_before.get(role, 0.0) for role, seconds in roles_after.items()
             }
             now = _answers_by_kind(metrics)
             step = report.Step(
